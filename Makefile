@@ -1,0 +1,46 @@
+# `make demo` and `make test` set everything up themselves on a fresh Debian machine with
+# Python 3.11: a virtual environment in .venv, and Debian packages only when missing.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# The CPU build; machines with a GPU may pass e.g. TORCH='torch==2.14.1'.
+TORCH ?= torch==2.13.0
+STAMP := $(VENV)/.installed
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+# Debian packages the tests start for real (Prometheus scrapes the agent in integration tests).
+APT_PACKAGES := prometheus
+
+.PHONY: demo test lint bench proto apt-deps clean
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev,torch]' '$(TORCH)'
+	touch $@
+
+apt-deps:
+	@missing=""; for p in $(APT_PACKAGES); do command -v $$p >/dev/null || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  $(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends $$missing; \
+	fi
+
+demo: $(STAMP)
+	$(BIN)/chopper demo
+
+test: $(STAMP) apt-deps
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/mypy chopper agent aggregator
+
+bench: $(STAMP)
+	$(BIN)/python -m benchmarks
+
+proto: $(STAMP)
+	$(BIN)/python -m chopper.proto.generate
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .mypy_cache

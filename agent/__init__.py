@@ -1,0 +1,1 @@
+"""The Chopper node agent: samples GPUs, receives trainers' markers, serves gRPC and /metrics."""

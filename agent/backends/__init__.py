@@ -1,0 +1,1 @@
+"""GPU backends, one file each, all behind ``agent.backends.base.Backend``."""

@@ -1,0 +1,1 @@
+"""Generated gRPC stubs of the wire contract (package ``chopper.v1``)."""

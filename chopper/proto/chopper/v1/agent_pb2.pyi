@@ -1,0 +1,246 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class MarkerKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    MARKER_KIND_UNSPECIFIED: _ClassVar[MarkerKind]
+    MARKER_KIND_STEP_BEGIN: _ClassVar[MarkerKind]
+    MARKER_KIND_STEP_END: _ClassVar[MarkerKind]
+    MARKER_KIND_PHASE_BEGIN: _ClassVar[MarkerKind]
+    MARKER_KIND_PHASE_END: _ClassVar[MarkerKind]
+    MARKER_KIND_COLLECTIVE_BEGIN: _ClassVar[MarkerKind]
+    MARKER_KIND_COLLECTIVE_END: _ClassVar[MarkerKind]
+
+class ClockSource(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CLOCK_SOURCE_UNSPECIFIED: _ClassVar[ClockSource]
+    CLOCK_SOURCE_CPU: _ClassVar[ClockSource]
+    CLOCK_SOURCE_DEVICE: _ClassVar[ClockSource]
+MARKER_KIND_UNSPECIFIED: MarkerKind
+MARKER_KIND_STEP_BEGIN: MarkerKind
+MARKER_KIND_STEP_END: MarkerKind
+MARKER_KIND_PHASE_BEGIN: MarkerKind
+MARKER_KIND_PHASE_END: MarkerKind
+MARKER_KIND_COLLECTIVE_BEGIN: MarkerKind
+MARKER_KIND_COLLECTIVE_END: MarkerKind
+CLOCK_SOURCE_UNSPECIFIED: ClockSource
+CLOCK_SOURCE_CPU: ClockSource
+CLOCK_SOURCE_DEVICE: ClockSource
+
+class Marker(_message.Message):
+    __slots__ = ("ts_ns", "kind", "step", "name", "flops", "tokens", "bytes", "clock")
+    TS_NS_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    FLOPS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    CLOCK_FIELD_NUMBER: _ClassVar[int]
+    ts_ns: int
+    kind: MarkerKind
+    step: int
+    name: str
+    flops: float
+    tokens: int
+    bytes: int
+    clock: ClockSource
+    def __init__(self, ts_ns: _Optional[int] = ..., kind: _Optional[_Union[MarkerKind, str]] = ..., step: _Optional[int] = ..., name: _Optional[str] = ..., flops: _Optional[float] = ..., tokens: _Optional[int] = ..., bytes: _Optional[int] = ..., clock: _Optional[_Union[ClockSource, str]] = ...) -> None: ...
+
+class MarkerBatch(_message.Message):
+    __slots__ = ("job", "rank", "gpu", "seq", "markers", "client_dropped_total", "pid")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    MARKERS_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_DROPPED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    rank: int
+    gpu: int
+    seq: int
+    markers: _containers.RepeatedCompositeFieldContainer[Marker]
+    client_dropped_total: int
+    pid: int
+    def __init__(self, job: _Optional[str] = ..., rank: _Optional[int] = ..., gpu: _Optional[int] = ..., seq: _Optional[int] = ..., markers: _Optional[_Iterable[_Union[Marker, _Mapping]]] = ..., client_dropped_total: _Optional[int] = ..., pid: _Optional[int] = ...) -> None: ...
+
+class PushMarkersResponse(_message.Message):
+    __slots__ = ("accepted", "rejected", "errors")
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    REJECTED_FIELD_NUMBER: _ClassVar[int]
+    ERRORS_FIELD_NUMBER: _ClassVar[int]
+    accepted: int
+    rejected: int
+    errors: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, accepted: _Optional[int] = ..., rejected: _Optional[int] = ..., errors: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class GetInfoRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class DeviceInfo(_message.Message):
+    __slots__ = ("node", "gpu", "vendor", "model", "uuid", "max_gfx_clock_mhz", "peak_flops", "memory_bytes", "power_cap_w")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    VENDOR_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    UUID_FIELD_NUMBER: _ClassVar[int]
+    MAX_GFX_CLOCK_MHZ_FIELD_NUMBER: _ClassVar[int]
+    PEAK_FLOPS_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    POWER_CAP_W_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    gpu: int
+    vendor: str
+    model: str
+    uuid: str
+    max_gfx_clock_mhz: float
+    peak_flops: float
+    memory_bytes: int
+    power_cap_w: float
+    def __init__(self, node: _Optional[str] = ..., gpu: _Optional[int] = ..., vendor: _Optional[str] = ..., model: _Optional[str] = ..., uuid: _Optional[str] = ..., max_gfx_clock_mhz: _Optional[float] = ..., peak_flops: _Optional[float] = ..., memory_bytes: _Optional[int] = ..., power_cap_w: _Optional[float] = ...) -> None: ...
+
+class AgentInfo(_message.Message):
+    __slots__ = ("node", "backend", "version", "sample_hz", "devices")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_HZ_FIELD_NUMBER: _ClassVar[int]
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    backend: str
+    version: str
+    sample_hz: float
+    devices: _containers.RepeatedCompositeFieldContainer[DeviceInfo]
+    def __init__(self, node: _Optional[str] = ..., backend: _Optional[str] = ..., version: _Optional[str] = ..., sample_hz: _Optional[float] = ..., devices: _Optional[_Iterable[_Union[DeviceInfo, _Mapping]]] = ...) -> None: ...
+
+class Sample(_message.Message):
+    __slots__ = ("ts_ns", "node", "gpu", "gfx_clock_mhz", "mem_clock_mhz", "busy_ratio", "matrix_ratio", "mem_busy_ratio", "power_w", "energy_j", "temp_c", "mem_used_bytes", "link_tx_bytes", "link_rx_bytes", "pcie_tx_bytes", "pcie_rx_bytes", "throttle_power_s", "throttle_thermal_s", "throttle_current_s", "throttle_other_s")
+    TS_NS_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    GFX_CLOCK_MHZ_FIELD_NUMBER: _ClassVar[int]
+    MEM_CLOCK_MHZ_FIELD_NUMBER: _ClassVar[int]
+    BUSY_RATIO_FIELD_NUMBER: _ClassVar[int]
+    MATRIX_RATIO_FIELD_NUMBER: _ClassVar[int]
+    MEM_BUSY_RATIO_FIELD_NUMBER: _ClassVar[int]
+    POWER_W_FIELD_NUMBER: _ClassVar[int]
+    ENERGY_J_FIELD_NUMBER: _ClassVar[int]
+    TEMP_C_FIELD_NUMBER: _ClassVar[int]
+    MEM_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    LINK_TX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    LINK_RX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PCIE_TX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PCIE_RX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    THROTTLE_POWER_S_FIELD_NUMBER: _ClassVar[int]
+    THROTTLE_THERMAL_S_FIELD_NUMBER: _ClassVar[int]
+    THROTTLE_CURRENT_S_FIELD_NUMBER: _ClassVar[int]
+    THROTTLE_OTHER_S_FIELD_NUMBER: _ClassVar[int]
+    ts_ns: int
+    node: str
+    gpu: int
+    gfx_clock_mhz: float
+    mem_clock_mhz: float
+    busy_ratio: float
+    matrix_ratio: float
+    mem_busy_ratio: float
+    power_w: float
+    energy_j: float
+    temp_c: float
+    mem_used_bytes: float
+    link_tx_bytes: float
+    link_rx_bytes: float
+    pcie_tx_bytes: float
+    pcie_rx_bytes: float
+    throttle_power_s: float
+    throttle_thermal_s: float
+    throttle_current_s: float
+    throttle_other_s: float
+    def __init__(self, ts_ns: _Optional[int] = ..., node: _Optional[str] = ..., gpu: _Optional[int] = ..., gfx_clock_mhz: _Optional[float] = ..., mem_clock_mhz: _Optional[float] = ..., busy_ratio: _Optional[float] = ..., matrix_ratio: _Optional[float] = ..., mem_busy_ratio: _Optional[float] = ..., power_w: _Optional[float] = ..., energy_j: _Optional[float] = ..., temp_c: _Optional[float] = ..., mem_used_bytes: _Optional[float] = ..., link_tx_bytes: _Optional[float] = ..., link_rx_bytes: _Optional[float] = ..., pcie_tx_bytes: _Optional[float] = ..., pcie_rx_bytes: _Optional[float] = ..., throttle_power_s: _Optional[float] = ..., throttle_thermal_s: _Optional[float] = ..., throttle_current_s: _Optional[float] = ..., throttle_other_s: _Optional[float] = ...) -> None: ...
+
+class MarkerRecord(_message.Message):
+    __slots__ = ("job", "node", "rank", "gpu", "marker")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    MARKER_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    node: str
+    rank: int
+    gpu: int
+    marker: Marker
+    def __init__(self, job: _Optional[str] = ..., node: _Optional[str] = ..., rank: _Optional[int] = ..., gpu: _Optional[int] = ..., marker: _Optional[_Union[Marker, _Mapping]] = ...) -> None: ...
+
+class StepSummary(_message.Message):
+    __slots__ = ("job", "node", "rank", "gpu", "step", "begin_ns", "end_ns", "step_time_s", "flops", "tokens", "phases", "collectives", "mean_gfx_clock_mhz", "min_gfx_clock_mhz", "mean_power_w", "energy_j", "max_temp_c", "busy_ratio", "clock")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    BEGIN_NS_FIELD_NUMBER: _ClassVar[int]
+    END_NS_FIELD_NUMBER: _ClassVar[int]
+    STEP_TIME_S_FIELD_NUMBER: _ClassVar[int]
+    FLOPS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PHASES_FIELD_NUMBER: _ClassVar[int]
+    COLLECTIVES_FIELD_NUMBER: _ClassVar[int]
+    MEAN_GFX_CLOCK_MHZ_FIELD_NUMBER: _ClassVar[int]
+    MIN_GFX_CLOCK_MHZ_FIELD_NUMBER: _ClassVar[int]
+    MEAN_POWER_W_FIELD_NUMBER: _ClassVar[int]
+    ENERGY_J_FIELD_NUMBER: _ClassVar[int]
+    MAX_TEMP_C_FIELD_NUMBER: _ClassVar[int]
+    BUSY_RATIO_FIELD_NUMBER: _ClassVar[int]
+    CLOCK_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    node: str
+    rank: int
+    gpu: int
+    step: int
+    begin_ns: int
+    end_ns: int
+    step_time_s: float
+    flops: float
+    tokens: int
+    phases: int
+    collectives: int
+    mean_gfx_clock_mhz: float
+    min_gfx_clock_mhz: float
+    mean_power_w: float
+    energy_j: float
+    max_temp_c: float
+    busy_ratio: float
+    clock: ClockSource
+    def __init__(self, job: _Optional[str] = ..., node: _Optional[str] = ..., rank: _Optional[int] = ..., gpu: _Optional[int] = ..., step: _Optional[int] = ..., begin_ns: _Optional[int] = ..., end_ns: _Optional[int] = ..., step_time_s: _Optional[float] = ..., flops: _Optional[float] = ..., tokens: _Optional[int] = ..., phases: _Optional[int] = ..., collectives: _Optional[int] = ..., mean_gfx_clock_mhz: _Optional[float] = ..., min_gfx_clock_mhz: _Optional[float] = ..., mean_power_w: _Optional[float] = ..., energy_j: _Optional[float] = ..., max_temp_c: _Optional[float] = ..., busy_ratio: _Optional[float] = ..., clock: _Optional[_Union[ClockSource, str]] = ...) -> None: ...
+
+class SubscribeRequest(_message.Message):
+    __slots__ = ("samples", "markers", "step_summaries", "since_ns")
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    MARKERS_FIELD_NUMBER: _ClassVar[int]
+    STEP_SUMMARIES_FIELD_NUMBER: _ClassVar[int]
+    SINCE_NS_FIELD_NUMBER: _ClassVar[int]
+    samples: bool
+    markers: bool
+    step_summaries: bool
+    since_ns: int
+    def __init__(self, samples: _Optional[bool] = ..., markers: _Optional[bool] = ..., step_summaries: _Optional[bool] = ..., since_ns: _Optional[int] = ...) -> None: ...
+
+class TelemetryBatch(_message.Message):
+    __slots__ = ("samples", "markers", "step_summaries", "missed_total")
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    MARKERS_FIELD_NUMBER: _ClassVar[int]
+    STEP_SUMMARIES_FIELD_NUMBER: _ClassVar[int]
+    MISSED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    samples: _containers.RepeatedCompositeFieldContainer[Sample]
+    markers: _containers.RepeatedCompositeFieldContainer[MarkerRecord]
+    step_summaries: _containers.RepeatedCompositeFieldContainer[StepSummary]
+    missed_total: int
+    def __init__(self, samples: _Optional[_Iterable[_Union[Sample, _Mapping]]] = ..., markers: _Optional[_Iterable[_Union[MarkerRecord, _Mapping]]] = ..., step_summaries: _Optional[_Iterable[_Union[StepSummary, _Mapping]]] = ..., missed_total: _Optional[int] = ...) -> None: ...

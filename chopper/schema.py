@@ -1,0 +1,126 @@
+"""The DESIGN data model: device rows, sample rows and marker rows, with their units.
+
+Every part of Chopper (backends, the agent, recorded runs, the attribution model) speaks these
+three tables. Column names and order here are the contract; ``docs/DATA_MODEL.md`` documents
+them. This module stays import-light (no numpy, pandas or torch) because ``import chopper``
+pulls it in.
+"""
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, fields
+
+NAN = math.nan
+
+
+class MarkerKind(enum.IntEnum):
+    """Marker kinds; the integer values are the wire values of ``chopper.v1.MarkerKind``."""
+
+    STEP_BEGIN = 1
+    STEP_END = 2
+    PHASE_BEGIN = 3
+    PHASE_END = 4
+    COLLECTIVE_BEGIN = 5
+    COLLECTIVE_END = 6
+
+    @property
+    def label(self) -> str:
+        """The lower-case name used in tables and metric labels, e.g. ``step_begin``."""
+        return self.name.lower()
+
+
+class ClockSource(enum.IntEnum):
+    """Where a marker timestamp came from; values match ``chopper.v1.ClockSource``."""
+
+    CPU = 1
+    DEVICE = 2
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceInfo:
+    """One GPU of a node.
+
+    Attributes:
+        node: Node name (hostname unless configured).
+        gpu: Local device index on the node.
+        vendor: ``amd``, ``nvidia``, ``simulated`` or the vendor of a replayed run.
+        model: Marketing name, e.g. ``AMD Instinct MI300X``.
+        uuid: Stable device identifier.
+        max_gfx_clock_mhz: Maximum graphics/SM clock, MHz.
+        peak_flops: Dense BF16 FLOP/s at the maximum clock.
+        memory_bytes: Device memory, bytes.
+        power_cap_w: Current power cap, watts.
+    """
+
+    node: str
+    gpu: int
+    vendor: str
+    model: str
+    uuid: str
+    max_gfx_clock_mhz: float
+    peak_flops: float
+    memory_bytes: int
+    power_cap_w: float
+
+
+@dataclass(slots=True)
+class Sample:
+    """One GPU over the interval since its previous sample.
+
+    Ratios and clocks are averages over that interval; fields ending in ``_j``, ``_bytes`` (link
+    and PCIe) and ``throttle_*_s`` are cumulative counters read at ``ts_ns``. A value the
+    backend cannot read is NaN.
+
+    Attributes:
+        ts_ns: End of the interval, CLOCK_REALTIME nanoseconds.
+        node: Node name.
+        gpu: Local device index.
+        gfx_clock_mhz: Mean graphics clock, MHz.
+        mem_clock_mhz: Mean memory clock, MHz.
+        busy_ratio: Graphics/compute engine activity, 0–1.
+        matrix_ratio: Matrix-core/tensor activity, 0–1.
+        mem_busy_ratio: Memory controller activity, 0–1.
+        power_w: Mean board/socket power, watts.
+        energy_j: Cumulative energy, joules.
+        temp_c: Hotspot temperature, Celsius.
+        mem_used_bytes: Device memory in use, bytes.
+        link_tx_bytes: Cumulative XGMI/NVLink bytes sent.
+        link_rx_bytes: Cumulative XGMI/NVLink bytes received.
+        pcie_tx_bytes: Cumulative PCIe bytes sent.
+        pcie_rx_bytes: Cumulative PCIe bytes received.
+        throttle_power_s: Cumulative seconds throttled by the power limit.
+        throttle_thermal_s: Cumulative seconds throttled by temperature.
+        throttle_current_s: Cumulative seconds throttled by current (EDC/PROCHOT-style) limits.
+        throttle_other_s: Cumulative seconds throttled for any other reason.
+    """
+
+    ts_ns: int
+    node: str
+    gpu: int
+    gfx_clock_mhz: float = NAN
+    mem_clock_mhz: float = NAN
+    busy_ratio: float = NAN
+    matrix_ratio: float = NAN
+    mem_busy_ratio: float = NAN
+    power_w: float = NAN
+    energy_j: float = NAN
+    temp_c: float = NAN
+    mem_used_bytes: float = NAN
+    link_tx_bytes: float = NAN
+    link_rx_bytes: float = NAN
+    pcie_tx_bytes: float = NAN
+    pcie_rx_bytes: float = NAN
+    throttle_power_s: float = NAN
+    throttle_thermal_s: float = NAN
+    throttle_current_s: float = NAN
+    throttle_other_s: float = NAN
+
+
+DEVICE_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(DeviceInfo))
+SAMPLE_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(Sample))
+MARKER_COLUMNS: tuple[str, ...] = (
+    "ts_ns", "job", "node", "rank", "gpu", "kind", "step", "name", "flops", "tokens", "bytes",
+)
+# Throttle causes in the order every report and metric uses.
+THROTTLE_CAUSES: tuple[str, ...] = ("power", "thermal", "current", "other")
