@@ -1,0 +1,287 @@
+"""Read and write a recorded run: a directory of ``devices``, ``samples`` and ``markers`` tables.
+
+Layout (DESIGN "A recorded run")::
+
+    run/
+      devices.parquet   (or devices.csv)   columns: chopper.schema.DEVICE_COLUMNS
+      samples.parquet   (or samples.csv)   columns: chopper.schema.SAMPLE_COLUMNS
+      markers.parquet   (or markers.csv)   columns: chopper.schema.MARKER_COLUMNS
+
+Parquet and CSV are accepted on input (Parquet wins when a directory holds both); ``write_run``
+always writes Parquet. Units are the data model's: integer nanoseconds, MHz, watts, joules,
+bytes, 0–1 ratios, cumulative throttle seconds.
+
+Reading validates, in this order, and stops at the first problem with a ``RunDirError`` that
+names it and says how to fix it:
+
+1. the directory exists;
+2. each table file exists and can be parsed;
+3. each table has exactly the schema's columns (missing and extra ones are named);
+4. each column has the right type: integer columns (``ts_ns``, ``gpu``, ...) hold whole numbers,
+   float columns hold numbers or empty cells (NaN), text columns are text;
+5. marker ``kind`` is a known kind, given either as its label (``step_begin``) or its integer
+   wire value (``1``); it is normalised to the label;
+6. every ``(node, gpu)`` that has samples has a row in ``devices``.
+
+pandas and pyarrow are imported inside the functions, because ``import chopper`` must stay light.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from chopper.schema import DEVICE_COLUMNS, MARKER_COLUMNS, SAMPLE_COLUMNS, MarkerKind
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+TABLES: tuple[str, ...] = ("devices", "samples", "markers")
+COLUMNS: dict[str, tuple[str, ...]] = {
+    "devices": DEVICE_COLUMNS,
+    "samples": SAMPLE_COLUMNS,
+    "markers": MARKER_COLUMNS,
+}
+
+# Column types per table. Anything not listed as int or str is float64 (NaN allowed).
+_INT_COLUMNS: dict[str, frozenset[str]] = {
+    "devices": frozenset({"gpu", "memory_bytes"}),
+    "samples": frozenset({"ts_ns", "gpu"}),
+    "markers": frozenset({"ts_ns", "rank", "gpu", "step"}),
+}
+_STR_COLUMNS: dict[str, frozenset[str]] = {
+    "devices": frozenset({"node", "vendor", "model", "uuid"}),
+    "samples": frozenset({"node"}),
+    "markers": frozenset({"job", "node", "name", "kind"}),
+}
+_KIND_BY_TEXT: dict[str, str] = {}
+for _k in MarkerKind:
+    _KIND_BY_TEXT[_k.label] = _k.label
+    _KIND_BY_TEXT[str(int(_k))] = _k.label
+KIND_LABELS: tuple[str, ...] = tuple(k.label for k in MarkerKind)
+
+
+class RunDirError(ValueError):
+    """A recorded run directory is missing, incomplete or malformed; the message says how to fix it."""
+
+
+@dataclass(frozen=True)
+class RecordedRun:
+    """The three tables of a recorded run, validated and typed.
+
+    Attributes:
+        path: The run directory.
+        devices: One row per GPU, columns ``DEVICE_COLUMNS``.
+        samples: One row per GPU per tick, columns ``SAMPLE_COLUMNS``, sorted by ``ts_ns``
+            (stable, so rows with equal timestamps keep file order).
+        markers: One row per event, columns ``MARKER_COLUMNS``, sorted by ``ts_ns`` (stable);
+            ``kind`` holds the lower-case labels (``step_begin`` ...).
+    """
+
+    path: Path
+    devices: pd.DataFrame
+    samples: pd.DataFrame
+    markers: pd.DataFrame
+
+
+def table_files(path: str | Path, table: str) -> tuple[Path, Path]:
+    """Return the two accepted file names of ``table`` in ``path``: Parquet first, then CSV."""
+    base = Path(path)
+    return base / f"{table}.parquet", base / f"{table}.csv"
+
+
+def read_run(path: str | Path) -> RecordedRun:
+    """Read and validate a recorded run directory.
+
+    Args:
+        path: Directory holding ``devices``, ``samples`` and ``markers`` as ``.parquet`` or
+            ``.csv``.
+
+    Returns:
+        The validated run; see ``RecordedRun`` for column types and ordering.
+
+    Raises:
+        RunDirError: The directory, a table, a column or a value is wrong; the message names
+            which and how to fix it.
+    """
+    base = Path(path)
+    if not base.exists():
+        raise RunDirError(f"recorded run directory {str(base)!r} does not exist; pass the directory "
+                          "that holds devices/samples/markers (.parquet or .csv)")
+    if not base.is_dir():
+        raise RunDirError(f"recorded run {str(base)!r} is a file, not a directory; pass the directory "
+                          "that holds devices/samples/markers (.parquet or .csv)")
+    frames = {table: _normalise(table, _load(base, table), source=_source(base, table)) for table in TABLES}
+    _check_sample_gpus(frames["devices"], frames["samples"])
+    return RecordedRun(
+        path=base,
+        devices=frames["devices"],
+        samples=frames["samples"].sort_values("ts_ns", kind="stable", ignore_index=True),
+        markers=frames["markers"].sort_values("ts_ns", kind="stable", ignore_index=True),
+    )
+
+
+def write_run(
+    path: str | Path,
+    devices: pd.DataFrame | Sequence[Any],
+    samples: pd.DataFrame | Sequence[Any],
+    markers: pd.DataFrame | Sequence[Any],
+) -> Path:
+    """Validate and write a recorded run as Parquet (``devices.parquet`` ...).
+
+    Args:
+        path: Target directory; created with its parents if missing. Existing table files of the
+            same names are replaced (a stale CSV next to them is removed so it cannot shadow or
+            contradict the new run).
+        devices: DataFrame, or a sequence of ``DeviceInfo`` / dataclasses / mappings with the
+            device columns.
+        samples: Same for ``Sample`` rows.
+        markers: Same for marker rows; ``kind`` may be a ``MarkerKind``, its label or its value.
+
+    Returns:
+        The run directory.
+
+    Raises:
+        RunDirError: The data does not fit the schema (same checks as ``read_run``).
+    """
+    base = Path(path)
+    given = {"devices": devices, "samples": samples, "markers": markers}
+    frames = {table: _normalise(table, _to_frame(table, rows), source=f"{table} (argument)")
+              for table, rows in given.items()}
+    _check_sample_gpus(frames["devices"], frames["samples"])
+    base.mkdir(parents=True, exist_ok=True)
+    for table, frame in frames.items():
+        parquet, csv = table_files(base, table)
+        frame.to_parquet(parquet, index=False)
+        csv.unlink(missing_ok=True)
+    return base
+
+
+def _source(base: Path, table: str) -> str:
+    parquet, csv = table_files(base, table)
+    return str(parquet if parquet.exists() else csv)
+
+
+def _load(base: Path, table: str) -> pd.DataFrame:
+    import pandas as pd
+
+    parquet, csv = table_files(base, table)
+    if parquet.exists():
+        file = parquet
+        try:
+            return pd.read_parquet(parquet)
+        except Exception as exc:  # pyarrow raises several unrelated types for bad files
+            err: Exception = exc
+    elif csv.exists():
+        file = csv
+        try:
+            # Text columns stay text (a node named "001" must not become the integer 1).
+            dtypes = {c: "str" for c in _STR_COLUMNS[table]}
+            return pd.read_csv(csv, dtype=dtypes, keep_default_na=True)
+        except Exception as exc:
+            err = exc
+    else:
+        raise RunDirError(f"recorded run {str(base)!r} has no {table} table: expected "
+                          f"{parquet.name} or {csv.name} in that directory")
+    raise RunDirError(f"cannot read {str(file)!r} ({type(err).__name__}: {err}); the file is unreadable "
+                      f"or corrupt: re-export the {table} table") from err
+
+
+def _to_frame(table: str, rows: Any) -> pd.DataFrame:
+    import pandas as pd
+
+    if isinstance(rows, pd.DataFrame):
+        return rows.copy()
+    records: list[Mapping[str, Any]] = []
+    for row in rows:
+        if dataclasses.is_dataclass(row) and not isinstance(row, type):
+            records.append({f.name: getattr(row, f.name) for f in dataclasses.fields(row)})
+        elif isinstance(row, Mapping):
+            records.append(row)
+        else:
+            raise RunDirError(f"{table}: rows must be dataclasses or mappings, got {type(row).__name__}")
+    if not records:
+        return pd.DataFrame({c: [] for c in COLUMNS[table]})
+    return pd.DataFrame.from_records(records)
+
+
+def _normalise(table: str, frame: pd.DataFrame, source: str) -> pd.DataFrame:
+    """Check columns and types of one table and return it with canonical dtypes and order."""
+    import numpy as np
+    import pandas as pd
+
+    expected = COLUMNS[table]
+    present = [str(c) for c in frame.columns]
+    missing = [c for c in expected if c not in present]
+    extra = [c for c in present if c not in expected]
+    if missing or extra:
+        parts = []
+        if missing:
+            parts.append(f"missing column(s) {', '.join(missing)}")
+        if extra:
+            parts.append(f"unexpected column(s) {', '.join(extra)}")
+        raise RunDirError(f"{source}: {'; '.join(parts)}; the {table} table must have exactly the "
+                          f"columns {', '.join(expected)} (see chopper.schema)")
+    out: dict[str, Any] = {}
+    for col in expected:
+        values = frame[col]
+        if col == "kind" and table == "markers":
+            out[col] = _kinds(values, source)
+        elif col in _STR_COLUMNS[table]:
+            out[col] = values.astype(object).where(values.notna(), "").map(str).astype(str)
+        else:
+            numeric = pd.to_numeric(values, errors="coerce")
+            # Empty cells become NaN: legitimate in float columns, reported below for int ones.
+            bad = numeric.isna() & values.notna() & values.astype(str).str.strip().ne("")
+            if bad.any():
+                example = values[bad].iloc[0]
+                raise RunDirError(f"{source}: column {col} has non-numeric value {example!r} "
+                                  f"(row {int(np.flatnonzero(bad.to_numpy())[0])}); it must hold numbers")
+            if col in _INT_COLUMNS[table]:
+                # Integers go straight through: ts_ns (~1.7e18) does not survive a float64 trip.
+                if numeric.dtype.kind in "iu" and not numeric.hasnans:
+                    arr = numeric.to_numpy(dtype=np.int64)
+                else:
+                    arr = numeric.to_numpy(dtype=float, na_value=np.nan)
+                if arr.dtype.kind == "f":
+                    whole = np.isfinite(arr) & (arr == np.round(arr))
+                    if not whole.all():
+                        row = int(np.flatnonzero(~whole)[0])
+                        raise RunDirError(f"{source}: column {col} must hold whole numbers (integer "
+                                          f"{'nanoseconds' if col == 'ts_ns' else 'values'}) with no "
+                                          f"empty cells; row {row} has {arr[row]!r}")
+                out[col] = pd.Series(arr.astype(np.int64), index=frame.index)
+            else:
+                out[col] = numeric.astype(np.float64)
+    return pd.DataFrame(out, columns=list(expected)).reset_index(drop=True)
+
+
+def _kinds(values: pd.Series, source: str) -> pd.Series:
+    import pandas as pd
+
+    def label(v: Any) -> str | None:
+        if isinstance(v, MarkerKind):
+            return v.label
+        if isinstance(v, float) and math.isfinite(v) and v == int(v):
+            v = int(v)
+        return _KIND_BY_TEXT.get(str(v).strip().lower())
+
+    labels = [label(v) for v in values]
+    for v, lab in zip(values, labels, strict=True):
+        if lab is None:
+            raise RunDirError(f"{source}: unknown marker kind {v!r}; use one of {', '.join(KIND_LABELS)} "
+                              f"or their integer values 1–{len(KIND_LABELS)}")
+    return pd.Series(labels, index=values.index, dtype=str)
+
+
+def _check_sample_gpus(devices: pd.DataFrame, samples: pd.DataFrame) -> None:
+    known = set(zip(devices["node"], devices["gpu"].tolist(), strict=True))
+    seen = set(zip(samples["node"], samples["gpu"].tolist(), strict=True))
+    unknown = sorted(seen - known)
+    if unknown:
+        shown = ", ".join(f"node={n} gpu={g}" for n, g in unknown[:5])
+        raise RunDirError(f"samples refer to GPU(s) not in the devices table: {shown}; add a devices row "
+                          "for each (node, gpu) that has samples")

@@ -1,0 +1,166 @@
+"""Recorded run directories: round trip, CSV input, and a clear error for every bad input."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from chopper.rundir import RunDirError, read_run, write_run
+from chopper.schema import DEVICE_COLUMNS, MARKER_COLUMNS, SAMPLE_COLUMNS, DeviceInfo, MarkerKind, Sample
+
+T0 = 1_700_000_000_123_456_789  # above 2**53: must survive without a float round trip
+
+
+def _devices() -> list[DeviceInfo]:
+    return [DeviceInfo("n1", g, "amd", "AMD Instinct MI300X", f"uuid-{g}", 2100.0, 1.3074e15,
+                       192 * 1024**3, 750.0) for g in range(2)]
+
+
+def _samples() -> list[Sample]:
+    out = []
+    for i in range(3):
+        for g in range(2):
+            out.append(Sample(T0 + i * 10_000_000 + g, "n1", g, gfx_clock_mhz=2000.0 - g, busy_ratio=0.5,
+                              power_w=600.0, energy_j=6.0 * i, temp_c=70.0))
+    return out
+
+
+def _markers() -> list[dict]:
+    return [
+        dict(ts_ns=T0, job="j", node="n1", rank=0, gpu=0, kind=MarkerKind.STEP_BEGIN, step=1, name="",
+             flops=np.nan, tokens=np.nan, bytes=np.nan),
+        dict(ts_ns=T0 + 5, job="j", node="n1", rank=0, gpu=0, kind="collective_begin", step=1,
+             name="allreduce", flops=np.nan, tokens=np.nan, bytes=1e6),
+        dict(ts_ns=T0 + 9, job="j", node="n1", rank=0, gpu=0, kind=2, step=1, name="",
+             flops=1e15, tokens=4096.0, bytes=np.nan),
+    ]
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path) -> Path:
+    return write_run(tmp_path / "run", _devices(), _samples(), _markers())
+
+
+def test_round_trip_keeps_values_and_exact_columns(run_dir: Path) -> None:
+    assert sorted(p.name for p in run_dir.iterdir()) == ["devices.parquet", "markers.parquet",
+                                                         "samples.parquet"]
+    run = read_run(run_dir)
+    assert tuple(run.devices.columns) == DEVICE_COLUMNS
+    assert tuple(run.samples.columns) == SAMPLE_COLUMNS
+    assert tuple(run.markers.columns) == MARKER_COLUMNS
+    assert run.devices["memory_bytes"].tolist() == [192 * 1024**3] * 2
+    assert run.samples["ts_ns"].dtype == np.int64
+    assert int(run.samples["ts_ns"].iloc[1]) == T0 + 1
+    assert run.samples["gfx_clock_mhz"].tolist()[:2] == [2000.0, 1999.0]
+    assert np.isnan(run.samples["matrix_ratio"]).all()
+    assert run.markers["kind"].tolist() == ["step_begin", "collective_begin", "step_end"]
+    assert run.markers["bytes"].iloc[1] == 1e6
+    # Writing what was read gives the same tables.
+    again = read_run(write_run(run_dir.parent / "copy", run.devices, run.samples, run.markers))
+    pd.testing.assert_frame_equal(again.samples, run.samples)
+    pd.testing.assert_frame_equal(again.markers, run.markers)
+
+
+def test_csv_input_with_integer_kinds(run_dir: Path, tmp_path: Path) -> None:
+    run = read_run(run_dir)
+    csv_dir = tmp_path / "csv"
+    csv_dir.mkdir()
+    run.devices.to_csv(csv_dir / "devices.csv", index=False)
+    run.samples.to_csv(csv_dir / "samples.csv", index=False)
+    markers = run.markers.copy()
+    markers["kind"] = [int(MarkerKind[k.upper()]) for k in markers["kind"]]
+    markers.to_csv(csv_dir / "markers.csv", index=False)
+    back = read_run(csv_dir)
+    assert back.markers["kind"].tolist() == ["step_begin", "collective_begin", "step_end"]
+    assert int(back.samples["ts_ns"].iloc[5]) == T0 + 20_000_001
+    assert back.devices["uuid"].tolist() == ["uuid-0", "uuid-1"]
+
+
+def test_missing_directory(tmp_path: Path) -> None:
+    with pytest.raises(RunDirError, match=r"does not exist"):
+        read_run(tmp_path / "nope")
+
+
+def test_missing_table_names_both_files(run_dir: Path) -> None:
+    (run_dir / "markers.parquet").unlink()
+    with pytest.raises(RunDirError, match=r"no markers table: expected markers\.parquet or markers\.csv"):
+        read_run(run_dir)
+
+
+def test_missing_and_extra_columns_are_named(run_dir: Path) -> None:
+    samples = pd.read_parquet(run_dir / "samples.parquet").drop(columns=["temp_c"])
+    samples["fan_rpm"] = 1.0
+    samples.to_parquet(run_dir / "samples.parquet")
+    with pytest.raises(RunDirError, match=r"missing column\(s\) temp_c; unexpected column\(s\) fan_rpm"):
+        read_run(run_dir)
+
+
+def test_non_numeric_timestamp(run_dir: Path) -> None:
+    samples = pd.read_parquet(run_dir / "samples.parquet")
+    samples["ts_ns"] = samples["ts_ns"].astype(str)
+    samples.loc[2, "ts_ns"] = "yesterday"
+    samples.to_csv(run_dir / "samples.csv", index=False)
+    (run_dir / "samples.parquet").unlink()
+    with pytest.raises(RunDirError, match=r"samples\.csv.*column ts_ns has non-numeric value 'yesterday'"):
+        read_run(run_dir)
+
+
+def test_fractional_or_empty_integer_column(run_dir: Path) -> None:
+    devices = pd.read_parquet(run_dir / "devices.parquet")
+    devices["gpu"] = [0.0, np.nan]
+    devices.to_parquet(run_dir / "devices.parquet")
+    with pytest.raises(RunDirError, match=r"column gpu must hold whole numbers"):
+        read_run(run_dir)
+
+
+def test_non_numeric_float_column(run_dir: Path) -> None:
+    with pytest.raises(RunDirError, match=r"column power_w has non-numeric value 'hot'"):
+        write_run(run_dir, _devices(), [Sample(T0, "n1", 0, power_w="hot")], [])  # type: ignore[arg-type]
+
+
+def test_unknown_marker_kind(run_dir: Path) -> None:
+    markers = pd.read_parquet(run_dir / "markers.parquet")
+    markers.loc[1, "kind"] = "coffee_break"
+    markers.to_parquet(run_dir / "markers.parquet")
+    with pytest.raises(RunDirError, match=r"unknown marker kind 'coffee_break'; use one of step_begin"):
+        read_run(run_dir)
+    markers.loc[1, "kind"] = "7"
+    markers.to_parquet(run_dir / "markers.parquet")
+    with pytest.raises(RunDirError, match=r"unknown marker kind '7'"):
+        read_run(run_dir)
+
+
+def test_samples_for_unknown_gpu(run_dir: Path) -> None:
+    with pytest.raises(RunDirError, match=r"not in the devices table: node=n1 gpu=5"):
+        write_run(run_dir, _devices(), [*_samples(), Sample(T0, "n1", 5)], _markers())
+    samples = pd.read_parquet(run_dir / "samples.parquet")
+    samples.loc[0, "node"] = "other"
+    samples.to_parquet(run_dir / "samples.parquet")
+    with pytest.raises(RunDirError, match=r"node=other gpu=0"):
+        read_run(run_dir)
+
+
+def test_corrupt_file(run_dir: Path) -> None:
+    (run_dir / "devices.parquet").write_bytes(b"PAR1 this is not parquet")
+    with pytest.raises(RunDirError, match=r"devices\.parquet.*unreadable or corrupt"):
+        read_run(run_dir)
+
+
+def test_empty_csv_is_corrupt(run_dir: Path) -> None:
+    (run_dir / "markers.parquet").unlink()
+    (run_dir / "markers.csv").write_text("")
+    with pytest.raises(RunDirError, match=r"markers\.csv.*unreadable or corrupt"):
+        read_run(run_dir)
+
+
+def test_empty_markers_table_is_fine(tmp_path: Path) -> None:
+    run = read_run(write_run(tmp_path / "r", _devices(), _samples(), []))
+    assert len(run.markers) == 0
+    assert tuple(run.markers.columns) == MARKER_COLUMNS
+
+
+def test_samples_sorted_by_time(tmp_path: Path) -> None:
+    run = read_run(write_run(tmp_path / "r", _devices(), list(reversed(_samples())), []))
+    assert run.samples["ts_ns"].is_monotonic_increasing
