@@ -1,0 +1,360 @@
+"""A simulated node of GPUs whose activity follows the training markers the agent forwards.
+
+For machines without GPUs (demos, CI, load tests). Everything it reports says
+``vendor="simulated"``. Deterministic: the same ``seed`` and the same sequence of
+``observe_marker`` / ``sample`` calls give the same samples; it never reads a clock.
+
+Activity. Each GPU is in one of four states, decided by the markers of the rank driving it:
+
+===========  =====================================================  =========  ======  =====
+state        when                                                   busy       matrix  a
+===========  =====================================================  =========  ======  =====
+compute      inside a phase (forward/backward/optimizer/...)        0.90–0.97  0.70    1.00
+collective   inside a collective, outside any phase                 0.12       0.00    0.30
+step         inside a step, outside phases and collectives          0.45       0.08    0.35
+idle         outside any step, or > 2 s since the last marker       0.02       0.00    0.00
+===========  =====================================================  =========  ======  =====
+
+A sample's ratios are the time-weighted means over its interval (markers split the interval at
+their timestamps). ``a`` is the activity factor that drives dynamic power. A collective's bytes
+(from its begin or end marker) are added to ``link_tx_bytes`` and ``link_rx_bytes`` at
+``LINK_BYTES_PER_S`` while it runs, and whatever is left when it ends.
+
+Physics, per GPU, integrated over the elapsed time between ``sample`` calls in sub-steps of at
+most 1 s (the first call covers a nominal 0.1 s). Units: MHz, W, °C, s, J.
+
+1. Requested clock (DVFS governor): ``f_req = f_idle + (f_max − f_idle)·min(1, a/0.3)``,
+   ``f_idle = 0.15·f_max``.
+2. Power: ``P(f) = P_s(T) + a·P_dyn·(f/f_max)^2.5`` where ``P_s(T) = idle_w·leak·(1 + 0.004·(T − 40))``
+   is static power (leakage grows with temperature) and ``P_dyn = (tdp_w − idle_w)·q`` the
+   dynamic power at full activity and max clock; the exponent 2.5 is the V–f scaling
+   (P ∝ f·V², V roughly linear in f above the knee).
+3. Limits: the power cap ``tdp_w`` and a thermal budget: the power that brings the
+   temperature exactly to ``T_LIMIT_C`` at the end of the sub-step,
+   ``P_th = ((T_LIMIT − T)/(1 − e^(−dt/τ)) + T − T_amb)/R_th``. If ``P(f_req)`` exceeds
+   ``min(cap, P_th)`` the clock is solved from step 2 to fit, bounded below by ``0.2·f_max``,
+   and ``dt`` is added to ``throttle_power_s`` or ``throttle_thermal_s`` (whichever limit binds).
+4. Temperature (first-order thermal RC, exact discretisation):
+   ``T ← T_ss + (T − T_ss)·e^(−dt/τ)`` with ``T_ss = T_amb + P·R_th``, ``T_amb = 30 °C``,
+   ``R_th = 50 °C / tdp_w`` nominal (≈ 80 °C at TDP), ``τ ≈ 6 s``.
+5. Energy: ``E += P·dt`` (cumulative J); the reported power is the interval mean ``ΔE/Δt``.
+
+Per-GPU variation drawn from ``numpy.random.default_rng(seed)``: ``R_th × U(0.9, 1.1)``,
+``τ × U(0.85, 1.15)``, leakage ``U(0.9, 1.15)``, silicon quality ``q ~ U(1.0, 1.2)``, compute
+busy ``U(0.90, 0.97)``. ``hot_gpus`` get ``R_th × 2.2`` (a failing fan or blocked airflow), so
+under sustained load they reach the thermal limit and run at a visibly lower clock.
+Current and other throttle causes are never simulated (their counters stay 0).
+
+Cost: per ``sample`` a few list operations per GPU plus ~30 numpy operations on arrays of
+``gpus`` elements, independent of the sampling rate.
+"""
+from __future__ import annotations
+
+import math
+import threading
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from agent.backends.base import BackendError
+from chopper.schema import DeviceInfo, MarkerKind, Sample
+from chopper.specs import SPECS
+
+NOMINAL_FIRST_DT_S = 0.1
+MAX_SUBSTEP_S = 1.0
+STALE_AFTER_NS = 2_000_000_000
+AMBIENT_C = 30.0
+T_LIMIT_C = 100.0
+TAU_S = 6.0
+HOT_RTH_FACTOR = 2.2
+LINK_BYTES_PER_S = 100e9
+PCIE_BYTES_PER_S = 2e8  # host↔device traffic at full activity (data loading, checkpoints)
+VF_EXPONENT = 2.5
+LEAK_PER_C = 0.004
+F_IDLE_FRACTION = 0.15
+F_MIN_FRACTION = 0.2
+
+IDLE, STEP, COLLECTIVE, COMPUTE = 0, 1, 2, 3
+# Per state: busy, matrix, memory-controller busy, power activity factor a. COMPUTE's busy is
+# replaced per GPU by its drawn level.
+_LEVELS = np.array(
+    [
+        [0.02, 0.00, 0.01, 0.00],
+        [0.45, 0.08, 0.20, 0.35],
+        [0.12, 0.00, 0.35, 0.30],
+        [0.93, 0.70, 0.55, 1.00],
+    ]
+)
+
+
+@dataclass(slots=True)
+class _Collective:
+    name: str
+    nbytes: float
+    sent: float = 0.0
+
+
+@dataclass(slots=True)
+class _Gpu:
+    """Marker-driven state of one GPU; times in ns."""
+
+    pending: list[tuple[int, MarkerKind, str, int]] = field(default_factory=list)
+    in_step: bool = False
+    phases: list[str] = field(default_factory=list)
+    collectives: list[_Collective] = field(default_factory=list)
+    last_marker_ns: int | None = None
+
+    def state(self) -> int:
+        if self.phases:
+            return COMPUTE
+        if self.collectives:
+            return COLLECTIVE
+        return STEP if self.in_step else IDLE
+
+    def apply(self, kind: MarkerKind, name: str, ts_ns: int, nbytes: int) -> float:
+        """Apply one marker; return link bytes to add now (the unsent rest of an ending collective)."""
+        self.last_marker_ns = ts_ns if self.last_marker_ns is None else max(self.last_marker_ns, ts_ns)
+        if kind == MarkerKind.STEP_BEGIN:
+            self.in_step = True
+        elif kind == MarkerKind.STEP_END:
+            # A step closes whatever the job left open, so a missed end marker cannot pin a state.
+            rest = sum(max(c.nbytes - c.sent, 0.0) for c in self.collectives)
+            self.in_step, self.phases, self.collectives = False, [], []
+            return rest
+        elif kind == MarkerKind.PHASE_BEGIN:
+            self.phases.append(name)
+        elif kind == MarkerKind.PHASE_END:
+            if name in self.phases:
+                self.phases.reverse()
+                self.phases.remove(name)
+                self.phases.reverse()
+            elif self.phases:
+                self.phases.pop()
+        elif kind == MarkerKind.COLLECTIVE_BEGIN:
+            self.collectives.append(_Collective(name, float(max(nbytes, 0))))
+        elif kind == MarkerKind.COLLECTIVE_END and self.collectives:
+            idx = next((i for i in range(len(self.collectives) - 1, -1, -1)
+                        if self.collectives[i].name == name), len(self.collectives) - 1)
+            c = self.collectives.pop(idx)
+            return max(max(c.nbytes, float(nbytes)) - c.sent, 0.0)
+        return 0.0
+
+    def run(self, a_ns: int, b_ns: int, durs: list[float]) -> float:
+        """Credit ``[a_ns, b_ns]`` to the current state (idle once stale); return link bytes moved."""
+        if b_ns <= a_ns:
+            return 0.0
+        live_end = a_ns if self.last_marker_ns is None else min(b_ns, self.last_marker_ns + STALE_AFTER_NS)
+        moved = 0.0
+        if live_end > a_ns:
+            live_s = (live_end - a_ns) * 1e-9
+            durs[self.state()] += live_s
+            budget = LINK_BYTES_PER_S * live_s
+            for c in self.collectives:
+                step = min(budget, max(c.nbytes - c.sent, 0.0))
+                c.sent += step
+                moved += step
+        durs[IDLE] += (b_ns - max(a_ns, live_end)) * 1e-9
+        return moved
+
+
+class SimulatedBackend:
+    """Simulated GPUs with a DVFS, power-cap and thermal model driven by training markers.
+
+    Args:
+        node: Node name written into every row.
+        model: A model of ``chopper.specs.SPECS`` (``MI300X``, ``H100``, ``H200`` ...).
+        gpus: Number of GPUs.
+        seed: Seeds per-GPU variation, noise and UUIDs.
+        hot_gpus: Indices of GPUs with poor cooling (thermal throttling under load).
+
+    Raises:
+        ValueError: Unknown model, ``gpus < 1`` or a hot GPU index out of range.
+    """
+
+    name = "simulated"
+
+    def __init__(self, node: str, model: str = "MI300X", gpus: int = 8, seed: int = 0,
+                 hot_gpus: Sequence[int] = ()) -> None:
+        spec = SPECS.get(model) or SPECS.get(model.upper())
+        if spec is None:
+            raise ValueError(f"unknown simulated GPU model {model!r}; known models: {', '.join(SPECS)}")
+        if gpus < 1:
+            raise ValueError(f"gpus must be at least 1, got {gpus}")
+        bad = [g for g in hot_gpus if not 0 <= g < gpus]
+        if bad:
+            raise ValueError(f"hot_gpus {bad} out of range 0..{gpus - 1}")
+        self.node, self.spec, self.gpus, self.seed = node, spec, gpus, seed
+        self.hot_gpus = tuple(sorted(set(hot_gpus)))
+        self.ignored_markers = 0
+        rng = np.random.default_rng(seed)
+        n = gpus
+        r_th = 50.0 / spec.tdp_w * rng.uniform(0.9, 1.1, n)
+        r_th[list(self.hot_gpus)] *= HOT_RTH_FACTOR
+        self._r_th = r_th
+        self._tau = TAU_S * rng.uniform(0.85, 1.15, n)
+        self._leak = rng.uniform(0.9, 1.15, n)
+        self._p_dyn = (spec.tdp_w - spec.idle_w) * rng.uniform(1.0, 1.2, n)
+        self._busy_compute = rng.uniform(0.90, 0.97, n)
+        self._mem_frac = rng.uniform(0.70, 0.85, n)
+        self._noise_rng = np.random.default_rng([seed, 1])
+        self._lock = threading.Lock()
+        self._opened = False
+        self._reset()
+
+    def _reset(self) -> None:
+        n = self.gpus
+        self._state = [_Gpu() for _ in range(n)]
+        self._last_ns: int | None = None
+        self._temp = np.full(n, AMBIENT_C) + self.spec.idle_w * self._leak * self._r_th
+        self._energy = np.zeros(n)
+        self._thr_power = np.zeros(n)
+        self._thr_thermal = np.zeros(n)
+        self._link = np.zeros(n)
+        self._pcie = np.zeros(n)
+        self._seen_step = np.zeros(n, dtype=bool)
+
+    def _uuid(self, gpu: int) -> str:
+        # The node is part of the name so that a simulated cluster sharing one seed has unique UUIDs.
+        name = f"chopper-simulated:{self.node}:{self.seed}:{gpu}"
+        return "SIM-" + str(uuid.uuid5(uuid.NAMESPACE_URL, name))
+
+    def open(self) -> list[DeviceInfo]:
+        """Start a fresh simulation (cold GPUs, zero counters) and describe its GPUs."""
+        self._reset()
+        self._opened = True
+        s = self.spec
+        return [
+            DeviceInfo(node=self.node, gpu=g, vendor="simulated", model=f"{s.model} (simulated)",
+                       uuid=self._uuid(g), max_gfx_clock_mhz=s.max_gfx_clock_mhz, peak_flops=s.peak_flops,
+                       memory_bytes=s.memory_bytes, power_cap_w=s.tdp_w)
+            for g in range(self.gpus)
+        ]
+
+    def close(self) -> None:
+        """Stop; ``sample`` fails until the next ``open``. Safe to call twice."""
+        self._opened = False
+
+    def observe_marker(self, gpu: int, kind: MarkerKind, name: str, ts_ns: int, nbytes: int) -> None:
+        """Queue a marker; it takes effect at ``ts_ns`` within the next ``sample`` interval.
+
+        Never raises: a marker for a GPU this node does not have is counted in ``ignored_markers``.
+        """
+        if not 0 <= gpu < self.gpus:
+            self.ignored_markers += 1
+            return
+        with self._lock:
+            self._state[gpu].pending.append((int(ts_ns), MarkerKind(kind), name, int(nbytes or 0)))
+
+    def _activity(self, g: int, t0: int, t1: int) -> tuple[list[float], float]:
+        """Seconds in each state over ``[t0, t1]`` and link bytes moved, applying due markers."""
+        st = self._state[g]
+        durs = [0.0, 0.0, 0.0, 0.0]
+        if not st.pending:  # the common case between markers: skip the lock and the sort
+            return durs, st.run(t0, t1, durs)
+        with self._lock:
+            due = [m for m in st.pending if m[0] <= t1]
+            st.pending = [m for m in st.pending if m[0] > t1] if len(due) < len(st.pending) else []
+        moved = 0.0
+        t = t0
+        for ts, kind, name, nbytes in sorted(due, key=lambda m: m[0]):
+            te = max(ts, t)  # markers older than the interval take effect at its start
+            moved += st.run(t, te, durs)
+            t = te
+            moved += st.apply(kind, name, ts, nbytes)
+        moved += st.run(t, t1, durs)
+        if st.in_step or st.phases:
+            self._seen_step[g] = True
+        return durs, moved
+
+    def sample(self, now_ns: int) -> list[Sample]:
+        """Advance the simulation to ``now_ns`` and return one sample per GPU for the interval."""
+        if not self._opened:
+            raise BackendError("simulated backend: sample() called before open() or after close()")
+        now_ns = int(now_ns)
+        t0 = now_ns - int(NOMINAL_FIRST_DT_S * 1e9) if self._last_ns is None else min(self._last_ns, now_ns)
+        self._last_ns = now_ns
+        dt = (now_ns - t0) * 1e-9
+        spec, n = self.spec, self.gpus
+
+        durs = np.empty((n, 4))
+        link_add = np.empty(n)
+        for g in range(n):
+            d, link_add[g] = self._activity(g, t0, now_ns)
+            durs[g] = d
+        if dt > 0:
+            w = durs / dt
+        else:  # no time passed: report the current state
+            w = np.zeros((n, 4))
+            w[np.arange(n), [st.state() for st in self._state]] = 1.0
+        levels = w @ _LEVELS
+        busy = levels[:, 0] + w[:, COMPUTE] * (self._busy_compute - _LEVELS[COMPUTE, 0])
+        busy = np.clip(busy + self._noise_rng.normal(0.0, 0.004, n), 0.0, 1.0)
+        matrix, mem_busy, act = levels[:, 1], levels[:, 2], levels[:, 3]
+
+        clock_s, energy0 = np.zeros(n), self._energy.copy()
+        remaining = dt
+        while True:  # sub-steps keep the thermal controller honest over long gaps
+            h = min(remaining, MAX_SUBSTEP_S)
+            f = self._step(act, h)
+            clock_s += f * h
+            remaining -= h
+            if remaining <= 1e-12:
+                break
+        self._link += link_add
+        self._pcie += PCIE_BYTES_PER_S * act * dt
+        if dt > 0:
+            clock, power = clock_s / dt, (self._energy - energy0) / dt
+        else:
+            clock, power = f, self._power(act, f)
+        stale = np.array([st.last_marker_ns is None or now_ns - st.last_marker_ns > STALE_AFTER_NS
+                          for st in self._state])
+        mem_used = np.where(self._seen_step & ~stale, self._mem_frac * spec.memory_bytes, 0.5 * 2**30)
+
+        rows = zip(clock.tolist(), busy.tolist(), matrix.tolist(), mem_busy.tolist(), power.tolist(),
+                   self._energy.tolist(), self._temp.tolist(), mem_used.tolist(), self._link.tolist(),
+                   self._pcie.tolist(), self._thr_power.tolist(), self._thr_thermal.tolist(), strict=True)
+        node, mclk = self.node, spec.mem_clock_mhz
+        return [
+            Sample(now_ns, node, g, c, mclk, b, m, mb, p, e, t, mu, lk, lk, pc, 0.5 * pc, tp, tt, 0.0, 0.0)
+            for g, (c, b, m, mb, p, e, t, mu, lk, pc, tp, tt) in enumerate(rows)
+        ]
+
+    def _static(self) -> np.ndarray:
+        return self.spec.idle_w * self._leak * (1.0 + LEAK_PER_C * (self._temp - 40.0))
+
+    def _power(self, act: np.ndarray, f: np.ndarray) -> np.ndarray:
+        return self._static() + act * self._p_dyn * (f / self.spec.max_gfx_clock_mhz) ** VF_EXPONENT
+
+    def _step(self, act: np.ndarray, h: float) -> np.ndarray:
+        """Integrate ``h`` seconds at activity ``act``; return the clock (MHz) used."""
+        spec = self.spec
+        f_max = spec.max_gfx_clock_mhz
+        f_req = f_max * (F_IDLE_FRACTION + (1.0 - F_IDLE_FRACTION) * np.minimum(1.0, act / 0.3))
+        p_static = self._static()
+        p_dyn_max = act * self._p_dyn
+        demand = p_static + p_dyn_max * (f_req / f_max) ** VF_EXPONENT
+        if h > 0:
+            k = 1.0 - np.exp(-h / self._tau)
+            p_thermal = ((T_LIMIT_C - self._temp) / k + self._temp - AMBIENT_C) / self._r_th
+        else:
+            p_thermal = np.full_like(demand, math.inf)
+        budget = np.minimum(spec.tdp_w, p_thermal)
+        over = demand > budget
+        f = f_req
+        if over.any():
+            head = np.maximum(budget - p_static, 0.0)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                f_fit = f_max * np.where(p_dyn_max > 0, head / p_dyn_max, 1.0) ** (1.0 / VF_EXPONENT)
+            f = np.where(over, np.minimum(f_req, np.maximum(F_MIN_FRACTION * f_max, f_fit)), f_req)
+            thermal = over & (p_thermal < spec.tdp_w)
+            self._thr_thermal += thermal * h
+            self._thr_power += (over & ~thermal) * h
+        p = p_static + p_dyn_max * (f / f_max) ** VF_EXPONENT
+        if h > 0:
+            t_ss = AMBIENT_C + p * self._r_th
+            self._temp = t_ss + (self._temp - t_ss) * np.exp(-h / self._tau)
+            self._energy += p * h
+        return f
+
