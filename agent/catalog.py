@@ -1,0 +1,113 @@
+"""The agent's metric catalog: every name it exports, with type, unit, help and labels.
+
+This table is the single source of metric names: the collector builds families from it, the
+docs (``docs/METRICS.md``) are checked against it, and dashboards and alert rules import it.
+Names follow ``chopper_<subsystem>_<name>_<unit>`` with base units; counters end in ``_total``;
+step numbers are never labels.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class MetricSpec:
+    """One exported metric.
+
+    Attributes:
+        name: Full metric name (counters include ``_total``).
+        kind: ``gauge``, ``counter`` or ``info`` (a gauge fixed at 1 that carries labels).
+        help: One sentence with the unit.
+        labels: Label names, in order.
+    """
+
+    name: str
+    kind: str
+    help: str
+    labels: tuple[str, ...]
+
+
+GPU = ("node", "gpu", "vendor", "model")
+RANK = ("node", "job", "rank", "gpu")
+NODE = ("node",)
+
+METRICS: tuple[MetricSpec, ...] = (
+    # GPUs: the latest sample of each device.
+    MetricSpec("chopper_gpu_info", "info", "GPU identity; value is always 1.", (*GPU, "uuid")),
+    MetricSpec("chopper_gpu_gfx_clock_hertz", "gauge", "Mean graphics/SM clock over the last sample interval, Hz.", GPU),
+    MetricSpec("chopper_gpu_gfx_clock_max_hertz", "gauge", "Maximum graphics/SM clock of the device, Hz.", GPU),
+    MetricSpec("chopper_gpu_mem_clock_hertz", "gauge", "Mean memory clock over the last sample interval, Hz.", GPU),
+    MetricSpec("chopper_gpu_busy_ratio", "gauge", "Graphics/compute engine activity over the last interval, 0-1.", GPU),
+    MetricSpec("chopper_gpu_matrix_busy_ratio", "gauge", "Matrix-core/tensor activity over the last interval, 0-1.", GPU),
+    MetricSpec("chopper_gpu_mem_busy_ratio", "gauge", "Memory controller activity over the last interval, 0-1.", GPU),
+    MetricSpec("chopper_gpu_power_watts", "gauge", "Mean board/socket power over the last interval, W.", GPU),
+    MetricSpec("chopper_gpu_power_cap_watts", "gauge", "Power cap of the device, W.", GPU),
+    MetricSpec("chopper_gpu_energy_joules_total", "counter", "Energy used by the device, J.", GPU),
+    MetricSpec("chopper_gpu_temperature_celsius", "gauge", "Hotspot temperature, degrees Celsius.", GPU),
+    MetricSpec("chopper_gpu_memory_used_bytes", "gauge", "Device memory in use, bytes.", GPU),
+    MetricSpec("chopper_gpu_memory_total_bytes", "gauge", "Device memory, bytes.", GPU),
+    MetricSpec("chopper_gpu_peak_flops_per_second", "gauge", "Peak dense BF16 FLOP/s at max clock.", GPU),
+    MetricSpec("chopper_gpu_link_tx_bytes_total", "counter", "Bytes sent over XGMI/NVLink.", GPU),
+    MetricSpec("chopper_gpu_link_rx_bytes_total", "counter", "Bytes received over XGMI/NVLink.", GPU),
+    MetricSpec("chopper_gpu_pcie_tx_bytes_total", "counter", "Bytes sent over PCIe.", GPU),
+    MetricSpec("chopper_gpu_pcie_rx_bytes_total", "counter", "Bytes received over PCIe.", GPU),
+    MetricSpec(
+        "chopper_gpu_throttle_seconds_total", "counter",
+        "Time the clock was held down, by cause (power, thermal, current, other), s.", (*GPU, "cause"),
+    ),
+    # Host.
+    MetricSpec("chopper_host_cpu_busy_ratio", "gauge", "CPU busy over the last interval, all cores, 0-1.", NODE),
+    MetricSpec("chopper_host_memory_used_bytes", "gauge", "Host memory in use, bytes.", NODE),
+    MetricSpec("chopper_host_memory_total_bytes", "gauge", "Host memory, bytes.", NODE),
+    MetricSpec("chopper_host_network_tx_bytes_total", "counter", "Bytes sent on non-loopback interfaces.", NODE),
+    MetricSpec("chopper_host_network_rx_bytes_total", "counter", "Bytes received on non-loopback interfaces.", NODE),
+    MetricSpec("chopper_host_load1", "gauge", "One-minute load average, runnable tasks.", NODE),
+    # Training ranks that push markers to this agent.
+    MetricSpec(
+        "chopper_rank_markers_received_total", "counter",
+        "Markers accepted from a rank, by kind (step_begin, phase_end, ...).", (*RANK, "kind"),
+    ),
+    MetricSpec("chopper_rank_steps_total", "counter", "Steps a rank completed (step_end accepted).", RANK),
+    MetricSpec("chopper_rank_last_step", "gauge", "Number of the last step a rank completed.", RANK),
+    MetricSpec("chopper_rank_step_time_seconds", "gauge", "Duration of the last completed step, s.", RANK),
+    MetricSpec("chopper_rank_steps_abandoned_total", "counter", "Steps begun but never ended before the next.", RANK),
+    MetricSpec(
+        "chopper_rank_client_dropped_markers_total", "counter",
+        "Markers the rank's client dropped (queue full or agent unreachable), as it reports.", RANK,
+    ),
+    MetricSpec("chopper_rank_batches_lost_total", "counter", "Marker batches missing from a rank's sequence.", RANK),
+    # The agent itself.
+    MetricSpec("chopper_agent_info", "info", "Agent identity; value is always 1.", (*NODE, "backend", "version")),
+    MetricSpec("chopper_agent_backend_up", "gauge", "1 when the last sample of the backend succeeded.", (*NODE, "backend")),
+    MetricSpec(
+        "chopper_agent_backend_errors_total", "counter", "Backend failures, by kind (device_lost, error, open).",
+        (*NODE, "backend", "kind"),
+    ),
+    MetricSpec(
+        "chopper_agent_backend_sample_seconds", "gauge", "Duration of the backend's last sample call, s.",
+        (*NODE, "backend"),
+    ),
+    MetricSpec("chopper_agent_sample_rate_hertz", "gauge", "Configured sampling rate, Hz.", NODE),
+    MetricSpec("chopper_agent_sampler_ticks_total", "counter", "Sampling ticks run.", NODE),
+    MetricSpec("chopper_agent_sampler_missed_ticks_total", "counter", "Ticks skipped because the sampler ran late.", NODE),
+    MetricSpec("chopper_agent_sampler_lag_seconds", "gauge", "How late the last tick started, s.", NODE),
+    MetricSpec("chopper_agent_buffer_items", "gauge", "Items held in a ring buffer.", (*NODE, "buffer")),
+    MetricSpec("chopper_agent_buffer_capacity_items", "gauge", "Capacity of a ring buffer.", (*NODE, "buffer")),
+    MetricSpec(
+        "chopper_agent_buffer_overwritten_total", "counter", "Oldest items overwritten when a buffer was full.",
+        (*NODE, "buffer"),
+    ),
+    MetricSpec(
+        "chopper_agent_markers_rejected_total", "counter", "Markers rejected, by reason (see docs/METRICS.md).",
+        (*NODE, "reason"),
+    ),
+    MetricSpec(
+        "chopper_agent_messages_undecodable_total", "counter", "gRPC messages that were not valid protobuf.",
+        (*NODE, "method"),
+    ),
+    MetricSpec("chopper_agent_marker_streams", "gauge", "Open PushMarkers streams from trainers.", NODE),
+    MetricSpec("chopper_agent_subscribers", "gauge", "Open Subscribe streams from consumers.", NODE),
+    MetricSpec("chopper_agent_step_summaries_total", "counter", "Step summaries computed.", NODE),
+)
+
+BY_NAME: dict[str, MetricSpec] = {m.name: m for m in METRICS}

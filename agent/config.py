@@ -1,0 +1,201 @@
+"""The agent's one typed settings object: code defaults < YAML file < ``CHOPPER_AGENT_*`` env < flags.
+
+Every setting has a flag (``--sample-hz``) and an environment variable
+(``CHOPPER_AGENT_SAMPLE_HZ``); the YAML file uses the field names (``sample_hz: 100``). Settings are
+validated once at start; a bad value raises ``ConfigError`` naming the key, the value, where it
+came from and what is accepted, and ``chopper-agent`` exits non-zero with that message.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import socket
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+BACKENDS = ("auto", "amd", "nvidia", "simulated", "replay")
+ENV_PREFIX = "CHOPPER_AGENT_"
+
+
+class ConfigError(ValueError):
+    """A setting is invalid; the message names the key, its source and the fix."""
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    """Everything ``chopper-agent`` can be told. Units are in the names."""
+
+    node: str = field(default_factory=socket.gethostname, metadata={"help": "node name in every row and label"})
+    backend: str = field(default="auto", metadata={"help": "GPU backend: " + ", ".join(BACKENDS)})
+    sample_hz: float = field(default=10.0, metadata={"help": "sampling rate, 1-100 Hz"})
+    socket_path: str = field(
+        default="/run/chopper/agent.sock", metadata={"help": "unix socket for trainers and local consumers"}
+    )
+    socket_mode: str = field(default="0660", metadata={"help": "permission bits of the unix socket (octal)"})
+    socket_group: str = field(default="", metadata={"help": "group owning the unix socket (empty: unchanged)"})
+    grpc_listen: str = field(default="", metadata={"help": "optional TCP host:port for gRPC (empty: none)"})
+    metrics_listen: str = field(default="127.0.0.1:9477", metadata={"help": "host:port of Prometheus /metrics"})
+    sample_buffer: int = field(default=600_000, metadata={"help": "samples kept in memory (all GPUs)"})
+    marker_buffer: int = field(default=1_000_000, metadata={"help": "markers kept in memory"})
+    max_message_bytes: int = field(default=4 * 1024 * 1024, metadata={"help": "largest accepted gRPC message"})
+    peak_flops: float = field(default=0.0, metadata={"help": "override peak dense BF16 FLOP/s per GPU (0: spec)"})
+    sim_model: str = field(default="MI300X", metadata={"help": "simulated backend: GPU model"})
+    sim_gpus: int = field(default=8, metadata={"help": "simulated backend: number of GPUs"})
+    sim_seed: int = field(default=0, metadata={"help": "simulated backend: random seed"})
+    sim_hot_gpus: tuple[int, ...] = field(
+        default=(), metadata={"help": "simulated backend: comma-separated GPUs with poor cooling"}
+    )
+    replay_dir: str = field(default="", metadata={"help": "replay backend: recorded run directory"})
+    replay_speed: float = field(default=1.0, metadata={"help": "replay backend: playback speed factor"})
+    log_level: str = field(default="info", metadata={"help": "debug, info, warning or error"})
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(AgentSettings)}
+
+
+def _parse(name: str, raw: Any, source: str) -> Any:
+    """Convert one raw value (YAML scalar or string) to the field's type."""
+    kind = _FIELDS[name].type
+    try:
+        if kind == "tuple[int, ...]":
+            if isinstance(raw, list | tuple):
+                return tuple(int(v) for v in raw)
+            text = str(raw).strip()
+            return tuple(int(v) for v in text.split(",") if v.strip()) if text else ()
+        if kind == "int":
+            if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):
+                raise ValueError
+            return int(raw)
+        if kind == "float":
+            if isinstance(raw, bool):
+                raise ValueError
+            return float(raw)
+        if isinstance(raw, list | dict):
+            raise ValueError
+        return str(raw)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name}: {raw!r} (from {source}) is not a valid {kind}") from None
+
+
+def _check(s: AgentSettings) -> None:
+    """Range and consistency checks that a type alone does not express."""
+
+    def bad(key: str, why: str) -> ConfigError:
+        return ConfigError(f"{key}: {getattr(s, key)!r} {why}")
+
+    if s.backend not in BACKENDS:
+        raise bad("backend", f"is not a backend; choose one of {', '.join(BACKENDS)}")
+    if not 1.0 <= s.sample_hz <= 100.0:
+        raise bad("sample_hz", "is out of range; use 1 to 100 samples per second")
+    if not s.socket_path:
+        raise bad("socket_path", "is empty; trainers need a unix socket path")
+    try:
+        if not 0 <= int(s.socket_mode, 8) <= 0o777:
+            raise ValueError
+    except ValueError:
+        raise bad("socket_mode", "is not octal permission bits such as 0660") from None
+    for key in ("metrics_listen", "grpc_listen"):
+        value = getattr(s, key)
+        if value and not _is_host_port(value):
+            raise bad(key, "is not host:port, e.g. 127.0.0.1:9477")
+    if not s.metrics_listen:
+        raise bad("metrics_listen", "is empty; Prometheus needs an address to scrape")
+    for key, low in (("sample_buffer", 1000), ("marker_buffer", 1000), ("max_message_bytes", 64 * 1024)):
+        if getattr(s, key) < low:
+            raise bad(key, f"is too small; use at least {low}")
+    if s.peak_flops < 0:
+        raise bad("peak_flops", "is negative; use 0 for the data-sheet value or a FLOP/s figure")
+    if s.sim_gpus < 1 or s.sim_gpus > 64:
+        raise bad("sim_gpus", "is out of range; simulate 1 to 64 GPUs")
+    if any(g < 0 or g >= s.sim_gpus for g in s.sim_hot_gpus):
+        raise bad("sim_hot_gpus", f"names a GPU outside 0..{s.sim_gpus - 1}")
+    if s.backend == "replay" and not s.replay_dir:
+        raise ConfigError("replay_dir: required with backend replay; pass --replay-dir RUN_DIR")
+    if s.replay_speed <= 0:
+        raise bad("replay_speed", "must be positive, e.g. 1 for recorded pace or 10 for ten times faster")
+    if s.log_level not in ("debug", "info", "warning", "error"):
+        raise bad("log_level", "is not one of debug, info, warning, error")
+
+
+def _is_host_port(value: str) -> bool:
+    host, sep, port = value.rpartition(":")
+    return bool(sep and host and port.isdigit() and 0 < int(port) < 65536)
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"config file {path}: cannot be read ({exc.strerror}); check the --config path") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path}: is not valid YAML ({exc}); fix the syntax") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path}: must be a mapping of setting: value, got {type(data).__name__}")
+    unknown = sorted(set(data) - set(_FIELDS))
+    if unknown:
+        raise ConfigError(
+            f"config file {path}: unknown setting(s) {', '.join(map(str, unknown))}; "
+            f"known settings are {', '.join(_FIELDS)}"
+        )
+    return data
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``chopper-agent`` flags: one per setting, plus ``--config``."""
+    parser = argparse.ArgumentParser(
+        prog="chopper-agent",
+        description="Chopper node agent: samples GPUs, receives training markers, serves gRPC and /metrics. "
+        f"Every flag also reads {ENV_PREFIX}<NAME> from the environment.",
+    )
+    parser.add_argument("--config", type=Path, help=f"YAML settings file (env {ENV_PREFIX}CONFIG)")
+    for f in dataclasses.fields(AgentSettings):
+        parser.add_argument(
+            "--" + f.name.replace("_", "-"), dest=f.name, default=None, metavar=f.name.upper(),
+            help=f"{f.metadata['help']} (env {ENV_PREFIX}{f.name.upper()})",
+        )
+    return parser
+
+
+def load_settings(
+    argv: Sequence[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    error: Callable[[str], None] | None = None,
+) -> AgentSettings:
+    """Merge defaults, YAML, environment and flags into validated settings.
+
+    Args:
+        argv: Command-line arguments (without the program name).
+        env: Environment to read ``CHOPPER_AGENT_*`` from; defaults to ``os.environ``.
+        error: Called by argparse on an unknown flag; defaults to argparse's exit.
+
+    Raises:
+        ConfigError: A value is malformed or out of range.
+    """
+    env = os.environ if env is None else env
+    parser = build_parser()
+    if error is not None:
+        parser.error = error  # type: ignore[method-assign]
+    args = parser.parse_args(argv)
+    values: dict[str, Any] = {}
+    config_path = args.config or (Path(env[ENV_PREFIX + "CONFIG"]) if env.get(ENV_PREFIX + "CONFIG") else None)
+    if config_path is not None:
+        for key, raw in _read_yaml(config_path).items():
+            values[key] = _parse(key, raw, f"config file {config_path}")
+    for name in _FIELDS:
+        raw = env.get(ENV_PREFIX + name.upper())
+        if raw is not None:
+            values[name] = _parse(name, raw, f"env {ENV_PREFIX}{name.upper()}")
+    for name in _FIELDS:
+        raw = getattr(args, name)
+        if raw is not None:
+            values[name] = _parse(name, raw, "--" + name.replace("_", "-"))
+    settings = AgentSettings(**values)
+    _check(settings)
+    return settings
