@@ -1,0 +1,223 @@
+"""Validation and per-rank bookkeeping of the markers trainers push to the agent.
+
+``MarkerIngest.ingest`` takes one decoded ``MarkerBatch`` and returns what it accepted, what it
+rejected (each with a reason key for metrics and a message naming the problem and the fix) and
+the steps that closed. Algorithm, per batch:
+
+1. Check the batch header: a job name, a rank, a GPU index of this node (or -1), a size limit.
+   A bad header rejects the whole batch.
+2. Per marker, check kind, step, name, timestamp plausibility and non-negative payloads.
+3. Track each ``(job, rank)``: the open step and its open phases/collectives. A ``step_end``
+   for a step that never began, or a ``phase_end`` without its begin, is rejected; a
+   ``step_begin`` while a step is open abandons the open one (counted, not summarised).
+4. Detect lost batches from gaps in the per-sender ``seq`` and remember each sender's
+   cumulative client-side drop count.
+
+Plain data in, plain data out: no I/O, no locks (the caller serialises calls).
+"""
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+
+from chopper.proto.chopper.v1 import agent_pb2 as pb
+from chopper.schema import MarkerKind
+
+MAX_MARKERS_PER_BATCH = 100_000
+MAX_NAME_CHARS = 256
+MAX_JOB_CHARS = 256
+# Timestamps further than this from the agent's clock are garbled, not late.
+MAX_CLOCK_SKEW_NS = 24 * 3600 * 10**9
+MAX_ERRORS_REPORTED = 8
+
+
+@dataclass(frozen=True, slots=True)
+class ClosedStep:
+    """A step that began and ended on one rank; the agent summarises it once samples cover it."""
+
+    job: str
+    rank: int
+    gpu: int
+    step: int
+    begin_ns: int
+    end_ns: int
+    flops: float
+    tokens: int
+    phases: int
+    collectives: int
+    device_clock: bool
+
+
+@dataclass(slots=True)
+class _OpenStep:
+    step: int
+    begin_ns: int
+    device_clock: bool
+    phases: int = 0
+    collectives: int = 0
+
+
+@dataclass(slots=True)
+class RankState:
+    """What the agent knows of one ``(job, rank)``."""
+
+    gpu: int = -1
+    open_step: _OpenStep | None = None
+    open_phases: Counter[str] = field(default_factory=Counter)
+    open_collectives: Counter[str] = field(default_factory=Counter)
+    received: Counter[MarkerKind] = field(default_factory=Counter)
+    last_seq: dict[int, int] = field(default_factory=dict)  # by sender pid
+    client_dropped: dict[int, int] = field(default_factory=dict)  # by sender pid, cumulative
+    batches_lost: int = 0
+    steps_abandoned: int = 0
+    last_step: int = -1
+    last_step_time_s: float = math.nan
+
+    @property
+    def client_dropped_total(self) -> int:
+        return sum(self.client_dropped.values())
+
+
+@dataclass(slots=True)
+class IngestResult:
+    """Outcome of one batch."""
+
+    accepted: list[pb.MarkerRecord] = field(default_factory=list)
+    rejected: Counter[str] = field(default_factory=Counter)
+    errors: list[str] = field(default_factory=list)
+    closed_steps: list[ClosedStep] = field(default_factory=list)
+
+    def reject(self, reason: str, message: str, count: int = 1) -> None:
+        self.rejected[reason] += count
+        if len(self.errors) < MAX_ERRORS_REPORTED:
+            self.errors.append(message)
+
+
+class MarkerIngest:
+    """Validates marker batches and tracks every rank's open step.
+
+    Args:
+        node: This node's name, stamped on every stored marker.
+        gpu_count: Number of local GPUs; a batch naming another index is rejected.
+    """
+
+    def __init__(self, node: str, gpu_count: int) -> None:
+        self.node = node
+        self.gpu_count = gpu_count
+        self.ranks: dict[tuple[str, int], RankState] = {}
+
+    def ingest(self, batch: pb.MarkerBatch, now_ns: int) -> IngestResult:
+        """Validate one batch against the per-rank state; see the module docstring."""
+        result = IngestResult()
+        header_error = self._check_header(batch)
+        if header_error is not None:
+            reason, message = header_error
+            result.reject(reason, message, max(1, len(batch.markers)))
+            return result
+        state = self.ranks.setdefault((batch.job, batch.rank), RankState())
+        state.gpu = batch.gpu
+        self._track_sender(state, batch)
+        for marker in batch.markers:
+            error = self._check_marker(marker, now_ns) or self._apply(state, batch, marker, result)
+            if error is not None:
+                reason, message = error
+                result.reject(reason, f"job {batch.job!r} rank {batch.rank}: {message}")
+                continue
+            state.received[MarkerKind(marker.kind)] += 1
+            result.accepted.append(
+                pb.MarkerRecord(job=batch.job, node=self.node, rank=batch.rank, gpu=batch.gpu, marker=marker)
+            )
+        return result
+
+    def _check_header(self, batch: pb.MarkerBatch) -> tuple[str, str] | None:
+        if not batch.job or len(batch.job) > MAX_JOB_CHARS or not batch.job.isprintable():
+            return "bad_job", (
+                f"marker batch has job {batch.job[:40]!r}: the job name must be 1-{MAX_JOB_CHARS} printable "
+                "characters; pass chopper.init(job=...) or set CHOPPER_JOB"
+            )
+        if batch.rank < 0:
+            return "bad_rank", f"marker batch has rank {batch.rank}: ranks are >= 0; pass chopper.init(rank=...)"
+        if not -1 <= batch.gpu < self.gpu_count:
+            return "bad_gpu", (
+                f"marker batch from job {batch.job!r} rank {batch.rank} names GPU {batch.gpu}, but this node has "
+                f"GPUs 0..{self.gpu_count - 1}; pass chopper.init(gpu=LOCAL_RANK) or -1 for none"
+            )
+        if len(batch.markers) > MAX_MARKERS_PER_BATCH:
+            return "batch_too_large", (
+                f"marker batch holds {len(batch.markers)} markers, more than {MAX_MARKERS_PER_BATCH}; "
+                "send smaller batches"
+            )
+        return None
+
+    @staticmethod
+    def _track_sender(state: RankState, batch: pb.MarkerBatch) -> None:
+        last = state.last_seq.get(batch.pid)
+        if last is not None and batch.seq > last + 1:
+            state.batches_lost += batch.seq - last - 1
+        state.last_seq[batch.pid] = max(batch.seq, last or 0)
+        state.client_dropped[batch.pid] = batch.client_dropped_total
+
+    @staticmethod
+    def _check_marker(m: pb.Marker, now_ns: int) -> tuple[str, str] | None:
+        if m.kind not in MarkerKind._value2member_map_:
+            return "bad_kind", f"marker kind {m.kind} is unknown; upgrade the agent or the client"
+        if m.step < 0:
+            return "bad_step", f"step {m.step} is negative; step numbers start at 0"
+        if abs(m.ts_ns - now_ns) > MAX_CLOCK_SKEW_NS:
+            return "bad_timestamp", (
+                f"timestamp {m.ts_ns} ns is more than a day from the agent's clock ({now_ns} ns); "
+                "timestamps are CLOCK_REALTIME nanoseconds"
+            )
+        if len(m.name) > MAX_NAME_CHARS or not m.name.isprintable():
+            return "bad_name", f"name {m.name[:40]!r}... must be at most {MAX_NAME_CHARS} printable characters"
+        if not (math.isfinite(m.flops) and m.flops >= 0) or m.tokens < 0 or m.bytes < 0:
+            return "bad_payload", "flops, tokens and bytes must be finite and >= 0"
+        kind = MarkerKind(m.kind)
+        if kind not in (MarkerKind.STEP_BEGIN, MarkerKind.STEP_END) and not m.name:
+            return "bad_name", f"{kind.label} has no name; name the phase or collective, e.g. 'forward'"
+        return None
+
+    @staticmethod
+    def _apply(state: RankState, batch: pb.MarkerBatch, m: pb.Marker, result: IngestResult) -> tuple[str, str] | None:
+        """Advance the rank's open-step state machine by one valid marker."""
+        kind = MarkerKind(m.kind)
+        device_clock = m.clock == pb.CLOCK_SOURCE_DEVICE
+        open_step = state.open_step
+        if kind is MarkerKind.STEP_BEGIN:
+            if open_step is not None:
+                state.steps_abandoned += 1
+            state.open_step = _OpenStep(m.step, m.ts_ns, device_clock)
+            state.open_phases.clear()
+            state.open_collectives.clear()
+            return None
+        if kind is MarkerKind.STEP_END:
+            if open_step is None or open_step.step != m.step:
+                return "step_never_began", (
+                    f"step_end for step {m.step} that never began; wrap the step in `with chopper.step({m.step})`"
+                )
+            if m.ts_ns < open_step.begin_ns:
+                return "bad_timestamp", f"step {m.step} ends before it began; timestamps must not go backwards"
+            state.open_step = None
+            state.last_step = m.step
+            state.last_step_time_s = (m.ts_ns - open_step.begin_ns) / 1e9
+            result.closed_steps.append(
+                ClosedStep(
+                    batch.job, batch.rank, batch.gpu, m.step, open_step.begin_ns, m.ts_ns, m.flops, m.tokens,
+                    open_step.phases, open_step.collectives, open_step.device_clock and device_clock,
+                )
+            )
+            return None
+        opened = state.open_phases if kind in (MarkerKind.PHASE_BEGIN, MarkerKind.PHASE_END) else state.open_collectives
+        if kind in (MarkerKind.PHASE_BEGIN, MarkerKind.COLLECTIVE_BEGIN):
+            opened[m.name] += 1
+            return None
+        if opened[m.name] <= 0:
+            return "end_without_begin", f"{kind.label} {m.name!r} without its begin; use `with chopper.phase(...)`"
+        opened[m.name] -= 1
+        if open_step is not None:
+            if kind is MarkerKind.PHASE_END:
+                open_step.phases += 1
+            else:
+                open_step.collectives += 1
+        return None
