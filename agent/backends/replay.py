@@ -1,0 +1,166 @@
+"""Play a recorded run's samples back on the live clock, as if its GPUs were on this node.
+
+Pacing. The first ``sample(now_ns)`` call anchors the replay: ``start_ns = now_ns`` and
+``rec_t0`` = the earliest recorded sample timestamp of the (selected) node. Each call then
+returns every recorded sample not yet returned whose offset satisfies
+``(rec_ts − rec_t0) / speed ≤ now_ns − start_ns``, re-timestamped to
+``ts_ns = start_ns + round((rec_ts − rec_t0) / speed)``, in recorded order. A tick that falls
+between two recorded samples returns nothing for that GPU (the recording's own cadence wins over
+the sampler's). All other fields, cumulative counters included, are the recorded values.
+
+Identity. Device rows and samples carry this agent's ``node`` (not the recorded one) and the
+recorded ``gpu`` indices, vendor, model and UUIDs: the trainers' markers arriving at this agent
+name this node, and step alignment joins markers and samples on ``(node, gpu)``. A run recorded
+on several nodes needs ``recorded_node`` to choose one.
+
+End of run. Without ``loop`` every later call returns ``[]`` and ``finished`` turns True. With
+``loop`` the run restarts one recorded sample interval after its last sample, and cumulative
+counters continue from where they were (each cycle adds the recorded span ``last − first``
+per GPU), so consumers that difference counters never see them go backwards.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+
+from agent.backends.base import BackendError, BackendUnavailable
+from chopper.rundir import RunDirError, read_run
+from chopper.schema import SAMPLE_COLUMNS, DeviceInfo, Sample
+
+# Cumulative sample columns; everything after gpu that is not listed here is an interval mean.
+CUMULATIVE_COLUMNS: tuple[str, ...] = (
+    "energy_j", "link_tx_bytes", "link_rx_bytes", "pcie_tx_bytes", "pcie_rx_bytes",
+    "throttle_power_s", "throttle_thermal_s", "throttle_current_s", "throttle_other_s",
+)
+_VALUE_COLUMNS: tuple[str, ...] = SAMPLE_COLUMNS[3:]
+
+
+class ReplayBackend:
+    """Replays ``samples`` of a recorded run directory (see ``chopper.rundir``).
+
+    Args:
+        node: This agent's node name, written into every device row and sample.
+        run_dir: Recorded run directory.
+        speed: Playback speed; 10 replays ten recorded seconds per live second. Must be > 0.
+        loop: Restart at the end instead of finishing.
+        recorded_node: Which recorded node to play when the run holds several.
+
+    Attributes:
+        finished: True once every recorded sample was returned (never with ``loop``).
+        start_ns: The live time the replay was anchored to (first ``sample`` call), or None.
+
+    Raises:
+        ValueError: ``speed`` is not a finite number above 0.
+    """
+
+    name = "replay"
+
+    def __init__(self, node: str, run_dir: str | Path, speed: float = 1.0, loop: bool = False,
+                 recorded_node: str | None = None) -> None:
+        if not (isinstance(speed, int | float) and math.isfinite(speed) and speed > 0):
+            raise ValueError(f"replay speed must be a finite number above 0 (1 = real time), got {speed!r}")
+        self.node, self.run_dir, self.speed, self.loop = node, Path(run_dir), float(speed), loop
+        self.recorded_node = recorded_node
+        self.finished = False
+        self.start_ns: int | None = None
+        self._opened = False
+
+    def open(self) -> list[DeviceInfo]:
+        """Read and validate the run; return its GPUs under this node's name.
+
+        Raises:
+            BackendUnavailable: The run directory is missing or malformed (the message carries the
+                ``RunDirError`` that names the problem), holds no samples, or holds several nodes
+                and ``recorded_node`` does not pick one of them.
+        """
+        try:
+            run = read_run(self.run_dir)
+        except RunDirError as exc:
+            raise BackendUnavailable(f"replay: cannot use recorded run: {exc}") from exc
+        nodes = sorted(set(run.devices["node"]))
+        chosen = self.recorded_node
+        if chosen is None:
+            if len(nodes) > 1:
+                raise BackendUnavailable(f"replay: {self.run_dir} holds nodes {', '.join(nodes)}; "
+                                         "set recorded_node to the one to replay")
+            chosen = nodes[0] if nodes else None
+        elif chosen not in nodes:
+            raise BackendUnavailable(f"replay: recorded_node {chosen!r} is not in {self.run_dir} "
+                                     f"(it holds {', '.join(nodes) or 'no devices'})")
+        devices = run.devices[run.devices["node"] == chosen].sort_values("gpu")
+        samples = run.samples[run.samples["node"] == chosen]
+        if samples.empty:
+            raise BackendUnavailable(f"replay: {self.run_dir} has no samples for node {chosen!r}; "
+                                     "nothing to replay")
+
+        ts = samples["ts_ns"].to_numpy(dtype=np.int64)  # read_run sorted by ts_ns
+        self._offsets = ts - ts[0]
+        self._gpus = samples["gpu"].to_numpy(dtype=np.int64)
+        self._values = samples[list(_VALUE_COLUMNS)].to_numpy(dtype=np.float64)
+        self._cum_idx = np.array([_VALUE_COLUMNS.index(c) for c in CUMULATIVE_COLUMNS])
+        # Per GPU, how much each cumulative counter grows over one pass through the recording.
+        gpu_ids = sorted(set(self._gpus.tolist()))
+        self._cycle_growth: dict[int, np.ndarray] = {}
+        for g in gpu_ids:
+            rows = self._values[self._gpus == g][:, self._cum_idx]
+            self._cycle_growth[g] = rows[-1] - rows[0]
+        gaps = np.concatenate([np.diff(self._offsets[self._gpus == g]) for g in gpu_ids])
+        gaps = gaps[gaps > 0]
+        # A cycle lasts the recorded span plus one typical interval, so that the next cycle's first
+        # sample does not share a timestamp with the previous cycle's last (typical = per-GPU median).
+        self._period_ns = int(self._offsets[-1]) + (int(np.median(gaps)) if gaps.size else 1_000_000)
+        self._cursor, self._cycle = 0, 0
+        self.finished, self.start_ns = False, None
+        self._opened = True
+        return [
+            DeviceInfo(node=self.node, gpu=int(r.gpu), vendor=str(r.vendor), model=str(r.model),
+                       uuid=str(r.uuid), max_gfx_clock_mhz=float(r.max_gfx_clock_mhz),
+                       peak_flops=float(r.peak_flops), memory_bytes=int(r.memory_bytes),
+                       power_cap_w=float(r.power_cap_w))
+            for r in devices.itertuples(index=False)
+        ]
+
+    def sample(self, now_ns: int) -> list[Sample]:
+        """Return the recorded samples due by ``now_ns``, re-timestamped onto the live clock."""
+        if not self._opened:
+            raise BackendError("replay backend: sample() called before open() or after close()")
+        if self.start_ns is None:
+            self.start_ns = int(now_ns)
+        if self.finished:
+            return []
+        # Recorded nanoseconds since the recording's start that have played by now.
+        played = (int(now_ns) - self.start_ns) * self.speed
+        out: list[Sample] = []
+        while True:
+            base = self._cycle * self._period_ns
+            end = int(np.searchsorted(self._offsets, played - base, side="right"))
+            if end > self._cursor:
+                out.extend(self._rows(self._cursor, end, base))
+                self._cursor = end
+            if self._cursor < len(self._offsets):
+                return out
+            if not self.loop:
+                self.finished = True
+                return out
+            if played < base + self._period_ns:
+                return out
+            self._cycle, self._cursor = self._cycle + 1, 0
+
+    def _rows(self, lo: int, hi: int, base: int) -> list[Sample]:
+        values = self._values[lo:hi]
+        if self._cycle:
+            values = values.copy()
+            for i, g in enumerate(self._gpus[lo:hi].tolist()):
+                values[i, self._cum_idx] += self._cycle * self._cycle_growth[g]
+        start, speed, node = self.start_ns or 0, self.speed, self.node
+        return [
+            Sample(start + round((base + off) / speed), node, g, *vals)
+            for off, g, vals in zip(self._offsets[lo:hi].tolist(), self._gpus[lo:hi].tolist(),
+                                    values.tolist(), strict=True)
+        ]
+
+    def close(self) -> None:
+        """Forget the loaded run; safe to call twice."""
+        self._opened = False
