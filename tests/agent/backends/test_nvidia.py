@@ -1,0 +1,410 @@
+"""The nvidia backend against an autospec'd pynvml fed from tests/fixtures/nvml.
+
+Only the vendor library is faked: field values come back as real ``c_nvmlFieldValue_t`` arrays
+and GPM metrics through the real ``c_nvmlGpmMetricsGet_t``, so the backend's ctypes decoding and
+unit conversions are what is tested. Expected values are computed from the fixture's raw numbers.
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import pynvml
+import pytest
+
+from agent.backends.base import Backend, BackendError, BackendUnavailable, DeviceLost
+from agent.backends.nvidia import NvidiaBackend
+from chopper.specs import SPECS
+
+FIXTURE = Path(__file__).parents[2] / "fixtures" / "nvml" / "h100_sxm_2gpu_load.json"
+REPO = Path(__file__).parents[3]
+ALL_LINKS = 0xFFFFFFFF
+
+
+def load_fixture() -> dict[str, Any]:
+    return json.loads(FIXTURE.read_text())
+
+
+class FakeNode:
+    """Answers like NVML on the fixture's node; ``tick`` selects the recorded tick."""
+
+    def __init__(self, fx: dict[str, Any]) -> None:
+        self.fx = fx
+        self.tick = 0
+        self.tick_of_read = -1  # GPM reads before the first tick belong to open()
+        self.open_ns = fx["ticks"][0]["ts_ns"] - 200_000_000
+        self.metric_names = {getattr(pynvml, n): n for n in dir(pynvml) if n.startswith("NVML_GPM_METRIC_")}
+        self.gpm_reads: dict[int, tuple[int, int]] = {}  # sample address → (gpu, tick); -1 = open
+        self.metrics_calls: list[tuple[tuple[int, int], tuple[int, int]]] = []
+        self.nv = self._build()
+
+    def _build(self) -> Any:
+        nv = mock.create_autospec(pynvml)
+        # Constants, NVMLError classes and ctypes structures stay real: the backend needs them
+        # to catch errors and to build the GPM request.
+        for name in dir(pynvml):
+            obj = getattr(pynvml, name)
+            if name.startswith("NVML") or isinstance(obj, type):
+                setattr(nv, name, obj)
+        devices = self.fx["devices"]
+        nv.nvmlDeviceGetCount.return_value = len(devices)
+        nv.nvmlDeviceGetHandleByIndex.side_effect = lambda i: ("handle", i)
+        nv.nvmlDeviceGetName.side_effect = lambda h: devices[h[1]]["name"]
+        nv.nvmlDeviceGetUUID.side_effect = lambda h: devices[h[1]]["uuid"]
+        nv.nvmlDeviceGetMaxClockInfo.side_effect = self._max_clock
+        nv.nvmlDeviceGetEnforcedPowerLimit.side_effect = lambda h: devices[h[1]]["enforced_power_limit_mw"]
+        nv.nvmlDeviceGetMemoryInfo.side_effect = self._memory
+        nv.nvmlDeviceGetFieldValues.side_effect = self._fields
+        nv.nvmlDeviceGetClockInfo.side_effect = self._clock
+        nv.nvmlDeviceGetTemperature.side_effect = lambda h, s: self._dev(h)["temperature_c"]
+        nv.nvmlDeviceGetUtilizationRates.side_effect = self._utilization
+        nv.nvmlGpmQueryDeviceSupport.side_effect = self._gpm_support
+        nv.nvmlGpmSampleAlloc.side_effect = lambda: ctypes.pointer(pynvml.struct_c_nvmlGpmSample_t())
+        nv.nvmlGpmSampleGet.side_effect = self._gpm_sample
+        nv.nvmlGpmMetricsGet.side_effect = self._gpm_metrics
+        return nv
+
+    def _dev(self, handle: tuple[str, int]) -> dict[str, Any]:
+        return self.fx["ticks"][self.tick]["devices"][handle[1]]
+
+    def _max_clock(self, handle: tuple[str, int], clock: int) -> int:
+        assert clock == pynvml.NVML_CLOCK_SM
+        return self.fx["devices"][handle[1]]["max_sm_clock_mhz"]
+
+    def _memory(self, handle: tuple[str, int]) -> Any:
+        mem = pynvml.c_nvmlMemory_t()
+        mem.total = self.fx["devices"][handle[1]]["memory_total_bytes"]
+        mem.used = self._dev(handle)["memory_used_bytes"]
+        mem.free = mem.total - mem.used
+        return mem
+
+    def _fields(self, handle: tuple[str, int], ids: list[tuple[int, int]]) -> Any:
+        values = (pynvml.c_nvmlFieldValue_t * len(ids))()
+        # Fixture keys are pynvml constant names, resolved here: independent of NVML's numbering.
+        recorded = {getattr(pynvml, n): (n, rec) for n, rec in self._dev(handle)["fields"].items()}
+        for fv, (field_id, scope) in zip(values, ids, strict=True):
+            name, rec = recorded[field_id]
+            # NVLink counters must be asked for all links at once, everything else on scope 0.
+            assert scope == (ALL_LINKS if "NVLINK_THROUGHPUT" in name else 0), name
+            fv.fieldId, fv.scopeId = field_id, scope
+            fv.valueType, fv.nvmlReturn = rec["valueType"], rec["nvmlReturn"]
+            member = {0: "dVal", 1: "uiVal", 3: "ullVal"}[rec["valueType"]]
+            setattr(fv.value, member, rec["value"])
+        return values
+
+    def _clock(self, handle: tuple[str, int], clock: int) -> int:
+        key = {pynvml.NVML_CLOCK_SM: "sm_clock_mhz", pynvml.NVML_CLOCK_MEM: "mem_clock_mhz"}[clock]
+        return self._dev(handle)[key]
+
+    def _utilization(self, handle: tuple[str, int]) -> Any:
+        util = pynvml.c_nvmlUtilization_t()
+        util.gpu = self._dev(handle)["utilization"]["gpu"]
+        util.memory = self._dev(handle)["utilization"]["memory"]
+        return util
+
+    def _gpm_support(self, handle: tuple[str, int]) -> Any:
+        support = pynvml.c_nvmlGpmSupport_t()
+        support.isSupportedDevice = int(self.fx["devices"][handle[1]]["gpm_supported"])
+        return support
+
+    def _gpm_sample(self, handle: tuple[str, int], sample: Any) -> Any:
+        self.gpm_reads[ctypes.addressof(sample.contents)] = (handle[1], self.tick_of_read)
+        return sample
+
+    def _gpm_metrics(self, get: Any) -> Any:
+        first = self.gpm_reads[ctypes.addressof(get.sample1.contents)]
+        second = self.gpm_reads[ctypes.addressof(get.sample2.contents)]
+        self.metrics_calls.append((first, second))
+        gpu, tick = second
+        recorded = self.fx["ticks"][tick]["devices"][gpu]["gpm"]
+        for i in range(get.numMetrics):
+            metric = get.metrics[i]
+            metric.value = recorded[self.metric_names[metric.metricId]]
+            metric.nvmlReturn = pynvml.NVML_SUCCESS
+        return get
+
+    def at(self, tick: int) -> int:
+        """Select a recorded tick and return its timestamp."""
+        self.tick = self.tick_of_read = tick
+        return self.fx["ticks"][tick]["ts_ns"]
+
+
+def backend_for(node: FakeNode) -> NvidiaBackend:
+    return NvidiaBackend("node-a", nvml=node.nv, clock_ns=lambda: node.open_ns)
+
+
+def raw(fx: dict[str, Any], tick: int, gpu: int, name: str) -> int:
+    return fx["ticks"][tick]["devices"][gpu]["fields"]["NVML_FI_DEV_" + name]["value"]
+
+
+@pytest.fixture
+def node() -> FakeNode:
+    return FakeNode(load_fixture())
+
+
+def test_is_a_backend() -> None:
+    assert isinstance(NvidiaBackend("n"), Backend)
+    assert NvidiaBackend("n").name == "nvidia"
+
+
+def test_open_describes_devices_in_data_model_units(node: FakeNode) -> None:
+    devices = backend_for(node).open()
+    assert [d.gpu for d in devices] == [0, 1]
+    d = devices[0]
+    assert (d.node, d.vendor, d.model) == ("node-a", "nvidia", "NVIDIA H100 80GB HBM3")
+    assert d.uuid == "GPU-5c1e4b2a-9f3d-7e21-a4b8-0d6c2e91f7a3"
+    assert d.max_gfx_clock_mhz == 1980.0
+    assert d.memory_bytes == 85520809984
+    assert d.power_cap_w == 700.0  # 700000 mW
+    assert d.peak_flops == SPECS["H100"].peak_flops
+    node.nv.nvmlInit.assert_called_once_with()
+
+
+def test_unknown_model_has_nan_peak(node: FakeNode) -> None:
+    node.fx["devices"][1]["name"] = "NVIDIA RTX 6000 Ada Generation"
+    devices = backend_for(node).open()
+    assert math.isnan(devices[1].peak_flops)
+
+
+def test_sample_converts_units_exactly(node: FakeNode) -> None:
+    fx = node.fx
+    backend = backend_for(node)
+    backend.open()
+    ts = node.at(0)
+    s = backend.sample(ts)[0]
+    assert (s.ts_ns, s.node, s.gpu) == (ts, "node-a", 0)
+    assert s.energy_j == raw(fx, 0, 0, "TOTAL_ENERGY_CONSUMPTION") / 1000 == 48213554.112
+    assert s.power_w == 699.42  # POWER_INSTANT 699420 mW
+    assert s.link_tx_bytes == raw(fx, 0, 0, "NVLINK_THROUGHPUT_DATA_TX") * 1024
+    assert s.link_rx_bytes == raw(fx, 0, 0, "NVLINK_THROUGHPUT_DATA_RX") * 1024
+    assert s.pcie_tx_bytes == 7340032117760
+    assert s.pcie_rx_bytes == 29418114744320
+    assert (s.gfx_clock_mhz, s.mem_clock_mhz) == (1755.0, 2619.0)
+    assert s.temp_c == 67.0
+    assert s.mem_used_bytes == 79876341760
+    # GPM percentages → ratios.
+    assert (s.busy_ratio, s.matrix_ratio, s.mem_busy_ratio) == (98.7 / 100, 63.4 / 100, 41.2 / 100)
+
+
+def test_throttle_residency_by_cause(node: FakeNode) -> None:
+    fx = node.fx
+    backend = backend_for(node)
+    backend.open()
+    s = backend.sample(node.at(0))[0]
+    assert s.throttle_power_s == raw(fx, 0, 0, "CLOCKS_EVENT_REASON_SW_POWER_CAP") / 1e9 == 3418.270551
+    # SW thermal (12.004 s) plus HW thermal (0).
+    assert s.throttle_thermal_s == 12.004
+    assert s.throttle_current_s == 0.25  # HW power brake
+    assert s.throttle_other_s == 0.0  # sync boost
+
+
+def test_thermal_sums_both_counters_and_skips_a_failed_one(node: FakeNode) -> None:
+    fields = node.fx["ticks"][0]["devices"][0]["fields"]
+    fields["NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN"]["value"] = 1_500_000_000
+    for name in ("SYNC_BOOST", "SW_THERM_SLOWDOWN"):
+        fields["NVML_FI_DEV_CLOCKS_EVENT_REASON_" + name]["nvmlReturn"] = pynvml.NVML_ERROR_NOT_SUPPORTED
+    backend = backend_for(node)
+    backend.open()
+    s = backend.sample(node.at(0))[0]
+    assert s.throttle_thermal_s == 1.5
+    assert math.isnan(s.throttle_other_s)
+
+
+def test_failed_field_is_nan_and_the_rest_is_kept(node: FakeNode) -> None:
+    backend = backend_for(node)
+    backend.open()
+    s = backend.sample(node.at(0))[1]  # GPU 1 answers NOT_SUPPORTED for the PCIe counters
+    assert math.isnan(s.pcie_tx_bytes)
+    assert math.isnan(s.pcie_rx_bytes)
+    assert s.energy_j == 47990113.25
+    assert s.link_rx_bytes == raw(node.fx, 0, 1, "NVLINK_THROUGHPUT_DATA_RX") * 1024
+
+
+def test_power_falls_back_to_average_when_instant_fails(node: FakeNode) -> None:
+    field = node.fx["ticks"][0]["devices"][0]["fields"]["NVML_FI_DEV_POWER_INSTANT"]
+    field["nvmlReturn"] = pynvml.NVML_ERROR_NOT_SUPPORTED
+    backend = backend_for(node)
+    backend.open()
+    assert backend.sample(node.at(0))[0].power_w == 688.113
+
+
+def test_cumulative_counters_across_two_ticks(node: FakeNode) -> None:
+    backend = backend_for(node)
+    backend.open()
+    first = backend.sample(node.at(0))[0]
+    second = backend.sample(node.at(1))[0]
+    assert second.ts_ns - first.ts_ns == 200_000_000
+    assert second.energy_j - first.energy_j == pytest.approx(131.25, abs=1e-6)  # ≈ 656 W × 0.2 s
+    assert second.link_tx_bytes - first.link_tx_bytes == 23_437_500 * 1024
+    assert second.pcie_rx_bytes - first.pcie_rx_bytes == 293_601_280
+    assert second.throttle_power_s - first.throttle_power_s == pytest.approx(0.12, abs=1e-9)
+    assert second.throttle_thermal_s - first.throttle_thermal_s == pytest.approx(0.015, abs=1e-9)
+    assert second.throttle_current_s - first.throttle_current_s == 0.0
+    assert second.power_w == 656.25  # POWER_INSTANT fell from 699420 mW: a gauge, never unwrapped
+
+
+def test_one_batched_field_call_per_device_and_tick(node: FakeNode) -> None:
+    backend = backend_for(node)
+    backend.open()
+    backend.sample(node.at(0))
+    backend.sample(node.at(1))
+    assert node.nv.nvmlDeviceGetFieldValues.call_count == 4
+    ids = [fid for fid, _ in node.nv.nvmlDeviceGetFieldValues.call_args.args[1]]
+    assert pynvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION in ids
+    assert pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN in ids
+
+
+def test_narrow_pcie_counter_that_wraps_stays_cumulative(node: FakeNode) -> None:
+    for tick, value in ((0, 2**32 - 296), (1, 704)):
+        field = node.fx["ticks"][tick]["devices"][0]["fields"]["NVML_FI_DEV_PCIE_COUNT_TX_BYTES"]
+        field.update(valueType=pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, value=value)
+    backend = backend_for(node)
+    backend.open()
+    first = backend.sample(node.at(0))[0]
+    second = backend.sample(node.at(1))[0]
+    assert first.pcie_tx_bytes == 2**32 - 296
+    assert second.pcie_tx_bytes == 2**32 + 704
+    assert second.pcie_tx_bytes - first.pcie_tx_bytes == 1000
+
+
+def test_gpm_ratios_come_from_the_previous_and_current_sample(node: FakeNode) -> None:
+    backend = backend_for(node)
+    backend.open()
+    backend.sample(node.at(0))
+    s = backend.sample(node.at(1))[0]
+    assert (s.busy_ratio, s.matrix_ratio, s.mem_busy_ratio) == (97.9 / 100, 61.9 / 100, 43.7 / 100)
+    # GPU 0: open → tick 0, then tick 0 → tick 1 (GPU 1 interleaves the same way).
+    assert node.metrics_calls[0] == ((0, -1), (0, 0))
+    assert node.metrics_calls[2] == ((0, 0), (0, 1))
+    node.nv.nvmlDeviceGetUtilizationRates.assert_not_called()
+
+
+def test_gpm_repeats_ratios_inside_its_100ms_refresh(node: FakeNode) -> None:
+    backend = backend_for(node)
+    backend.open()
+    ts = node.at(0)
+    first = backend.sample(ts)[0]
+    reads = node.nv.nvmlGpmSampleGet.call_count
+    again = backend.sample(ts + 50_000_000)[0]
+    assert node.nv.nvmlGpmSampleGet.call_count == reads
+    assert (again.busy_ratio, again.matrix_ratio) == (first.busy_ratio, first.matrix_ratio)
+
+
+def test_without_gpm_busy_comes_from_utilization_and_matrix_is_nan(node: FakeNode) -> None:
+    for dev in node.fx["devices"]:
+        dev["gpm_supported"] = False
+    backend = backend_for(node)
+    backend.open()
+    s = backend.sample(node.at(0))[0]
+    assert s.busy_ratio == 1.0
+    assert s.mem_busy_ratio == 0.43
+    assert math.isnan(s.matrix_ratio)
+    node.nv.nvmlGpmSampleAlloc.assert_not_called()
+
+
+def test_driver_without_gpm_falls_back(node: FakeNode) -> None:
+    node.nv.nvmlGpmQueryDeviceSupport.side_effect = pynvml.NVMLError_FunctionNotFound()
+    backend = backend_for(node)
+    backend.open()
+    s = backend.sample(node.at(0))[1]
+    assert (s.busy_ratio, s.mem_busy_ratio) == (1.0, 0.46)
+    assert math.isnan(s.matrix_ratio)
+
+
+@pytest.mark.parametrize("error", [pynvml.NVMLError_GpuIsLost, pynvml.NVMLError_Unknown,
+                                   pynvml.NVMLError_NotFound])
+def test_gpu_lost_mid_run_raises_device_lost(node: FakeNode, error: type[Exception]) -> None:
+    backend = backend_for(node)
+    backend.open()
+    backend.sample(node.at(0))
+    answer = node.nv.nvmlDeviceGetFieldValues.side_effect
+
+    def lose_gpu1(handle: tuple[str, int], ids: list[tuple[int, int]]) -> Any:
+        if handle[1] == 1:
+            raise error()
+        return answer(handle, ids)
+
+    node.nv.nvmlDeviceGetFieldValues.side_effect = lose_gpu1
+    with pytest.raises(DeviceLost) as info:
+        backend.sample(node.at(1))
+    assert info.value.gpu == 1
+
+
+def test_gpu_lost_reported_in_a_field_raises_device_lost(node: FakeNode) -> None:
+    field = node.fx["ticks"][0]["devices"][0]["fields"]["NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION"]
+    field["nvmlReturn"] = pynvml.NVML_ERROR_GPU_IS_LOST
+    backend = backend_for(node)
+    backend.open()
+    with pytest.raises(DeviceLost) as info:
+        backend.sample(node.at(0))
+    assert info.value.gpu == 0
+
+
+def test_other_nvml_error_is_a_backend_error_naming_the_call(node: FakeNode) -> None:
+    backend = backend_for(node)
+    backend.open()
+    node.nv.nvmlDeviceGetClockInfo.side_effect = pynvml.NVMLError_Timeout()
+    with pytest.raises(BackendError) as info:
+        backend.sample(node.at(0))
+    assert not isinstance(info.value, DeviceLost)
+    assert "nvmlDeviceGetClockInfo" in str(info.value) and "GPU 0" in str(info.value)
+
+
+def test_unsupported_single_reading_is_nan(node: FakeNode) -> None:
+    node.nv.nvmlDeviceGetTemperature.side_effect = pynvml.NVMLError_NotSupported()
+    backend = backend_for(node)
+    backend.open()
+    s = backend.sample(node.at(0))[0]
+    assert math.isnan(s.temp_c)
+    assert s.gfx_clock_mhz == 1755.0
+
+
+@pytest.mark.parametrize(("error", "fix"), [
+    (pynvml.NVMLError_LibraryNotFound, "install the NVIDIA driver"),
+    (pynvml.NVMLError_DriverNotLoaded, "kernel driver is not loaded"),
+])
+def test_missing_library_or_driver_is_unavailable(node: FakeNode, error: type[Exception], fix: str) -> None:
+    node.nv.nvmlInit.side_effect = error()
+    backend = backend_for(node)
+    with pytest.raises(BackendUnavailable, match=fix):
+        backend.open()
+    backend.close()
+    node.nv.nvmlShutdown.assert_not_called()
+
+
+def test_missing_pynvml_is_unavailable_naming_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # makes `import pynvml` fail
+    with pytest.raises(BackendUnavailable, match=r"chopper-telemetry\[nvidia\]"):
+        NvidiaBackend("n").open()
+
+
+def test_module_imports_without_pynvml() -> None:
+    code = "import sys; sys.modules['pynvml'] = None; import agent.backends.nvidia"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+
+
+def test_no_devices_is_unavailable_and_shuts_down(node: FakeNode) -> None:
+    node.nv.nvmlDeviceGetCount.return_value = 0
+    with pytest.raises(BackendUnavailable, match="no NVIDIA GPU"):
+        backend_for(node).open()
+    node.nv.nvmlShutdown.assert_called_once_with()
+
+
+def test_close_frees_gpm_and_is_safe_twice(node: FakeNode) -> None:
+    backend = backend_for(node)
+    backend.open()
+    backend.close()
+    backend.close()
+    assert node.nv.nvmlGpmSampleFree.call_count == 4  # 2 buffers × 2 GPUs
+    node.nv.nvmlShutdown.assert_called_once_with()
+
+
+def test_sample_before_open_is_an_error() -> None:
+    with pytest.raises(BackendError, match="before open"):
+        NvidiaBackend("n").sample(0)
