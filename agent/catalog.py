@@ -34,11 +34,11 @@ NODE = ("node",)
 METRICS: tuple[MetricSpec, ...] = (
     # GPUs: the latest sample of each device.
     MetricSpec("chopper_gpu_info", "info", "GPU identity; value is always 1.", (*GPU, "uuid")),
-    MetricSpec("chopper_gpu_gfx_clock_hertz", "gauge", "Mean graphics/SM clock over the last sample interval, Hz.", GPU),
+    MetricSpec("chopper_gpu_gfx_clock_hertz", "gauge", "Mean graphics/SM clock over the last interval, Hz.", GPU),
     MetricSpec("chopper_gpu_gfx_clock_max_hertz", "gauge", "Maximum graphics/SM clock of the device, Hz.", GPU),
     MetricSpec("chopper_gpu_mem_clock_hertz", "gauge", "Mean memory clock over the last sample interval, Hz.", GPU),
     MetricSpec("chopper_gpu_busy_ratio", "gauge", "Graphics/compute engine activity over the last interval, 0-1.", GPU),
-    MetricSpec("chopper_gpu_matrix_busy_ratio", "gauge", "Matrix-core/tensor activity over the last interval, 0-1.", GPU),
+    MetricSpec("chopper_gpu_matrix_busy_ratio", "gauge", "Matrix-core/tensor activity, last interval, 0-1.", GPU),
     MetricSpec("chopper_gpu_mem_busy_ratio", "gauge", "Memory controller activity over the last interval, 0-1.", GPU),
     MetricSpec("chopper_gpu_power_watts", "gauge", "Mean board/socket power over the last interval, W.", GPU),
     MetricSpec("chopper_gpu_power_cap_watts", "gauge", "Power cap of the device, W.", GPU),
@@ -78,7 +78,7 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("chopper_rank_batches_lost_total", "counter", "Marker batches missing from a rank's sequence.", RANK),
     # The agent itself.
     MetricSpec("chopper_agent_info", "info", "Agent identity; value is always 1.", (*NODE, "backend", "version")),
-    MetricSpec("chopper_agent_backend_up", "gauge", "1 when the last sample of the backend succeeded.", (*NODE, "backend")),
+    MetricSpec("chopper_agent_backend_up", "gauge", "1 when the backend's last sample succeeded.", (*NODE, "backend")),
     MetricSpec(
         "chopper_agent_backend_errors_total", "counter", "Backend failures, by kind (device_lost, error, open).",
         (*NODE, "backend", "kind"),
@@ -89,7 +89,7 @@ METRICS: tuple[MetricSpec, ...] = (
     ),
     MetricSpec("chopper_agent_sample_rate_hertz", "gauge", "Configured sampling rate, Hz.", NODE),
     MetricSpec("chopper_agent_sampler_ticks_total", "counter", "Sampling ticks run.", NODE),
-    MetricSpec("chopper_agent_sampler_missed_ticks_total", "counter", "Ticks skipped because the sampler ran late.", NODE),
+    MetricSpec("chopper_agent_sampler_missed_ticks_total", "counter", "Ticks skipped: the sampler ran late.", NODE),
     MetricSpec("chopper_agent_sampler_lag_seconds", "gauge", "How late the last tick started, s.", NODE),
     MetricSpec("chopper_agent_buffer_items", "gauge", "Items held in a ring buffer.", (*NODE, "buffer")),
     MetricSpec("chopper_agent_buffer_capacity_items", "gauge", "Capacity of a ring buffer.", (*NODE, "buffer")),

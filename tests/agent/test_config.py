@@ -49,7 +49,7 @@ def test_bad_values_name_key_and_fix(tmp_path: Path, argv: list[str], yaml_text:
 
 
 def test_missing_config_file(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="cannot be read .* check the --config path"):
+    with pytest.raises(ConfigError, match=r"cannot be read .* check the --config path"):
         load_settings(["--config", str(tmp_path / "nope.yaml")], env={})
 
 

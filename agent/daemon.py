@@ -1,0 +1,244 @@
+"""The agent's core: one object that owns the backend, buffers, marker state and step summaries.
+
+It does no networking: ``agent.server`` decodes gRPC into calls on it, ``agent.metrics`` reads
+it at scrape time and ``agent.sampler`` drives ``tick``. Locks: ``_marker_lock`` serialises the
+marker state machine (many trainer streams), ``_state_lock`` guards the latest-sample tables and
+pending summaries shared by the sampler thread and the gRPC threads.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from agent.backends.base import Backend, BackendUnavailable, DeviceLost, MarkerObserver
+from agent.buffers import RingBuffer
+from agent.config import AgentSettings
+from agent.markers import IngestResult, MarkerIngest, RankState
+from agent.sampler import FixedRateTicker
+from agent.steps import SummaryQueue, summarize
+from chopper.proto.chopper.v1 import agent_pb2 as pb
+from chopper.schema import DeviceInfo, MarkerKind, Sample
+
+if TYPE_CHECKING:
+    from agent.host import HostSample, HostSampler
+
+log = logging.getLogger(__name__)
+
+# Samples kept per GPU for step summaries: steps longer than this get partial GPU figures.
+STEP_HISTORY_S = 120.0
+SUMMARY_BUFFER = 100_000
+# Reopen a failed backend after this many seconds, doubling up to the maximum.
+REOPEN_BACKOFF_S = (1.0, 30.0)
+
+
+@dataclasses.dataclass
+class BackendHealth:
+    """What the metrics say about the backend."""
+
+    up: bool = False
+    errors: Counter[str] = dataclasses.field(default_factory=Counter)
+    last_sample_s: float = math.nan
+    needs_reopen: bool = False
+    next_reopen_ns: int = 0
+    backoff_s: float = REOPEN_BACKOFF_S[0]
+
+
+class Agent:
+    """Samples the backend, ingests markers and summarises steps.
+
+    Args:
+        settings: Validated settings.
+        backend: An unopened backend.
+        host: Host metrics sampler, or None to skip host metrics.
+        realtime_ns: CLOCK_REALTIME source (injected in tests).
+        notify: Called whenever new telemetry is buffered (wakes subscribers).
+    """
+
+    def __init__(
+        self,
+        settings: AgentSettings,
+        backend: Backend,
+        host: HostSampler | None = None,
+        realtime_ns: Callable[[], int] = time.time_ns,
+        notify: Callable[[], None] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.backend = backend
+        self.host = host
+        self.realtime_ns = realtime_ns
+        self.health = BackendHealth()
+        self.devices: list[DeviceInfo] = []
+        self.samples: RingBuffer[pb.Sample] = RingBuffer(settings.sample_buffer, notify)
+        self.markers: RingBuffer[pb.MarkerRecord] = RingBuffer(settings.marker_buffer, notify)
+        self.summaries: RingBuffer[pb.StepSummary] = RingBuffer(SUMMARY_BUFFER, notify)
+        self.latest: dict[int, Sample] = {}
+        self.latest_host: HostSample | None = None
+        self.rejected: Counter[str] = Counter()
+        self.undecodable: Counter[str] = Counter()
+        self.summaries_total = 0
+        self.marker_streams = 0
+        self.subscribers = 0
+        self.ticker = FixedRateTicker(settings.sample_hz, self.tick, realtime_ns=realtime_ns)
+        self._history_len = max(16, int(STEP_HISTORY_S * settings.sample_hz))
+        self._history: dict[int, deque[Sample]] = {}
+        self._pending = SummaryQueue()
+        self._ingest = MarkerIngest(settings.node, 0)
+        self._marker_lock = threading.Lock()
+        self._state_lock = threading.Lock()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def open_backend(self) -> None:
+        """Open the backend; errors other than ``BackendUnavailable`` leave it down for retries."""
+        try:
+            devices = self.backend.open()
+        except BackendUnavailable:
+            raise
+        except Exception as exc:  # transient: serve with the backend down and retry with backoff
+            self._backend_failed("open", exc)
+            return
+        self._set_devices(devices)
+        self.health.up = True
+
+    def _set_devices(self, devices: list[DeviceInfo]) -> None:
+        if self.settings.peak_flops > 0:
+            devices = [dataclasses.replace(d, peak_flops=self.settings.peak_flops) for d in devices]
+        self.devices = devices
+        self._ingest.gpu_count = max((d.gpu for d in devices), default=-1) + 1
+
+    def start(self) -> None:
+        self.ticker.start()
+
+    def stop(self) -> None:
+        self.ticker.stop()
+        try:
+            self.backend.close()
+        except Exception as exc:  # closing must not turn a clean stop into a crash
+            log.warning("event=backend_close_failed backend=%s error=%r", self.backend.name, str(exc))
+
+    # -- sampling ----------------------------------------------------------------------------
+
+    def tick(self, now_ns: int) -> None:
+        """One sampling tick: backend, host, buffers, then any step summaries now covered."""
+        samples = self._sample_backend(now_ns)
+        if self.host is not None:
+            try:
+                self.latest_host = self.host.sample(now_ns)
+            except Exception as exc:  # host metrics are a side dish; never let them stop GPU sampling
+                log.warning("event=host_sample_failed error=%r", str(exc))
+        with self._state_lock:
+            for s in samples:
+                self.latest[s.gpu] = s
+                self._history.setdefault(s.gpu, deque(maxlen=self._history_len)).append(s)
+            latest_ns = {gpu: s.ts_ns for gpu, s in self.latest.items()}
+            ready = self._pending.ready(latest_ns, now_ns)
+            period = self.ticker.period_ns
+            node = self.settings.node
+            summaries = [summarize(s, node, self._window_samples(s.gpu, s.begin_ns), period) for s in ready]
+        if samples:
+            self.samples.extend(_sample_to_pb(s) for s in samples)
+        if summaries:
+            self.summaries_total += len(summaries)
+            self.summaries.extend(summaries)
+
+    def _sample_backend(self, now_ns: int) -> list[Sample]:
+        health = self.health
+        if health.needs_reopen:
+            if now_ns < health.next_reopen_ns:
+                return []
+            try:
+                self.backend.close()
+                self._set_devices(self.backend.open())
+            except Exception as exc:
+                self._backend_failed("open", exc)
+                return []
+            health.needs_reopen = False
+            health.backoff_s = REOPEN_BACKOFF_S[0]
+            log.info("event=backend_reopened backend=%s devices=%d", self.backend.name, len(self.devices))
+        started = time.perf_counter()
+        try:
+            samples = self.backend.sample(now_ns)
+        except DeviceLost as exc:
+            self._backend_failed("device_lost", exc)
+            return []
+        except Exception as exc:  # any backend failure: report it, keep the daemon serving
+            health.up = False
+            health.errors["error"] += 1
+            log.warning("event=backend_sample_failed backend=%s error=%r", self.backend.name, str(exc))
+            return []
+        health.last_sample_s = time.perf_counter() - started
+        health.up = True
+        return samples
+
+    def _backend_failed(self, kind: str, exc: Exception) -> None:
+        health = self.health
+        health.up = False
+        health.errors[kind] += 1
+        health.needs_reopen = True
+        health.next_reopen_ns = self.realtime_ns() + int(health.backoff_s * 1e9)
+        log.warning(
+            "event=backend_down backend=%s kind=%s retry_in_s=%.0f error=%r",
+            self.backend.name, kind, health.backoff_s, str(exc),
+        )
+        health.backoff_s = min(health.backoff_s * 2, REOPEN_BACKOFF_S[1])
+
+    def _window_samples(self, gpu: int, begin_ns: int) -> list[Sample]:
+        """Samples of ``gpu`` from just before ``begin_ns`` on (caller holds the state lock)."""
+        history = self._history.get(gpu)
+        if not history:
+            return []
+        picked: list[Sample] = []
+        for s in reversed(history):
+            picked.append(s)
+            if s.ts_ns < begin_ns:
+                break
+        picked.reverse()
+        return picked
+
+    # -- markers -----------------------------------------------------------------------------
+
+    def push_markers(self, batch: pb.MarkerBatch) -> IngestResult:
+        """Validate and store one batch from a trainer; forwards markers to a simulating backend."""
+        now_ns = self.realtime_ns()
+        with self._marker_lock:
+            result = self._ingest.ingest(batch, now_ns)
+        self.rejected.update(result.rejected)
+        if result.accepted:
+            self.markers.extend(result.accepted)
+            if isinstance(self.backend, MarkerObserver) and batch.gpu >= 0:
+                for record in result.accepted:
+                    m = record.marker
+                    self.backend.observe_marker(batch.gpu, MarkerKind(m.kind), m.name, m.ts_ns, m.bytes)
+        if result.closed_steps:
+            with self._state_lock:
+                self._pending.add(result.closed_steps)
+        return result
+
+    def rank_states(self) -> list[tuple[tuple[str, int], RankState]]:
+        """A consistent copy of every rank's counters, keyed by ``(job, rank)``, for the metrics."""
+        with self._marker_lock:
+            return [
+                (key, dataclasses.replace(st, received=Counter(st.received), client_dropped=dict(st.client_dropped)))
+                for key, st in self._ingest.ranks.items()
+            ]
+
+    def info(self) -> pb.AgentInfo:
+        from agent import __version__
+
+        return pb.AgentInfo(
+            node=self.settings.node, backend=self.backend.name, version=__version__,
+            sample_hz=self.settings.sample_hz, devices=[pb.DeviceInfo(**dataclasses.asdict(d)) for d in self.devices],
+        )
+
+
+_SAMPLE_FIELDS = tuple(f.name for f in dataclasses.fields(Sample))
+
+
+def _sample_to_pb(s: Sample) -> pb.Sample:
+    return pb.Sample(**{name: getattr(s, name) for name in _SAMPLE_FIELDS})

@@ -1,0 +1,144 @@
+"""Prometheus exposition of the agent: one custom collector that reads ``Agent`` at scrape time.
+
+Per the house style (prometheus/client_python), ``collect()`` builds fresh metric families from
+the catalog on every scrape; there are no module-global gauges and the registry is passed in.
+Clocks are exported in hertz (base units) although samples carry MHz.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from agent import __version__
+from agent.catalog import BY_NAME
+from agent.daemon import Agent
+from chopper.schema import THROTTLE_CAUSES, MarkerKind
+
+MHZ = 1e6
+
+
+class Families:
+    """The families of one scrape, created from the catalog on first use."""
+
+    def __init__(self) -> None:
+        self._families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {}
+
+    def add(self, name: str, labels: tuple[str, ...], value: float) -> None:
+        """Add one series; NaN values (unreadable on this backend) are left out."""
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            return
+        family = self._families.get(name)
+        if family is None:
+            spec = BY_NAME[name]
+            if spec.kind == "counter":
+                family = CounterMetricFamily(name, spec.help, labels=spec.labels)
+            else:
+                family = GaugeMetricFamily(name, spec.help, labels=spec.labels)
+            self._families[name] = family
+        family.add_metric(list(labels), value)
+
+    def __iter__(self) -> Iterator[Metric]:
+        return iter(self._families.values())
+
+
+class AgentCollector(Collector):
+    """Exports GPU, host, rank and self metrics of one ``Agent``."""
+
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+
+    def collect(self) -> Iterator[Metric]:
+        fam = Families()
+        self._gpus(fam)
+        self._host(fam)
+        self._ranks(fam)
+        self._self(fam)
+        return iter(fam)
+
+    def _gpus(self, fam: Families) -> None:
+        agent = self.agent
+        latest = dict(agent.latest)
+        for d in agent.devices:
+            gl = (d.node, str(d.gpu), d.vendor, d.model)
+            fam.add("chopper_gpu_info", (*gl, d.uuid), 1.0)
+            fam.add("chopper_gpu_gfx_clock_max_hertz", gl, d.max_gfx_clock_mhz * MHZ)
+            fam.add("chopper_gpu_power_cap_watts", gl, d.power_cap_w)
+            fam.add("chopper_gpu_memory_total_bytes", gl, float(d.memory_bytes))
+            fam.add("chopper_gpu_peak_flops_per_second", gl, d.peak_flops)
+            s = latest.get(d.gpu)
+            if s is None:
+                continue
+            for name, value in (
+                ("chopper_gpu_gfx_clock_hertz", s.gfx_clock_mhz * MHZ),
+                ("chopper_gpu_mem_clock_hertz", s.mem_clock_mhz * MHZ),
+                ("chopper_gpu_busy_ratio", s.busy_ratio),
+                ("chopper_gpu_matrix_busy_ratio", s.matrix_ratio),
+                ("chopper_gpu_mem_busy_ratio", s.mem_busy_ratio),
+                ("chopper_gpu_power_watts", s.power_w),
+                ("chopper_gpu_energy_joules_total", s.energy_j),
+                ("chopper_gpu_temperature_celsius", s.temp_c),
+                ("chopper_gpu_memory_used_bytes", s.mem_used_bytes),
+                ("chopper_gpu_link_tx_bytes_total", s.link_tx_bytes),
+                ("chopper_gpu_link_rx_bytes_total", s.link_rx_bytes),
+                ("chopper_gpu_pcie_tx_bytes_total", s.pcie_tx_bytes),
+                ("chopper_gpu_pcie_rx_bytes_total", s.pcie_rx_bytes),
+            ):
+                fam.add(name, gl, value)
+            for cause in THROTTLE_CAUSES:
+                fam.add("chopper_gpu_throttle_seconds_total", (*gl, cause), getattr(s, f"throttle_{cause}_s"))
+
+    def _host(self, fam: Families) -> None:
+        h = self.agent.latest_host
+        if h is None:
+            return
+        node = (self.agent.settings.node,)
+        fam.add("chopper_host_cpu_busy_ratio", node, h.cpu_ratio)
+        fam.add("chopper_host_memory_used_bytes", node, h.mem_used_bytes)
+        fam.add("chopper_host_memory_total_bytes", node, h.mem_total_bytes)
+        fam.add("chopper_host_network_tx_bytes_total", node, h.net_tx_bytes)
+        fam.add("chopper_host_network_rx_bytes_total", node, h.net_rx_bytes)
+        fam.add("chopper_host_load1", node, h.load1)
+
+    def _ranks(self, fam: Families) -> None:
+        node = self.agent.settings.node
+        for (job, rank), st in self.agent.rank_states():
+            rl = (node, job, str(rank), str(st.gpu))
+            for kind, count in st.received.items():
+                fam.add("chopper_rank_markers_received_total", (*rl, kind.label), float(count))
+            fam.add("chopper_rank_steps_total", rl, float(st.received.get(MarkerKind.STEP_END, 0)))
+            if st.last_step >= 0:
+                fam.add("chopper_rank_last_step", rl, float(st.last_step))
+                fam.add("chopper_rank_step_time_seconds", rl, st.last_step_time_s)
+            fam.add("chopper_rank_steps_abandoned_total", rl, float(st.steps_abandoned))
+            fam.add("chopper_rank_client_dropped_markers_total", rl, float(st.client_dropped_total))
+            fam.add("chopper_rank_batches_lost_total", rl, float(st.batches_lost))
+
+    def _self(self, fam: Families) -> None:
+        agent = self.agent
+        node = agent.settings.node
+        backend = agent.backend.name
+        health = agent.health
+        fam.add("chopper_agent_info", (node, backend, __version__), 1.0)
+        fam.add("chopper_agent_backend_up", (node, backend), 1.0 if health.up else 0.0)
+        for kind in ("open", "device_lost", "error"):
+            fam.add("chopper_agent_backend_errors_total", (node, backend, kind), float(health.errors.get(kind, 0)))
+        fam.add("chopper_agent_backend_sample_seconds", (node, backend), health.last_sample_s)
+        fam.add("chopper_agent_sample_rate_hertz", (node,), agent.settings.sample_hz)
+        ticker = agent.ticker
+        fam.add("chopper_agent_sampler_ticks_total", (node,), float(ticker.ticks_total))
+        fam.add("chopper_agent_sampler_missed_ticks_total", (node,), float(ticker.missed_ticks_total))
+        fam.add("chopper_agent_sampler_lag_seconds", (node,), ticker.last_lag_s)
+        for name, buf in (("samples", agent.samples), ("markers", agent.markers), ("step_summaries", agent.summaries)):
+            fam.add("chopper_agent_buffer_items", (node, name), float(len(buf)))
+            fam.add("chopper_agent_buffer_capacity_items", (node, name), float(buf.capacity))
+            fam.add("chopper_agent_buffer_overwritten_total", (node, name), float(buf.overwritten_total))
+        for reason, count in sorted(agent.rejected.items()):
+            fam.add("chopper_agent_markers_rejected_total", (node, reason), float(count))
+        for method in ("PushMarkers", "GetInfo", "Subscribe"):
+            fam.add("chopper_agent_messages_undecodable_total", (node, method), float(agent.undecodable.get(method, 0)))
+        fam.add("chopper_agent_marker_streams", (node,), float(agent.marker_streams))
+        fam.add("chopper_agent_subscribers", (node,), float(agent.subscribers))
+        fam.add("chopper_agent_step_summaries_total", (node,), float(agent.summaries_total))

@@ -1,0 +1,226 @@
+"""The agent's gRPC surface: a thin servicer over ``agent.daemon.Agent``, plus health.
+
+Servicers only decode and encode; logic lives in ``Agent``. Messages are decoded by our own
+deserializers so that a garbled message is counted and answered with a clear
+``INVALID_ARGUMENT`` instead of gRPC's generic internal error. The server listens on a unix
+socket (for trainers; permission bits and group from the settings) and optionally on TCP.
+"""
+from __future__ import annotations
+
+import grp
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from pathlib import Path
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from agent.config import AgentSettings, ConfigError
+from agent.daemon import Agent
+from chopper.proto.chopper.v1 import agent_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+SERVICE = "chopper.v1.Agent"
+# Long-lived trainer and subscriber streams each hold a worker thread.
+MAX_WORKERS = 256
+READ_LIMIT = 4096
+IDLE_WAIT_S = 0.5
+REJECTION_LOG_INTERVAL_S = 10.0
+
+
+class Garbled:
+    """Stands in for a request that did not decode, so the handler can answer it clearly."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+
+class TelemetryHub:
+    """Wakes subscribers when new telemetry is buffered, without losing a wake-up."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self.generation = 0
+
+    def notify(self) -> None:
+        with self._cond:
+            self.generation += 1
+            self._cond.notify_all()
+
+    def wait(self, seen_generation: int, timeout: float) -> None:
+        with self._cond:
+            if self.generation == seen_generation:
+                self._cond.wait(timeout)
+
+
+class AgentServicer:
+    """Implements ``chopper.v1.Agent`` over an ``Agent``."""
+
+    def __init__(self, agent: Agent, hub: TelemetryHub) -> None:
+        self.agent = agent
+        self.hub = hub
+        self._last_rejection_log = 0.0
+
+    def PushMarkers(self, requests: Iterator[Any], context: grpc.ServicerContext) -> pb.PushMarkersResponse:
+        agent = self.agent
+        response = pb.PushMarkersResponse()
+        agent.marker_streams += 1
+        try:
+            for batch in requests:
+                if isinstance(batch, Garbled):
+                    agent.undecodable["PushMarkers"] += 1
+                    context.abort(
+                        grpc.StatusCode.INVALID_ARGUMENT,
+                        f"message is not a chopper.v1.MarkerBatch ({batch.error}); send markers with the "
+                        "chopper client of a matching version",
+                    )
+                result = agent.push_markers(batch)
+                response.accepted += len(result.accepted)
+                rejected = sum(result.rejected.values())
+                if rejected:
+                    response.rejected += rejected
+                    room = 8 - len(response.errors)
+                    response.errors.extend(result.errors[: max(0, room)])
+                    self._log_rejections(result.errors)
+        finally:
+            agent.marker_streams -= 1
+        return response
+
+    def _log_rejections(self, errors: list[str]) -> None:
+        now = time.monotonic()
+        if errors and now - self._last_rejection_log >= REJECTION_LOG_INTERVAL_S:
+            self._last_rejection_log = now
+            log.warning("event=markers_rejected first=%r", errors[0])
+
+    def GetInfo(self, request: Any, context: grpc.ServicerContext) -> pb.AgentInfo:
+        return self.agent.info()
+
+    def Subscribe(self, request: Any, context: grpc.ServicerContext) -> Iterator[pb.TelemetryBatch]:
+        if isinstance(request, Garbled):
+            self.agent.undecodable["Subscribe"] += 1
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"message is not a chopper.v1.SubscribeRequest ({request.error})"
+            )
+        agent = self.agent
+        since = request.since_ns
+        streams = [
+            (field, buf, buf.first_seq_at_or_after(key, since) if since > 0 else buf.next_seq)
+            for wanted, field, buf, key in (
+                (request.samples, "samples", agent.samples, lambda s: s.ts_ns),
+                (request.markers, "markers", agent.markers, lambda r: r.marker.ts_ns),
+                (request.step_summaries, "step_summaries", agent.summaries, lambda s: s.end_ns),
+            )
+            if wanted
+        ]
+        if not streams:
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, "subscribe to at least one of samples, markers, step_summaries"
+            )
+        cursors = [cursor for _, _, cursor in streams]
+        missed_total = 0
+        agent.subscribers += 1
+        try:
+            while context.is_active():
+                generation = self.hub.generation
+                batch = pb.TelemetryBatch()
+                for i, (field, buf, _) in enumerate(streams):
+                    items, cursors[i], missed = buf.read(cursors[i], READ_LIMIT)
+                    missed_total += missed
+                    getattr(batch, field).extend(items)
+                if batch.samples or batch.markers or batch.step_summaries:
+                    batch.missed_total = missed_total
+                    yield batch
+                else:
+                    self.hub.wait(generation, IDLE_WAIT_S)
+        finally:
+            agent.subscribers -= 1
+
+
+def _decoder(parse: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+    """Wrap a protobuf parser so that garbage yields ``Garbled`` instead of raising in gRPC."""
+
+    def decode(data: bytes) -> Any:
+        try:
+            return parse(data)
+        except Exception as exc:  # protobuf raises DecodeError and others on garbage
+            return Garbled(exc)
+
+    return decode
+
+
+def _handlers(servicer: AgentServicer) -> grpc.GenericRpcHandler:
+    return grpc.method_handlers_generic_handler(
+        SERVICE,
+        {
+            "PushMarkers": grpc.stream_unary_rpc_method_handler(
+                servicer.PushMarkers, _decoder(pb.MarkerBatch.FromString), pb.PushMarkersResponse.SerializeToString
+            ),
+            "GetInfo": grpc.unary_unary_rpc_method_handler(
+                servicer.GetInfo, _decoder(pb.GetInfoRequest.FromString), pb.AgentInfo.SerializeToString
+            ),
+            "Subscribe": grpc.unary_stream_rpc_method_handler(
+                servicer.Subscribe, _decoder(pb.SubscribeRequest.FromString), pb.TelemetryBatch.SerializeToString
+            ),
+        },
+    )
+
+
+class SocketInUse(RuntimeError):
+    """Another live process already serves the unix socket path."""
+
+
+def prepare_socket_path(path: Path) -> None:
+    """Create the socket's directory and remove a stale socket file left by a dead agent."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists():
+        return
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(str(path))
+    except OSError:
+        path.unlink()  # nobody listens: a leftover from a killed agent
+        return
+    finally:
+        probe.close()
+    raise SocketInUse(f"socket_path: {path} is served by another running agent; stop it or choose another path")
+
+
+def build_server(agent: Agent, hub: TelemetryHub, settings: AgentSettings) -> grpc.Server:
+    """A started gRPC server on the unix socket (and TCP when configured), with health."""
+    options = [
+        ("grpc.max_receive_message_length", settings.max_message_bytes),
+        ("grpc.max_send_message_length", 64 * 1024 * 1024),
+        ("grpc.so_reuseport", 0),
+    ]
+    pool = futures.ThreadPoolExecutor(max_workers=MAX_WORKERS, thread_name_prefix="grpc")
+    server = grpc.server(pool, options=options)
+    server.add_generic_rpc_handlers((_handlers(AgentServicer(agent, hub)),))
+    health_servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    sock = Path(settings.socket_path)
+    prepare_socket_path(sock)
+    server.add_insecure_port(f"unix:{sock}")
+    if settings.grpc_listen and server.add_insecure_port(settings.grpc_listen) == 0:
+        raise OSError(f"grpc_listen: cannot bind {settings.grpc_listen}; is the port in use?")
+    server.start()
+    os.chmod(sock, int(settings.socket_mode, 8))
+    if settings.socket_group:
+        try:
+            gid = grp.getgrnam(settings.socket_group).gr_gid
+        except KeyError:
+            server.stop(0)
+            raise ConfigError(
+                f"socket_group: no group {settings.socket_group!r} on this node; create it or leave it empty"
+            ) from None
+        os.chown(sock, -1, gid)
+    for name in ("", SERVICE):
+        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    server.health_servicer = health_servicer  # type: ignore[attr-defined]
+    return server

@@ -1,0 +1,140 @@
+"""The agent's gRPC surface, in process: real server on a real unix socket, simulated backend."""
+from __future__ import annotations
+
+import os
+import stat
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client import CollectorRegistry, generate_latest
+
+from agent.backends.simulated import SimulatedBackend
+from agent.config import load_settings
+from agent.daemon import Agent
+from agent.metrics import AgentCollector
+from agent.server import SocketInUse, TelemetryHub, build_server
+from chopper.proto.chopper.v1 import agent_pb2 as pb
+from chopper.proto.chopper.v1 import agent_pb2_grpc
+
+
+class Running:
+    def __init__(self, tmp: Path, **overrides: str) -> None:
+        argv = ["--node", "n1", "--backend", "simulated", "--sim-gpus", "2", "--sample-hz", "50",
+                "--socket-path", str(tmp / "a.sock"), "--max-message-bytes", "65536"]
+        for key, value in overrides.items():
+            argv += ["--" + key.replace("_", "-"), value]
+        self.settings = load_settings(argv, env={})
+        self.hub = TelemetryHub()
+        self.agent = Agent(self.settings, SimulatedBackend(self.settings.node, gpus=2), notify=self.hub.notify)
+        self.agent.open_backend()
+        self.server = build_server(self.agent, self.hub, self.settings)
+        self.agent.start()
+        self.target = f"unix://{self.settings.socket_path}"
+        self.channel = grpc.insecure_channel(self.target)
+        self.stub = agent_pb2_grpc.AgentStub(self.channel)
+
+    def stop(self) -> None:
+        self.channel.close()
+        self.server.stop(0)
+        self.agent.stop()
+
+
+@pytest.fixture
+def running(tmp_path: Path) -> Iterator[Running]:
+    r = Running(tmp_path)
+    yield r
+    r.stop()
+
+
+def steps_batch(first: int, count: int, t0: int, job: str = "j") -> pb.MarkerBatch:
+    markers = []
+    for i, step in enumerate(range(first, first + count)):
+        t = t0 + i * 40_000_000
+        markers += [
+            pb.Marker(kind=pb.MARKER_KIND_STEP_BEGIN, step=step, ts_ns=t),
+            pb.Marker(kind=pb.MARKER_KIND_PHASE_BEGIN, step=step, ts_ns=t + 1_000_000, name="forward"),
+            pb.Marker(kind=pb.MARKER_KIND_PHASE_END, step=step, ts_ns=t + 30_000_000, name="forward"),
+            pb.Marker(kind=pb.MARKER_KIND_STEP_END, step=step, ts_ns=t + 35_000_000, flops=1e12, tokens=256),
+        ]
+    return pb.MarkerBatch(job=job, rank=1, gpu=1, seq=1, pid=os.getpid(), markers=markers)
+
+
+def test_markers_in_summaries_out(running: Running) -> None:
+    t0 = time.time_ns()
+    # since_ns replays what the buffers hold, so the subscription cannot miss the markers below.
+    stream = running.stub.Subscribe(pb.SubscribeRequest(step_summaries=True, markers=True, since_ns=t0))
+    response = running.stub.PushMarkers(iter([steps_batch(0, 5, t0)]))
+    assert (response.accepted, response.rejected) == (20, 0)
+    summaries, markers = [], []
+    for batch in stream:
+        summaries += batch.step_summaries
+        markers += batch.markers
+        if len(summaries) == 5:
+            break
+    stream.cancel()
+    assert [s.step for s in summaries] == [0, 1, 2, 3, 4]
+    assert len(markers) == 20 and markers[0].node == "n1" and markers[0].rank == 1
+    first = summaries[0]
+    assert first.step_time_s == pytest.approx(0.035)
+    # The simulated GPU 1 was busy with "forward": its clock and power are real numbers.
+    assert 0 < first.mean_gfx_clock_mhz <= 2100 and first.mean_power_w > 0 and first.energy_j > 0
+
+
+def test_rejections_are_answered_and_counted(running: Running) -> None:
+    bad = pb.MarkerBatch(job="j", rank=0, gpu=0, seq=1, markers=[
+        pb.Marker(kind=pb.MARKER_KIND_STEP_END, step=9, ts_ns=time.time_ns()),
+    ])
+    response = running.stub.PushMarkers(iter([bad]))
+    assert response.rejected == 1
+    assert "step_end for step 9 that never began" in response.errors[0]
+    assert running.agent.rejected["step_never_began"] == 1
+    assert running.stub.GetInfo(pb.GetInfoRequest()).backend == "simulated"  # still serving
+
+
+def test_garbled_and_oversized_messages(running: Running) -> None:
+    push_raw = running.channel.stream_unary("/chopper.v1.Agent/PushMarkers")  # bytes in, bytes out
+    with pytest.raises(grpc.RpcError) as err:
+        push_raw(iter([b"\xff\xff\xff\x07garbage"]))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "not a chopper.v1.MarkerBatch" in err.value.details()
+    assert running.agent.undecodable["PushMarkers"] == 1
+    huge = pb.MarkerBatch(job="j", rank=0, gpu=0, seq=1, markers=[
+        pb.Marker(kind=pb.MARKER_KIND_PHASE_BEGIN, name="x" * 200, ts_ns=time.time_ns()) for _ in range(1000)
+    ])
+    with pytest.raises(grpc.RpcError) as err:
+        running.stub.PushMarkers(iter([huge]))
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert running.stub.GetInfo(pb.GetInfoRequest()).node == "n1"
+
+
+def test_health_socket_mode_and_info(running: Running) -> None:
+    health = health_pb2_grpc.HealthStub(running.channel)
+    status = health.Check(health_pb2.HealthCheckRequest(service="chopper.v1.Agent")).status
+    assert status == health_pb2.HealthCheckResponse.SERVING
+    assert stat.S_IMODE(os.stat(running.settings.socket_path).st_mode) == 0o660
+    info = running.stub.GetInfo(pb.GetInfoRequest())
+    assert [d.gpu for d in info.devices] == [0, 1] and info.devices[0].vendor == "simulated"
+    assert info.devices[0].peak_flops == pytest.approx(1307.4e12)
+
+
+def test_second_agent_on_same_socket_refused(running: Running, tmp_path: Path) -> None:
+    with pytest.raises(SocketInUse, match="served by another running agent"):
+        Running(tmp_path)
+
+
+def test_metrics_exposition(running: Running) -> None:
+    running.stub.PushMarkers(iter([steps_batch(0, 3, time.time_ns())]))
+    time.sleep(0.2)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(AgentCollector(running.agent))
+    text = generate_latest(registry).decode()
+    assert 'chopper_rank_markers_received_total{gpu="1",job="j",kind="phase_end",node="n1",rank="1"} 3.0' in text
+    assert 'chopper_rank_steps_total{gpu="1",job="j",node="n1",rank="1"} 3.0' in text
+    assert 'chopper_agent_backend_up{backend="simulated",node="n1"} 1.0' in text
+    assert 'chopper_gpu_gfx_clock_max_hertz{gpu="0",model=' in text
+    assert "chopper_gpu_throttle_seconds_total{cause=\"thermal\"" in text
+    assert "# HELP chopper_gpu_power_watts Mean board/socket power" in text
