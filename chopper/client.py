@@ -1,0 +1,551 @@
+"""The job-side marker client: step/phase/collective markers streamed to the node agent.
+
+Two halves that share only a bounded queue:
+
+* **Hot path** (training thread). Entering or leaving ``step``/``phase``/``collective`` reads the
+  clock (``time.time_ns()``, or records a device event, see ``chopper._device_clock``) and appends
+  one small tuple to a ``collections.deque``. If the queue already holds ``queue_size`` markers
+  the marker is dropped and counted. Nothing allocates a proto, takes a lock, blocks or raises:
+  any internal error is counted as a drop. Cost: a few hundred ns per marker
+  (``benchmarks/bench_marker_cost.py``).
+* **Sender** (one daemon thread, started with the client; grpc and the stubs are imported there,
+  so ``import chopper`` stays light). Algorithm:
+
+  1. Open one channel to the agent target (a unix socket normally) and wait until it is READY,
+     ``backoff`` seconds at most. Not ready: warn once per disconnect, double ``backoff`` (capped,
+     50 ms → 2 s by default) and retry. Markers wait in the queue meanwhile; overflow drops.
+  2. Start ONE client-streaming ``PushMarkers`` call whose request iterator is a generator run by
+     gRPC's request-consumer thread. Each turn it packs the queue head into a ``MarkerBatch`` of at
+     most ``max_batch`` markers when the queue holds a full batch or ``flush_interval_s`` has
+     passed (device timestamps are resolved here, in order; packing stops at the first event the
+     GPU has not reached). ``seq`` increases from 1 over the client's life, across streams.
+  3. gRPC resumes the generator only after a batch's write completed, so that resumption counts
+     the batch as **sent** (handed to the transport). When the stream breaks (agent stopped or
+     restarted), the batch yielded but not yet confirmed is **dropped and counted**: whether it
+     reached the agent cannot be known. Its ``seq`` stays used, so the agent sees the gap.
+     Batches already confirmed are counted as sent even if a dying agent never read them.
+  4. Go back to 1. A stream that confirmed a batch resets ``backoff``.
+  5. ``shutdown(timeout)`` stops accepting markers, lets the generator flush the queue and close
+     the stream, and waits ``timeout`` at most; then it cancels the call and closes the channel.
+     Markers still queued when the sender exits are counted as dropped.
+
+``client_dropped_total`` in every batch carries the cumulative drop count (queue full, internal
+error, in flight at a break, abandoned at shutdown), so the agent can report loss per rank.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from chopper._device_clock import DeviceClock
+from chopper.schema import ClockSource, MarkerKind
+
+if TYPE_CHECKING:
+    from chopper.proto.chopper.v1 import agent_pb2
+
+logger = logging.getLogger("chopper.client")
+
+# Plain ints: IntEnum attribute access and hashing cost more on the hot path.
+_STEP_BEGIN = int(MarkerKind.STEP_BEGIN)
+_STEP_END = int(MarkerKind.STEP_END)
+_PHASE_BEGIN = int(MarkerKind.PHASE_BEGIN)
+_PHASE_END = int(MarkerKind.PHASE_END)
+_COLL_BEGIN = int(MarkerKind.COLLECTIVE_BEGIN)
+_COLL_END = int(MarkerKind.COLLECTIVE_END)
+_CPU = int(ClockSource.CPU)
+_DEVICE = int(ClockSource.DEVICE)
+
+# A queued marker: (kind, ts_ns or device event, step, name, flops, tokens, bytes).
+Item = tuple[int, Any, int, str, Any, Any, Any]
+
+
+class _NoOp:
+    """The context manager returned before ``init``: does nothing, counts nothing."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> _NoOp:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+NOOP = _NoOp()
+
+
+class _Step:
+    """``with client.step(i)``: STEP_BEGIN on enter, STEP_END (with flops, tokens) on exit."""
+
+    __slots__ = ("_c", "_flops", "_i", "_tokens")
+
+    def __init__(self, client: Client, i: int, flops: float | None, tokens: int | None) -> None:
+        self._c = client
+        self._i = i
+        self._flops = flops
+        self._tokens = tokens
+
+    def __enter__(self) -> _Step:
+        c = self._c
+        c._step = self._i
+        c._put(_STEP_BEGIN, self._i, "", None, None, None)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        # The end marker is written even when the body raised: the window still happened.
+        self._c._put(_STEP_END, self._i, "", self._flops, self._tokens, None)
+
+
+class _Phase:
+    """``with client.phase(name)``: PHASE_BEGIN/END carrying the name and the current step."""
+
+    __slots__ = ("_c", "_name", "_step")
+
+    def __init__(self, client: Client, name: str) -> None:
+        self._c = client
+        self._name = name
+        self._step = client._step
+
+    def __enter__(self) -> _Phase:
+        self._c._put(_PHASE_BEGIN, self._step, self._name, None, None, None)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._c._put(_PHASE_END, self._step, self._name, None, None, None)
+
+
+class _Collective:
+    """``with client.collective(name, bytes=n)``: COLLECTIVE_BEGIN/END with the payload bytes."""
+
+    __slots__ = ("_bytes", "_c", "_name", "_step")
+
+    def __init__(self, client: Client, name: str, nbytes: int | None) -> None:
+        self._c = client
+        self._name = name
+        self._bytes = nbytes
+        self._step = client._step
+
+    def __enter__(self) -> _Collective:
+        self._c._put(_COLL_BEGIN, self._step, self._name, None, None, self._bytes)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._c._put(_COLL_END, self._step, self._name, None, None, self._bytes)
+
+
+class _Stream:
+    """Book-keeping of one ``PushMarkers`` call, shared by the generator and the sender thread."""
+
+    __slots__ = ("call", "closed", "confirmed", "inflight", "lock")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.call: Any = None
+        self.closed = False
+        self.inflight = 0  # markers in the batch yielded to gRPC but not yet confirmed written
+        self.confirmed = 0  # batches confirmed written on this stream
+
+
+class Client:
+    """Marker queue plus the background sender for one training process.
+
+    Args:
+        job: Job id carried in every batch.
+        rank: Global rank of this process.
+        gpu: Local GPU index driven by this rank, -1 for none.
+        agent: gRPC target of the node agent, e.g. ``unix:///run/chopper/agent.sock``.
+        queue_size: Most markers waiting to be sent; beyond it markers are dropped and counted.
+        max_batch: Most markers per ``MarkerBatch``.
+        flush_interval_s: Longest a non-full batch waits before it is sent, seconds.
+        initial_backoff_s: First reconnect delay, seconds; doubles per failed attempt.
+        max_backoff_s: Cap of the reconnect delay, seconds.
+        clock: CLOCK_REALTIME source in ns for CPU timestamps (injectable for tests).
+        device_clock: When given, markers carry device-event timestamps (ClockSource DEVICE).
+        pid: Process id sent with every batch.
+        start: Start the sender thread now (tests may start it later with ``start()``).
+    """
+
+    def __init__(
+        self,
+        job: str,
+        rank: int,
+        gpu: int,
+        agent: str,
+        queue_size: int = 65536,
+        max_batch: int = 512,
+        flush_interval_s: float = 0.05,
+        initial_backoff_s: float = 0.05,
+        max_backoff_s: float = 2.0,
+        clock: Callable[[], int] = time.time_ns,
+        device_clock: DeviceClock | None = None,
+        pid: int | None = None,
+        start: bool = True,
+    ) -> None:
+        self.job = job
+        self.rank = rank
+        self.gpu = gpu
+        self.target = agent
+        self.pid = os.getpid() if pid is None else pid
+        self._q: deque[Item] = deque()
+        self._cap = max(0, int(queue_size))
+        self._max_batch = max(1, int(max_batch))
+        self._flush_s = flush_interval_s
+        self._initial_backoff = initial_backoff_s
+        self._max_backoff = max(max_backoff_s, initial_backoff_s)
+        self._device = device_clock
+        self._now: Callable[[], Any] = device_clock.record if device_clock is not None else clock
+        self._step = 0
+        # Hot-path counters (training threads). Lost increments under thread races are
+        # acceptable: they are statistics, and a lock would cost more than the marker.
+        self._queued = 0
+        self._dropped_full = 0
+        self._dropped_error = 0
+        # Sender-side counters (generator and sender thread, serialised by _Stream.lock).
+        self._sent = 0
+        self._batches_sent = 0
+        self._seq = 0
+        self._dropped_inflight = 0
+        self._dropped_abandoned = 0
+        self._dropped_invalid = 0
+        self._connected = False
+        self._last_error = ""
+        self._warned = False
+        self._stopping = False
+        self._stop_event = threading.Event()  # set when shutdown starts: no more waiting to batch
+        self._abort_event = threading.Event()  # set when shutdown gives up: leave at once
+        self._done = threading.Event()  # set when the sender has finished (counters are final)
+        self._channel: Any = None
+        self._stream: _Stream | None = None
+        self._thread: threading.Thread | None = None
+        if start:
+            self.start()
+
+    # ----------------------------------------------------------------------------- hot path
+
+    def _put(self, kind: int, step: int, name: str, flops: Any, tokens: Any, nbytes: Any) -> None:
+        """Queue one marker; drop and count when full or on any error. Never raises."""
+        try:
+            q = self._q
+            if len(q) < self._cap:
+                q.append((kind, self._now(), step, name, flops, tokens, nbytes))
+                self._queued += 1
+            else:
+                self._dropped_full += 1
+        except Exception:
+            self._dropped_error += 1
+
+    def step(self, i: int, flops: float | None = None, tokens: int | None = None) -> _Step:
+        """Context manager around training step ``i``; ``flops``/``tokens`` go on STEP_END."""
+        return _Step(self, i, flops, tokens)
+
+    def phase(self, name: str) -> _Phase:
+        """Context manager around a phase (``forward``, ``backward``, ``optimizer``...)."""
+        return _Phase(self, name)
+
+    def collective(self, name: str, bytes: int | None = None) -> _Collective:
+        """Context manager around a collective (``all_reduce``...) of ``bytes`` payload bytes."""
+        return _Collective(self, name, bytes)
+
+    # ------------------------------------------------------------------------------ control
+
+    def start(self) -> None:
+        """Start the sender thread (idempotent)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="chopper-sender", daemon=True)
+            self._thread.start()
+
+    def stats(self) -> dict[str, Any]:
+        """Counters since construction.
+
+        Returns:
+            ``queued``: markers accepted into the queue; ``pending``: waiting now; ``sent``:
+            markers in batches handed to the transport; ``batches_sent``; ``dropped``: all
+            markers lost, with the split ``dropped_queue_full``, ``dropped_error`` (internal
+            error on the hot path), ``dropped_invalid`` (could not be encoded: a field the
+            proto cannot hold, or a device event that failed),
+            ``dropped_in_flight`` (batch in flight when a stream broke) and
+            ``dropped_at_shutdown``; ``connected``: a stream is open; ``last_error``: the last
+            stream or connection failure, ``""`` if none. Once the sender has exited,
+            ``queued == sent + dropped_invalid + dropped_in_flight + dropped_at_shutdown``.
+        """
+        dropped = self._dropped_total()
+        return {
+            "queued": self._queued,
+            "pending": len(self._q),
+            "sent": self._sent,
+            "dropped": dropped,
+            "dropped_queue_full": self._dropped_full,
+            "dropped_error": self._dropped_error,
+            "dropped_invalid": self._dropped_invalid,
+            "dropped_in_flight": self._dropped_inflight,
+            "dropped_at_shutdown": self._dropped_abandoned,
+            "batches_sent": self._batches_sent,
+            "connected": self._connected,
+            "last_error": self._last_error,
+        }
+
+    def _dropped_total(self) -> int:
+        return (
+            self._dropped_full + self._dropped_error + self._dropped_invalid
+            + self._dropped_inflight + self._dropped_abandoned
+        )
+
+    def shutdown(self, timeout: float = 2.0) -> None:
+        """Flush what can be sent within ``timeout`` seconds, then stop. Never hangs or raises.
+
+        Markers made after this call are dropped and counted.
+        """
+        try:
+            self._cap = 0
+            self._stopping = True
+            self._stop_event.set()
+            if self._thread is None:
+                self._abandon()
+                self._done.set()
+                return
+            if not self._done.wait(max(0.0, timeout)):
+                # Flushing did not finish (agent gone or stuck): cancel the call so the sender
+                # exits; it is a daemon thread, so a wedged one cannot hold the process either.
+                self._abort_event.set()
+                self._cancel()
+                self._done.wait(0.5)
+        except Exception:
+            logger.debug("event=shutdown_error", exc_info=True)
+
+    # ------------------------------------------------------------------------------ sender
+
+    def _cancel(self) -> None:
+        # Only the call: the sender closes the channel itself (see _run).
+        try:
+            stream = self._stream
+            if stream is not None and stream.call is not None:
+                stream.call.cancel()
+        except Exception:
+            logger.debug("event=cancel_error", exc_info=True)
+
+    def _abandon(self) -> None:
+        """Count everything still queued as dropped (called once the sender cannot send)."""
+        n = 0
+        q = self._q
+        while True:
+            try:
+                q.popleft()
+            except IndexError:
+                break
+            n += 1
+        self._dropped_abandoned += n
+
+    def _run(self) -> None:
+        try:
+            self._serve()
+        except BaseException as e:  # the sender must never take the process down
+            if not self._abort_event.is_set():  # after an abort, errors from the closed channel are expected
+                self._last_error = f"{type(e).__name__}: {e}"
+                logger.warning("event=sender_failed target=%s error=%r", self.target, self._last_error)
+        finally:
+            self._connected = False
+            stream = self._stream
+            if stream is not None:
+                with stream.lock:
+                    stream.closed = True
+                    self._dropped_inflight += stream.inflight
+                    stream.inflight = 0
+            self._abandon()
+            self._done.set()
+            # grpc's connectivity poller (behind channel_ready_future) outlives its future by up
+            # to 0.2 s and raises in its own thread if the channel closes under it; shutdown()
+            # waits on _done, not on this thread, so the pause costs the trainer nothing.
+            time.sleep(0.3)
+            try:
+                if self._channel is not None:
+                    self._channel.close()
+            except Exception:
+                pass
+
+    def _disconnected(self, reason: str) -> None:
+        self._connected = False
+        self._last_error = reason
+        if not self._warned:
+            self._warned = True
+            logger.warning(
+                "event=agent_unreachable target=%s error=%r pending=%d dropped=%d "
+                "note=markers wait in a bounded queue; overflow is dropped and counted",
+                self.target, reason, len(self._q), self._dropped_total(),
+            )
+
+    def _serve(self) -> None:
+        import grpc
+
+        from chopper.proto.chopper.v1 import agent_pb2, agent_pb2_grpc
+
+        options = [
+            # Reconnect quickly after an agent restart; the agent is local, so a short cap is cheap.
+            ("grpc.initial_reconnect_backoff_ms", max(1, int(self._initial_backoff * 1000))),
+            ("grpc.max_reconnect_backoff_ms", max(1, int(self._max_backoff * 1000))),
+            # Retries would buffer a client stream in memory; we do our own reconnect.
+            ("grpc.enable_retries", 0),
+            # A dead local agent closes the socket, which the stream sees at once. Keepalive only
+            # catches a wedged peer, and must stay above the server's default 5 min minimum ping
+            # interval: the agent sends nothing during the stream, so faster pings earn GOAWAY.
+            ("grpc.keepalive_time_ms", 360_000),
+            ("grpc.keepalive_timeout_ms", 20_000),
+        ]
+        channel = grpc.insecure_channel(self.target, options=options)
+        self._channel = channel
+        stub = agent_pb2_grpc.AgentStub(channel)
+        backoff = self._initial_backoff
+        while not self._abort_event.is_set():
+            if self._stopping and not self._q:
+                return
+            if not self._await_ready(grpc, channel, backoff):
+                self._disconnected(f"agent not ready within {backoff:.3f}s")
+                backoff = min(backoff * 2, self._max_backoff)
+                continue
+            stream = _Stream()
+            self._stream = stream
+            done = threading.Event()
+            call = stub.PushMarkers.future(self._requests(stream, agent_pb2), wait_for_ready=False)
+            stream.call = call
+            call.add_done_callback(lambda _f, done=done: done.set())
+            self._connected = True
+            while not done.wait(0.1):
+                if self._abort_event.is_set():
+                    call.cancel()
+            with stream.lock:
+                stream.closed = True
+                self._dropped_inflight += stream.inflight
+                stream.inflight = 0
+            self._connected = False
+            try:
+                response = call.result(timeout=0)
+                if response.rejected:
+                    logger.warning(
+                        "event=markers_rejected target=%s rejected=%d errors=%r",
+                        self.target, response.rejected, list(response.errors)[:3],
+                    )
+                if self._stopping:
+                    return
+            except Exception as e:
+                code = getattr(e, "code", None)
+                details = getattr(e, "details", None)
+                reason = (
+                    f"{code().name}: {details()}" if callable(code) and callable(details) else repr(e)
+                )
+                self._disconnected(reason)
+            if stream.confirmed:
+                # The agent took data, so this was a restart or a hiccup: reconnect at once.
+                backoff = self._initial_backoff
+            else:
+                # Streams that end before carrying anything must not spin.
+                self._abort_event.wait(backoff)
+                backoff = min(backoff * 2, self._max_backoff)
+
+    def _await_ready(self, grpc: Any, channel: Any, timeout: float) -> bool:
+        """Wait up to ``timeout`` s for the channel to be READY, in short slices so abort is seen."""
+        future = grpc.channel_ready_future(channel)
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                remaining = deadline - time.monotonic()
+                try:
+                    future.result(timeout=max(0.0, min(0.05, remaining)))
+                    return True
+                except grpc.FutureTimeoutError:
+                    if self._abort_event.is_set() or time.monotonic() >= deadline:
+                        return False
+        finally:
+            future.cancel()
+
+    def _requests(self, stream: _Stream, pb2: Any) -> Iterator[agent_pb2.MarkerBatch]:
+        """Request iterator of one stream; runs on gRPC's request-consumer thread."""
+        last_flush = time.monotonic()
+        while True:
+            batch = None
+            with stream.lock:
+                if stream.closed:
+                    return
+                if stream.inflight:
+                    # gRPC asks for the next message only after the previous write completed.
+                    self._sent += stream.inflight
+                    self._batches_sent += 1
+                    stream.inflight = 0
+                    stream.confirmed += 1
+                    if self._warned:
+                        self._warned = False
+                        logger.info("event=agent_connected target=%s", self.target)
+                call = stream.call
+                if call is not None and call.done():
+                    return
+                q = self._q
+                now = time.monotonic()
+                if q and (
+                    len(q) >= self._max_batch or self._stopping or now - last_flush >= self._flush_s
+                ):
+                    batch = self._pack(pb2)
+                    if batch is not None:
+                        stream.inflight = len(batch.markers)
+                        last_flush = now
+            if batch is not None:
+                yield batch
+                continue
+            if self._abort_event.is_set():
+                return
+            if self._stopping:
+                if not self._q:
+                    return
+                # Only unresolved device events remain: poll for them until shutdown's timeout.
+                time.sleep(0.002)
+            else:
+                self._stop_event.wait(max(0.001, self._flush_s - (time.monotonic() - last_flush)))
+
+    def _pack(self, pb2: Any) -> agent_pb2.MarkerBatch | None:
+        """Pop up to ``max_batch`` markers from the queue head into a ``MarkerBatch``.
+
+        Stops at the first device event the GPU has not reached, so markers stay in order. A
+        marker whose fields do not fit the proto (e.g. a non-numeric ``flops``) is dropped and
+        counted rather than poisoning the queue.
+        """
+        q = self._q
+        device = self._device
+        marker_cls = pb2.Marker
+        markers: list[Any] = []
+        while q and len(markers) < self._max_batch:
+            item = q[0]
+            kind, ts, step, name, flops, tokens, nbytes = item
+            if device is None or ts.__class__ is int:
+                clock = _CPU
+            else:
+                try:
+                    resolved = device.resolve(ts)
+                except Exception:
+                    q.popleft()
+                    self._dropped_invalid += 1
+                    continue
+                if resolved is None:
+                    break
+                ts, clock = resolved, _DEVICE
+            q.popleft()
+            try:
+                m = marker_cls(ts_ns=ts, kind=kind, step=step, name=name, clock=clock)
+                if flops is not None:
+                    m.flops = flops
+                if tokens is not None:
+                    m.tokens = tokens
+                if nbytes is not None:
+                    m.bytes = nbytes
+            except Exception:
+                self._dropped_invalid += 1
+                continue
+            markers.append(m)
+        if not markers:
+            return None
+        self._seq += 1
+        return pb2.MarkerBatch(
+            job=self.job, rank=self.rank, gpu=self.gpu, seq=self._seq, pid=self.pid,
+            client_dropped_total=self._dropped_total(), markers=markers,
+        )

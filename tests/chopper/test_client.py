@@ -1,0 +1,385 @@
+"""The job-side marker client against a real gRPC agent servicer on a unix socket."""
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+import pytest
+
+import chopper
+from chopper import _identity
+from chopper.client import NOOP, Client
+from chopper.proto.chopper.v1 import agent_pb2, agent_pb2_grpc
+from chopper.schema import ClockSource, MarkerKind
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class Recorder(agent_pb2_grpc.AgentServicer):
+    """A minimal agent: keeps every batch it receives, answers with the count when a stream ends."""
+
+    def __init__(self) -> None:
+        self.batches: list[agent_pb2.MarkerBatch] = []
+        self.cond = threading.Condition()
+        self.streams = 0
+
+    def PushMarkers(self, request_iterator: Iterator[agent_pb2.MarkerBatch], context: grpc.ServicerContext):
+        with self.cond:
+            self.streams += 1
+        n = 0
+        for batch in request_iterator:
+            with self.cond:
+                self.batches.append(batch)
+                self.cond.notify_all()
+            n += len(batch.markers)
+        return agent_pb2.PushMarkersResponse(accepted=n)
+
+    def markers(self) -> list[agent_pb2.Marker]:
+        with self.cond:
+            return [m for b in self.batches for m in b.markers]
+
+    def wait_for(self, pred: Callable[[list[agent_pb2.Marker]], bool], timeout: float = 10.0) -> bool:
+        with self.cond:
+            return self.cond.wait_for(lambda: pred([m for b in self.batches for m in b.markers]), timeout)
+
+
+def start_server(path: Path, servicer: agent_pb2_grpc.AgentServicer) -> grpc.Server:
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    agent_pb2_grpc.add_AgentServicer_to_server(servicer, server)
+    assert server.add_insecure_port(f"unix://{path}") != 0
+    server.start()
+    return server
+
+
+@pytest.fixture
+def sock(tmp_path: Path) -> Iterator[Path]:
+    path = tmp_path / "agent.sock"
+    if len(str(path)) < 100:  # sun_path holds 108 bytes
+        yield path
+        return
+    with tempfile.TemporaryDirectory(prefix="chp", dir="/tmp") as d:
+        yield Path(d) / "agent.sock"
+
+
+@pytest.fixture(autouse=True)
+def _no_global_client() -> Iterator[None]:
+    chopper.shutdown(0.5)
+    yield
+    chopper.shutdown(0.5)
+
+
+def counter_clock(start: int = 1_700_000_000_000_000_000, step: int = 1000) -> Callable[[], int]:
+    it = itertools.count(start, step)
+    return lambda: next(it)
+
+
+def as_rows(markers: list[agent_pb2.Marker]) -> list[tuple]:
+    return [(m.kind, m.step, m.name, m.flops, m.tokens, m.bytes, m.clock) for m in markers]
+
+
+def fast_client(sock: Path, **kw) -> Client:
+    defaults = dict(
+        job="j1", rank=3, gpu=1, agent=f"unix://{sock}", flush_interval_s=0.01,
+        initial_backoff_s=0.02, max_backoff_s=0.2,
+    )
+    defaults.update(kw)
+    return Client(**defaults)
+
+
+def invariant_holds(s: dict) -> bool:
+    return s["queued"] == s["sent"] + s["dropped_invalid"] + s["dropped_in_flight"] + s["dropped_at_shutdown"]
+
+
+def test_markers_arrive_exactly_in_order_with_identity_and_seq(sock: Path) -> None:
+    rec = Recorder()
+    server = start_server(sock, rec)
+    try:
+        clock = counter_clock()
+        c = fast_client(sock, clock=clock, max_batch=4, pid=4242)
+        for i in range(3):
+            with c.step(i, flops=1.5e12 * (i + 1), tokens=4096 + i):
+                with c.phase("forward"):
+                    pass
+                with c.collective("all_reduce", bytes=(1 << 20) + i):
+                    pass
+                with c.phase("backward"):
+                    pass
+        c.shutdown(timeout=5.0)
+    finally:
+        server.stop(None)
+
+    cpu = int(ClockSource.CPU)
+    K = MarkerKind
+    expected = []
+    for i in range(3):
+        expected += [
+            (K.STEP_BEGIN, i, "", 0.0, 0, 0, cpu),
+            (K.PHASE_BEGIN, i, "forward", 0.0, 0, 0, cpu),
+            (K.PHASE_END, i, "forward", 0.0, 0, 0, cpu),
+            (K.COLLECTIVE_BEGIN, i, "all_reduce", 0.0, 0, (1 << 20) + i, cpu),
+            (K.COLLECTIVE_END, i, "all_reduce", 0.0, 0, (1 << 20) + i, cpu),
+            (K.PHASE_BEGIN, i, "backward", 0.0, 0, 0, cpu),
+            (K.PHASE_END, i, "backward", 0.0, 0, 0, cpu),
+            (K.STEP_END, i, "", 1.5e12 * (i + 1), 4096 + i, 0, cpu),
+        ]
+    markers = rec.markers()
+    assert as_rows(markers) == [tuple(int(x) if isinstance(x, K) else x for x in row) for row in expected]
+    # The injected clock ticks 1 µs per marker: timestamps are exactly its readings, in order.
+    assert [m.ts_ns for m in markers] == [1_700_000_000_000_000_000 + 1000 * k for k in range(24)]
+    assert [b.seq for b in rec.batches] == list(range(1, len(rec.batches) + 1))
+    assert all(len(b.markers) <= 4 for b in rec.batches)
+    assert {(b.job, b.rank, b.gpu, b.pid, b.client_dropped_total) for b in rec.batches} == {("j1", 3, 1, 4242, 0)}
+    s = c.stats()
+    assert (s["queued"], s["sent"], s["dropped"], s["batches_sent"]) == (24, 24, 0, len(rec.batches))
+    assert s["connected"] is False
+
+
+def test_tiny_queue_drops_are_counted_then_delivered_with_the_drop_total(sock: Path) -> None:
+    c = fast_client(sock, queue_size=4)  # no agent yet
+    t0 = time.perf_counter()
+    for i in range(5):
+        with c.step(i):
+            pass
+    assert time.perf_counter() - t0 < 0.1
+    s = c.stats()
+    assert (s["queued"], s["dropped_queue_full"], s["pending"], s["sent"]) == (4, 6, 4, 0)
+
+    rec = Recorder()
+    server = start_server(sock, rec)
+    try:
+        assert rec.wait_for(lambda ms: len(ms) == 4)
+        assert [(m.kind, m.step) for m in rec.markers()] == [(1, 0), (2, 0), (1, 1), (2, 1)]
+        assert rec.batches[0].client_dropped_total == 6
+        assert rec.batches[0].seq == 1
+        c.shutdown(5.0)
+    finally:
+        server.stop(None)
+    s = c.stats()
+    assert (s["sent"], s["dropped"]) == (4, 6)
+    assert invariant_holds(s)
+
+
+def test_agent_absent_never_raises_bounded_time_one_warning(sock: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="chopper.client")
+    c = fast_client(sock, queue_size=100)
+    t0 = time.perf_counter()
+    for i in range(500):
+        with c.step(i), c.phase("forward"):
+            pass
+    assert time.perf_counter() - t0 < 0.5  # 2000 markers; never waits on the absent agent
+    time.sleep(0.5)  # several reconnect attempts at 20 → 200 ms backoff
+    t0 = time.perf_counter()
+    c.shutdown(timeout=0.3)
+    assert time.perf_counter() - t0 < 1.5
+    s = c.stats()
+    assert s["sent"] == 0 and s["connected"] is False
+    assert s["queued"] == 100 and s["dropped_queue_full"] == 1900 and s["dropped_at_shutdown"] == 100
+    assert s["dropped"] == 2000
+    assert s["last_error"]
+    warnings = [r for r in caplog.records if "agent_unreachable" in r.getMessage()]
+    assert len(warnings) == 1
+    assert "target=unix://" in warnings[0].getMessage()
+
+
+def test_agent_restart_flow_resumes_in_order(sock: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="chopper.client")
+    rec1 = Recorder()
+    server1 = start_server(sock, rec1)
+    c = fast_client(sock)
+    try:
+        for i in range(10):
+            with c.step(i):
+                pass
+        assert rec1.wait_for(lambda ms: len(ms) == 20)
+        server1.stop(None).wait()
+        deadline = time.monotonic() + 5
+        while c.stats()["connected"] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not c.stats()["connected"]
+        for i in range(100, 110):  # marked while the agent is down: queued
+            with c.step(i):
+                pass
+            time.sleep(0.005)
+        rec2 = Recorder()
+        server2 = start_server(sock, rec2)
+        try:
+            for i in range(1000, 1010):
+                with c.step(i):
+                    pass
+            assert rec2.wait_for(lambda ms: sum(m.step >= 1000 for m in ms) == 20)
+            c.shutdown(5.0)
+        finally:
+            server2.stop(None)
+    finally:
+        server1.stop(None)
+        c.shutdown(0.1)
+
+    after = [(m.kind, m.step) for m in rec2.markers() if m.step >= 1000]
+    assert after == [(k, i) for i in range(1000, 1010) for k in (1, 2)]
+    # Markers made while the agent was down were queued, not lost.
+    down = [m.step for m in rec2.markers() if 100 <= m.step < 110]
+    assert down == [i for i in range(100, 110) for _ in (0, 1)]
+    seqs = [b.seq for b in rec1.batches + rec2.batches]
+    assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
+    s = c.stats()
+    assert invariant_holds(s)
+    assert len(rec1.markers()) + len(rec2.markers()) <= s["sent"]
+    assert len([r for r in caplog.records if "agent_unreachable" in r.getMessage()]) == 1
+
+
+class Stuck(agent_pb2_grpc.AgentServicer):
+    """An agent that accepts the stream and never reads or answers."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.entered = threading.Event()
+
+    def PushMarkers(self, request_iterator, context):
+        self.entered.set()
+        self.release.wait(30)
+        return agent_pb2.PushMarkersResponse()
+
+
+def test_shutdown_never_hangs_on_a_stuck_agent(sock: Path) -> None:
+    stuck = Stuck()
+    server = start_server(sock, stuck)
+    try:
+        c = fast_client(sock)
+        assert stuck.entered.wait(5)
+        for i in range(20_000):
+            with c.step(i):
+                pass
+        t0 = time.perf_counter()
+        c.shutdown(timeout=0.3)
+        assert time.perf_counter() - t0 < 2.0
+        s = c.stats()
+        assert s["queued"] == 40_000 and s["pending"] == 0
+        assert invariant_holds(s)
+    finally:
+        stuck.release.set()
+        server.stop(None)
+
+
+def test_hot_path_never_raises_and_bad_fields_are_counted(sock: Path) -> None:
+    def broken_clock() -> int:
+        raise RuntimeError("clock broke")
+
+    c = Client(job="j", rank=0, gpu=-1, agent=f"unix://{sock}", clock=broken_clock, start=False)
+    with c.step(1), c.phase("x"), c.collective("all_gather", bytes=1):
+        pass
+    assert c.stats()["dropped_error"] == 6 and c.stats()["queued"] == 0
+    c.shutdown(0.1)
+
+    rec = Recorder()
+    server = start_server(sock, rec)
+    try:
+        c = fast_client(sock)
+        with c.step(1, flops="lots"):  # type: ignore[arg-type]  # a trainer bug must not crash training
+            pass
+        with c.step(2, flops=2.0, tokens=7):
+            pass
+        c.shutdown(5.0)
+    finally:
+        server.stop(None)
+    rows = [(m.kind, m.step, m.flops, m.tokens) for m in rec.markers()]
+    assert rows == [(1, 1, 0.0, 0), (1, 2, 0.0, 0), (2, 2, 2.0, 7)]
+    s = c.stats()
+    assert (s["dropped_invalid"], s["sent"]) == (1, 3)
+    assert rec.batches[-1].client_dropped_total == 1
+
+
+def test_module_api_is_a_noop_before_init() -> None:
+    assert chopper.step(1) is NOOP and chopper.phase("f") is NOOP and chopper.collective("a", bytes=1) is NOOP
+    with chopper.step(1, flops=1.0), chopper.phase("forward"), chopper.collective("all_reduce", bytes=8):
+        pass
+    s = chopper.stats()
+    assert (s["queued"], s["sent"], s["dropped"], s["connected"]) == (0, 0, 0, False)
+
+
+def test_module_init_replaces_and_flushes_previous_client(sock: Path) -> None:
+    rec = Recorder()
+    server = start_server(sock, rec)
+    try:
+        first = chopper.init(job="first", rank=0, gpu=0, agent=f"unix://{sock}")
+        with chopper.step(1, tokens=5), chopper.phase("forward"):
+            pass
+        second = chopper.init(job="second", rank=0, gpu=0, agent=f"unix://{sock}")
+        assert first._done.is_set()
+        assert first.stats()["sent"] == 4
+        with chopper.step(2), chopper.collective("all_reduce", bytes=64):
+            pass
+        chopper.shutdown(5.0)
+        assert chopper.stats()["sent"] == 4  # the last client's counters survive shutdown
+        assert second._done.is_set()
+    finally:
+        server.stop(None)
+    by_job = [(b.job, m.kind, m.step, m.name, m.bytes) for b in rec.batches for m in b.markers]
+    assert by_job == [
+        ("first", 1, 1, "", 0), ("first", 3, 1, "forward", 0), ("first", 4, 1, "forward", 0),
+        ("first", 2, 1, "", 0),
+        ("second", 1, 2, "", 0), ("second", 5, 2, "all_reduce", 64), ("second", 6, 2, "all_reduce", 64),
+        ("second", 2, 2, "", 0),
+    ]
+    with chopper.step(3):  # after shutdown: no-op again
+        pass
+    assert chopper.stats()["queued"] == 4
+
+
+def test_init_defaults_come_from_the_environment(monkeypatch: pytest.MonkeyPatch, sock: Path) -> None:
+    for key in ("CHOPPER_JOB", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("SLURM_JOB_ID", "777")
+    monkeypatch.setenv("RANK", "5")
+    monkeypatch.setenv("LOCAL_RANK", "2")
+    monkeypatch.setenv("CHOPPER_AGENT", f"unix://{sock}")
+    c = chopper.init()
+    assert (c.job, c.rank, c.gpu, c.target) == ("777", 5, 2, f"unix://{sock}")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "elastic-1")
+    monkeypatch.setenv("CHOPPER_JOB", "mine")
+    assert chopper.init().job == "mine"
+    chopper.shutdown(0.1)
+
+
+def test_identity_sources_in_order() -> None:
+    assert _identity.default_job({}) == "default"
+    assert _identity.default_job({"SLURM_JOB_ID": "9", "TORCHELASTIC_RUN_ID": "te"}) == "te"
+    assert _identity.default_agent({}) == "unix:///run/chopper/agent.sock"
+    assert _identity.default_rank({"RANK": "oops"}, modules={}) == 0
+    assert _identity.default_gpu({}, modules={}) == -1
+
+    class Dist:
+        @staticmethod
+        def is_available() -> bool:
+            return True
+
+        @staticmethod
+        def is_initialized() -> bool:
+            return True
+
+        @staticmethod
+        def get_rank() -> int:
+            return 11
+
+    assert _identity.default_rank({"RANK": "4"}, modules={"torch.distributed": Dist}) == 11
+
+
+def test_import_chopper_is_light() -> None:
+    code = (
+        "import sys, json, chopper\n"
+        "heavy = ['torch', 'numpy', 'pandas', 'grpc', 'google.protobuf', 'pyarrow']\n"
+        "print(json.dumps([m for m in heavy if m in sys.modules]))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60, check=True
+    )
+    assert json.loads(out.stdout) == []
