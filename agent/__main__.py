@@ -1,0 +1,5 @@
+import sys
+
+from agent.main import main
+
+sys.exit(main())

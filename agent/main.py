@@ -1,0 +1,77 @@
+"""``chopper-agent``: the per-node daemon. Runs until SIGTERM or SIGINT, then stops cleanly."""
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, start_http_server
+
+from agent.backends.base import BackendUnavailable
+from agent.backends.select import select_backend
+from agent.config import ConfigError, load_settings
+from agent.daemon import Agent
+from agent.host import HostSampler
+from agent.metrics import AgentCollector
+from agent.server import SocketInUse, TelemetryHub, build_server
+from chopper import logs
+
+log = logging.getLogger("agent")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Start the agent; returns 0 after a clean stop, 2 on a configuration or startup error."""
+    try:
+        settings = load_settings(argv)
+    except ConfigError as exc:
+        print(f"chopper-agent: bad configuration: {exc}", file=sys.stderr)
+        return 2
+    logs.configure(settings.log_level)
+    hub = TelemetryHub()
+    try:
+        backend = select_backend(settings)
+        agent = Agent(settings, backend, HostSampler(), notify=hub.notify)
+        agent.open_backend()
+    except (BackendUnavailable, ValueError) as exc:
+        print(f"chopper-agent: backend {settings.backend!r} cannot run here: {exc}", file=sys.stderr)
+        return 2
+    try:
+        server = build_server(agent, hub, settings)
+    except (SocketInUse, ConfigError, OSError, RuntimeError) as exc:
+        print(f"chopper-agent: cannot serve gRPC: {exc}", file=sys.stderr)
+        agent.stop()
+        return 2
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(AgentCollector(agent))
+    host, _, port = settings.metrics_listen.rpartition(":")
+    try:
+        httpd, _thread = start_http_server(int(port), addr=host.strip("[]"), registry=registry)
+    except OSError as exc:
+        print(f"chopper-agent: metrics_listen: cannot bind {settings.metrics_listen}: {exc.strerror}", file=sys.stderr)
+        server.stop(0)
+        agent.stop()
+        return 2
+    agent.start()
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    log.info(
+        "event=started node=%s backend=%s gpus=%d socket=%s grpc=%s metrics=http://%s/metrics sample_hz=%g",
+        settings.node, backend.name, len(agent.devices), settings.socket_path, settings.grpc_listen or "-",
+        settings.metrics_listen, settings.sample_hz,
+    )
+    stop.wait()
+    log.info("event=stopping")
+    server.stop(grace=2.0).wait(5.0)
+    agent.stop()
+    httpd.shutdown()
+    Path(settings.socket_path).unlink(missing_ok=True)
+    log.info("event=stopped")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""``chopper demo``: an agent plus a real 2-rank PyTorch training job, with a live step table."""

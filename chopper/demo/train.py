@@ -1,0 +1,121 @@
+"""A real, small PyTorch training job instrumented with the Chopper client (used by the demo).
+
+Each rank trains a two-layer decoder-only transformer language model on random tokens on the
+CPU, with torch.distributed over gloo. Gradients are averaged with an explicit ``all_reduce`` so
+that the collective is visible (the framework integrations make this automatic later). Every
+step is marked: ``step`` (with FLOPs = 6 × parameters × tokens and the token count), phases
+``forward``, ``backward``, ``optimizer`` and the collective ``all_reduce`` with its bytes.
+
+Run as ``python -m chopper.demo.train --agent unix:///path.sock --duration 60 --ranks 2``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+import chopper
+
+VOCAB, DIM, HEADS, LAYERS, SEQ, BATCH = 1024, 256, 4, 2, 128, 8
+
+
+class TinyDecoder(nn.Module):
+    """Embedding, ``LAYERS`` causal transformer blocks, and a vocabulary head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, DIM)
+        block = nn.TransformerEncoderLayer(DIM, HEADS, 4 * DIM, dropout=0.0, batch_first=True, norm_first=True)
+        self.blocks = nn.TransformerEncoder(block, LAYERS)
+        self.head = nn.Linear(DIM, VOCAB)
+        self.register_buffer("mask", nn.Transformer.generate_square_subsequent_mask(SEQ), persistent=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(self.blocks(self.embed(tokens), mask=self.mask, is_causal=True))
+
+
+def train(rank: int, world: int, agent: str, job: str, duration_s: float, max_steps: int, port: int) -> dict:
+    """Train until ``duration_s`` or ``max_steps``; returns this rank's counts of what it marked."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.manual_seed(rank)
+    torch.set_num_threads(1)
+    chopper.init(job=job, rank=rank, agent=agent, gpu=rank)
+    model = TinyDecoder()
+    params = [p for p in model.parameters() if p.requires_grad]
+    n_params = sum(p.numel() for p in params)
+    optimizer = torch.optim.AdamW(params, lr=1e-3)
+    loss_fn = nn.CrossEntropyLoss()
+    tokens_per_step = BATCH * SEQ
+    flops_per_step = 6.0 * n_params * tokens_per_step
+    grad_bytes = n_params * 4
+    counts = {"steps": 0, "phases": 0, "collectives": 0}
+    deadline = time.monotonic() + duration_s
+    step = 0
+    while step < max_steps:
+        # Every rank must run the same number of steps (the all_reduce pairs them up), so rank 0
+        # decides when to stop and tells the others with a tiny broadcast.
+        flag = torch.tensor([1 if time.monotonic() < deadline else 0])
+        dist.broadcast(flag, src=0)
+        if not flag.item():
+            break
+        batch = torch.randint(0, VOCAB, (BATCH, SEQ + 1))
+        with chopper.step(step, flops=flops_per_step, tokens=tokens_per_step):
+            with chopper.phase("forward"):
+                logits = model(batch[:, :-1])
+                loss = loss_fn(logits.reshape(-1, VOCAB), batch[:, 1:].reshape(-1))
+            with chopper.phase("backward"):
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+            with chopper.collective("all_reduce", bytes=grad_bytes):
+                flat = torch.cat([p.grad.reshape(-1) for p in params])
+                dist.all_reduce(flat)
+                flat /= world
+                offset = 0
+                for p in params:
+                    p.grad.copy_(flat[offset : offset + p.numel()].view_as(p))
+                    offset += p.numel()
+            with chopper.phase("optimizer"):
+                optimizer.step()
+        counts["steps"] += 1
+        counts["phases"] += 3
+        counts["collectives"] += 1
+        step += 1
+    chopper.shutdown(timeout=5.0)
+    counts["client"] = chopper.stats()
+    dist.destroy_process_group()
+    return counts
+
+
+def _worker(rank: int, args: argparse.Namespace, results: dict) -> None:
+    results[rank] = train(rank, args.ranks, args.agent, args.job, args.duration, args.max_steps, args.port)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--agent", required=True, help="agent gRPC target, e.g. unix:///run/chopper/agent.sock")
+    parser.add_argument("--job", default="demo", help="job name")
+    parser.add_argument("--ranks", type=int, default=2, help="number of CPU ranks (gloo)")
+    parser.add_argument("--duration", type=float, default=60.0, help="seconds of training")
+    parser.add_argument("--max-steps", type=int, default=10**9, help="stop after this many steps")
+    parser.add_argument("--port", type=int, default=29533, help="torch.distributed rendezvous port")
+    args = parser.parse_args(argv)
+    if args.ranks < 1 or args.duration <= 0 or args.max_steps < 1:
+        parser.error("--ranks, --duration and --max-steps must be positive")
+    with mp.Manager() as manager:
+        results = manager.dict()
+        mp.spawn(_worker, args=(args, results), nprocs=args.ranks, join=True)
+        print(json.dumps({str(k): v for k, v in sorted(results.items())}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+"""Real processes for end-to-end tests: the agent daemon and the demo training job."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from chopper import consumer
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class AgentProcess:
+    """``python -m agent`` with a simulated node on a private socket and metrics port."""
+
+    def __init__(self, workdir: Path, *extra: str) -> None:
+        self.workdir = workdir
+        self.socket = workdir / "agent.sock"
+        self.target = f"unix://{self.socket}"
+        self.metrics_addr = f"127.0.0.1:{free_port()}"
+        self.extra = extra
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    def start(self) -> AgentProcess:
+        self.starts += 1
+        log = open(self.workdir / f"agent-{self.starts}.log", "wb")  # noqa: SIM115 (lives as long as the process)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "agent", "--node", "e2e-node", "--backend", "simulated", "--sim-gpus", "4",
+             "--sample-hz", "20", "--socket-path", str(self.socket), "--metrics-listen", self.metrics_addr,
+             *self.extra],
+            stderr=log,
+        )
+        consumer.wait_for_info(self.target, timeout_s=30)
+        return self
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(f"http://{self.metrics_addr}/metrics", timeout=5) as response:
+            return str(response.read().decode())
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait(10)
+
+    def terminate(self) -> int:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(15)
+
+    def log(self) -> str:
+        return (self.workdir / f"agent-{self.starts}.log").read_text()
+
+
+@pytest.fixture
+def agent_process(tmp_path: Path) -> Iterator[AgentProcess]:
+    agent = AgentProcess(tmp_path).start()
+    yield agent
+    if agent.proc is not None and agent.proc.poll() is None:
+        agent.terminate()
+
+
+def start_training(target: str, ranks: int = 2, duration_s: float = 6.0, **env: str) -> subprocess.Popen[str]:
+    """The demo's real gloo training job; its last stdout line is JSON of what each rank marked."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "chopper.demo.train", "--agent", target, "--ranks", str(ranks),
+         "--duration", str(duration_s), "--port", str(free_port()), "--job", "e2e"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **env},
+    )
+
+
+def finish_training(proc: subprocess.Popen[str], timeout_s: float = 180) -> dict[str, dict]:
+    out, err = proc.communicate(timeout=timeout_s)
+    assert proc.returncode == 0, f"training failed:\n{err[-3000:]}"
+    return dict(json.loads(out.strip().splitlines()[-1]))
+
+
+def metric_value(exposition: str, name: str, **labels: str) -> float:
+    """Sum of ``name`` over series whose labels include ``labels``."""
+    total = 0.0
+    for line in exposition.splitlines():
+        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rpartition(" ")[2])
+    return total
+
+
+def wait_until(predicate, timeout_s: float = 10.0, interval_s: float = 0.1) -> bool:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval_s)
+    return bool(predicate())
