@@ -79,3 +79,7 @@ def _follow_steps(target: str) -> int:
     finally:
         channel.close()
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

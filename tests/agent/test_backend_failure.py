@@ -1,0 +1,53 @@
+"""A backend that loses its GPU mid-run never stops the agent: it reports, retries and recovers.
+
+The NVML seam is faked with the recorded H100 values of the nvidia backend's own tests.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import pynvml
+from prometheus_client import CollectorRegistry, generate_latest
+
+from agent.config import load_settings
+from agent.daemon import Agent
+from agent.metrics import AgentCollector
+from tests.agent.backends.test_nvidia import FakeNode, backend_for, load_fixture
+
+
+def scrape(agent: Agent) -> str:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(AgentCollector(agent))
+    return generate_latest(registry).decode()
+
+
+def test_device_lost_then_recovered() -> None:
+    node = FakeNode(load_fixture())
+    now = [node.at(0)]
+    settings = load_settings(["--node", "node-a", "--backend", "nvidia"], env={})
+    agent = Agent(settings, backend_for(node), realtime_ns=lambda: now[0])
+    agent.open_backend()
+    agent.tick(now[0])
+    assert agent.health.up and len(agent.samples) == 2
+
+    answer = node.nv.nvmlDeviceGetFieldValues.side_effect
+
+    def lost(handle: Any, ids: Any) -> Any:
+        raise pynvml.NVMLError_GpuIsLost()
+
+    node.nv.nvmlDeviceGetFieldValues.side_effect = lost
+    now[0] = node.at(1)
+    agent.tick(now[0])
+    assert not agent.health.up and agent.health.errors["device_lost"] == 1
+    text = scrape(agent)
+    assert 'chopper_agent_backend_up{backend="nvidia",node="node-a"} 0.0' in text
+    assert 'chopper_agent_backend_errors_total{backend="nvidia",kind="device_lost",node="node-a"} 1.0' in text
+    assert agent.info().backend == "nvidia"  # the daemon still answers
+
+    # Within the backoff nothing is retried; after it, the backend is reopened and samples flow.
+    node.nv.nvmlDeviceGetFieldValues.side_effect = answer
+    agent.tick(now[0] + 500_000_000)
+    assert not agent.health.up and len(agent.samples) == 2
+    agent.tick(now[0] + 1_000_000_000)
+    assert agent.health.up and len(agent.samples) == 4
+    assert node.nv.nvmlInit.call_count == 2

@@ -1,0 +1,73 @@
+"""``chopper-agent`` as a user runs it: bad input exits non-zero with a clear message."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agent.main import main
+from chopper import consumer
+from tests.e2e.conftest import free_port
+
+
+def test_bad_config_value_exits_2_naming_key(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--sample-hz", "500"]) == 2
+    assert "bad configuration: sample_hz: 500.0 is out of range" in capsys.readouterr().err
+
+
+def test_unknown_backend_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--backend", "tpu"]) == 2
+    assert "backend: 'tpu' is not a backend; choose one of auto, amd, nvidia, simulated, replay" in (
+        capsys.readouterr().err
+    )
+
+
+def test_malformed_yaml_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = tmp_path / "agent.yaml"
+    cfg.write_text("backend: simulated\nsample_hz: : 3\n")
+    assert main(["--config", str(cfg)]) == 2
+    assert f"config file {cfg}: is not valid YAML" in capsys.readouterr().err
+
+
+def test_explicit_vendor_backend_without_library_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    # No AMD GPU or ROCm here: naming the backend explicitly must fail loudly, never fall back.
+    assert main(["--backend", "amd", "--socket-path", "/tmp/chopper-unused.sock"]) == 2
+    assert "backend 'amd' cannot run here" in capsys.readouterr().err
+
+
+def test_replay_of_bad_run_dir_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--backend", "replay", "--replay-dir", str(tmp_path / "missing")]) == 2
+    assert "backend 'replay' cannot run here" in capsys.readouterr().err
+
+
+def test_unreachable_agent_message() -> None:
+    with pytest.raises(consumer.AgentUnreachable, match=r"is chopper-agent running, and is this its --socket-path"):
+        consumer.wait_for_info("unix:///nonexistent/agent.sock", timeout_s=0.5)
+
+
+def test_cli_info_against_missing_agent_exits_1() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "chopper.cli", "info", "--agent", "unix:///nonexistent/agent.sock"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert done.returncode == 1
+    assert "no Chopper agent answered at unix:///nonexistent/agent.sock" in done.stderr
+
+
+def test_auto_without_gpu_says_simulated_plainly(tmp_path: Path) -> None:
+    sock = tmp_path / "a.sock"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agent", "--backend", "auto", "--socket-path", str(sock),
+         "--metrics-listen", f"127.0.0.1:{free_port()}", "--sim-gpus", "2"],
+        stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        info = consumer.wait_for_info(f"unix://{sock}", timeout_s=30)
+        assert info.backend == "simulated" and all(d.vendor == "simulated" for d in info.devices)
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=15)
+    assert proc.returncode == 0
+    assert "event=no_gpu_found backend=simulated" in err and "serving SIMULATED GPUs" in err
