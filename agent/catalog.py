@@ -111,3 +111,29 @@ METRICS: tuple[MetricSpec, ...] = (
 )
 
 BY_NAME: dict[str, MetricSpec] = {m.name: m for m in METRICS}
+
+
+def markdown() -> str:
+    """``docs/METRICS.md``: the catalog as tables (regenerate with ``python -m agent.catalog``)."""
+    from agent.markers import REJECTION_REASONS
+
+    lines = [
+        "# Metric catalog",
+        "",
+        "Generated from `agent/catalog.py` by `python -m agent.catalog > docs/METRICS.md`; a test fails when",
+        "this file and the catalog disagree. Names follow `chopper_<subsystem>_<name>_<unit>` in base units;",
+        "counters end in `_total`; step numbers are never labels. A value a backend cannot read (for",
+        "example matrix activity on MI300X) is left out of the scrape rather than exported as NaN.",
+        "",
+        "| name | type | labels | help |",
+        "|---|---|---|---|",
+    ]
+    lines += [f"| `{m.name}` | {m.kind} | {', '.join(m.labels)} | {m.help} |" for m in METRICS]
+    lines += ["", "## Rejection reasons (`chopper_agent_markers_rejected_total{reason}`)", "",
+              "| reason | meaning |", "|---|---|"]
+    lines += [f"| `{reason}` | {meaning} |" for reason, meaning in REJECTION_REASONS.items()]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(markdown(), end="")

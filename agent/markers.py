@@ -31,6 +31,22 @@ MAX_JOB_CHARS = 256
 MAX_CLOCK_SKEW_NS = 24 * 3600 * 10**9
 MAX_ERRORS_REPORTED = 8
 
+# Every reason a marker can be rejected for: the ``reason`` label of
+# ``chopper_agent_markers_rejected_total``, documented in docs/METRICS.md.
+REJECTION_REASONS: dict[str, str] = {
+    "bad_job": "the batch names no job, or an unprintable or over-long one (whole batch)",
+    "bad_rank": "the batch names a negative rank (whole batch)",
+    "bad_gpu": "the batch names a GPU index this node does not have (whole batch)",
+    "batch_too_large": f"the batch holds more than {MAX_MARKERS_PER_BATCH} markers (whole batch)",
+    "bad_kind": "unknown marker kind (client newer than the agent)",
+    "bad_step": "negative step number",
+    "bad_timestamp": "timestamp more than a day from the agent's clock, or a step ending before it began",
+    "bad_name": "phase or collective without a name, or an unprintable or over-long name",
+    "bad_payload": "negative or non-finite flops, tokens or bytes",
+    "step_never_began": "step_end for a step that has no step_begin on that rank",
+    "end_without_begin": "phase_end or collective_end without its begin",
+}
+
 
 @dataclass(frozen=True, slots=True)
 class ClosedStep:
