@@ -199,3 +199,27 @@ def load_settings(
     settings = AgentSettings(**values)
     _check(settings)
     return settings
+
+
+def markdown() -> str:
+    """``docs/CONFIG.md``: every setting with its flag, variable and default (``python -m agent.config``)."""
+    lines = [
+        "# Agent settings",
+        "",
+        "Generated from `agent/config.py` by `python -m agent.config > docs/CONFIG.md`; a test keeps it current.",
+        "Precedence: code defaults < YAML file (`--config`, keys as in the first column) < environment < flags.",
+        "",
+        "| setting | flag | environment | default | meaning |",
+        "|---|---|---|---|---|",
+    ]
+    for f in dataclasses.fields(AgentSettings):
+        default = "(hostname)" if f.name == "node" else repr(f.default)
+        lines.append(
+            f"| `{f.name}` | `--{f.name.replace('_', '-')}` | `{ENV_PREFIX}{f.name.upper()}` | `{default}` "
+            f"| {f.metadata['help']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(markdown(), end="")

@@ -56,3 +56,10 @@ def test_missing_config_file(tmp_path: Path) -> None:
 def test_env_bad_value_names_the_variable() -> None:
     with pytest.raises(ConfigError, match=r"sim_gpus: 'two' \(from env CHOPPER_AGENT_SIM_GPUS\)"):
         load_settings([], env={"CHOPPER_AGENT_SIM_GPUS": "two"})
+
+
+def test_docs_config_md_is_current() -> None:
+    from agent.config import markdown
+
+    doc = Path(__file__).resolve().parents[2] / "docs" / "CONFIG.md"
+    assert doc.read_text() == markdown(), "run: python -m agent.config > docs/CONFIG.md"
