@@ -11,7 +11,7 @@ import argparse
 import dataclasses
 import os
 import socket
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -163,26 +163,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def load_settings(
-    argv: Sequence[str] | None = None,
-    env: Mapping[str, str] | None = None,
-    error: Callable[[str], None] | None = None,
-) -> AgentSettings:
+def load_settings(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> AgentSettings:
     """Merge defaults, YAML, environment and flags into validated settings.
 
     Args:
         argv: Command-line arguments (without the program name).
         env: Environment to read ``CHOPPER_AGENT_*`` from; defaults to ``os.environ``.
-        error: Called by argparse on an unknown flag; defaults to argparse's exit.
 
     Raises:
         ConfigError: A value is malformed or out of range.
     """
     env = os.environ if env is None else env
-    parser = build_parser()
-    if error is not None:
-        parser.error = error  # type: ignore[method-assign]
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     values: dict[str, Any] = {}
     config_path = args.config or (Path(env[ENV_PREFIX + "CONFIG"]) if env.get(ENV_PREFIX + "CONFIG") else None)
     if config_path is not None:

@@ -72,7 +72,8 @@ class SummaryQueue:
 
     def ready(self, latest_sample_ns: dict[int, int], now_ns: int) -> list[ClosedStep]:
         """Pop steps whose GPU has a sample at or after their end, or that waited long enough."""
-        done, waiting = [], deque()
+        done: list[ClosedStep] = []
+        waiting: deque[ClosedStep] = deque()
         for step in self._pending:
             covered = step.gpu >= 0 and latest_sample_ns.get(step.gpu, -1) >= step.end_ns
             if covered or step.gpu < 0 or now_ns - step.end_ns >= self.max_wait_ns:

@@ -16,6 +16,7 @@ import os
 import sys
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -57,7 +58,7 @@ def train(rank: int, world: int, agent: str, job: str, duration_s: float, max_st
     tokens_per_step = BATCH * SEQ
     flops_per_step = 6.0 * n_params * tokens_per_step
     grad_bytes = n_params * 4
-    counts = {"steps": 0, "phases": 0, "collectives": 0}
+    counts: dict[str, Any] = {"steps": 0, "phases": 0, "collectives": 0}
     deadline = time.monotonic() + duration_s
     step = 0
     while step < max_steps:
@@ -76,13 +77,14 @@ def train(rank: int, world: int, agent: str, job: str, duration_s: float, max_st
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
             with chopper.collective("all_reduce", bytes=grad_bytes):
-                flat = torch.cat([p.grad.reshape(-1) for p in params])
+                grads = [p.grad for p in params if p.grad is not None]
+                flat = torch.cat([g.reshape(-1) for g in grads])
                 dist.all_reduce(flat)
                 flat /= world
                 offset = 0
-                for p in params:
-                    p.grad.copy_(flat[offset : offset + p.numel()].view_as(p))
-                    offset += p.numel()
+                for g in grads:
+                    g.copy_(flat[offset : offset + g.numel()].view_as(g))
+                    offset += g.numel()
             with chopper.phase("optimizer"):
                 optimizer.step()
         counts["steps"] += 1
