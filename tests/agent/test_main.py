@@ -71,3 +71,37 @@ def test_auto_without_gpu_says_simulated_plainly(tmp_path: Path) -> None:
         _, err = proc.communicate(timeout=15)
     assert proc.returncode == 0
     assert "event=no_gpu_found backend=simulated" in err and "serving SIMULATED GPUs" in err
+
+
+def test_agent_process_replays_a_recorded_run(tmp_path: Path) -> None:
+    from chopper.proto.chopper.v1 import agent_pb2 as pb
+    from chopper.rundir import write_run
+    from chopper.schema import DeviceInfo, Sample
+
+    t0 = 1_700_000_000 * 10**9
+    device = DeviceInfo("rec-node", 0, "amd", "AMD Instinct MI300X", "u-0", 2100.0, 1307.4e12, 192 * 2**30, 750.0)
+    samples = [Sample(ts_ns=t0 + i * 10**8, node="rec-node", gpu=0, gfx_clock_mhz=1500.0 + i, power_w=600.0,
+                      energy_j=60.0 * i) for i in range(50)]
+    run = write_run(tmp_path / "run", [device], samples, [])
+    sock = tmp_path / "a.sock"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agent", "--backend", "replay", "--replay-dir", str(run), "--replay-speed", "10",
+         "--node", "live", "--socket-path", str(sock), "--metrics-listen", f"127.0.0.1:{free_port()}"],
+        stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        target = f"unix://{sock}"
+        info = consumer.wait_for_info(target, timeout_s=30)
+        assert info.backend == "replay" and info.devices[0].model == "AMD Instinct MI300X"
+        channel, stream = consumer.subscribe(target, pb.SubscribeRequest(samples=True, since_ns=1))
+        clocks: list[float] = []
+        for batch in stream:
+            clocks += [s.gfx_clock_mhz for s in batch.samples]
+            if len(clocks) >= 10:
+                break
+        channel.close()
+        assert clocks[:10] == [1500.0 + i for i in range(10)]
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=15)
+    assert proc.returncode == 0

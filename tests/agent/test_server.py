@@ -121,6 +121,18 @@ def test_health_socket_mode_and_info(running: Running) -> None:
     assert info.devices[0].peak_flops == pytest.approx(1307.4e12)
 
 
+def test_optional_tcp_listener(tmp_path: Path) -> None:
+    from tests.e2e.conftest import free_port
+
+    address = f"127.0.0.1:{free_port()}"
+    r = Running(tmp_path, grpc_listen=address)
+    try:
+        with grpc.insecure_channel(address) as channel:
+            assert agent_pb2_grpc.AgentStub(channel).GetInfo(pb.GetInfoRequest(), timeout=5).node == "n1"
+    finally:
+        r.stop()
+
+
 def test_second_agent_on_same_socket_refused(running: Running, tmp_path: Path) -> None:
     with pytest.raises(SocketInUse, match="served by another running agent"):
         Running(tmp_path)
