@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import operator
 import threading
 import time
 from collections import Counter, deque
@@ -33,6 +34,8 @@ log = logging.getLogger(__name__)
 # Samples kept per GPU for step summaries: steps longer than this get partial GPU figures.
 STEP_HISTORY_S = 120.0
 SUMMARY_BUFFER = 100_000
+# Host metrics move slowly and psutil reads several /proc files: sample them at most this often.
+HOST_INTERVAL_NS = 10**9
 # Reopen a failed backend after this many seconds, doubling up to the maximum.
 REOPEN_BACKOFF_S = (1.0, 30.0)
 
@@ -88,6 +91,7 @@ class Agent:
         self._history_len = max(16, int(STEP_HISTORY_S * settings.sample_hz))
         self._history: dict[int, deque[Sample]] = {}
         self._pending = SummaryQueue()
+        self._last_host_ns = 0
         self._ingest = MarkerIngest(settings.node, 0)
         self._marker_lock = threading.Lock()
         self._state_lock = threading.Lock()
@@ -127,7 +131,8 @@ class Agent:
     def tick(self, now_ns: int) -> None:
         """One sampling tick: backend, host, buffers, then any step summaries now covered."""
         samples = self._sample_backend(now_ns)
-        if self.host is not None:
+        if self.host is not None and now_ns - self._last_host_ns >= HOST_INTERVAL_NS:
+            self._last_host_ns = now_ns
             try:
                 self.latest_host = self.host.sample(now_ns)
             except Exception as exc:  # host metrics are a side dish; never let them stop GPU sampling
@@ -238,7 +243,9 @@ class Agent:
 
 
 _SAMPLE_FIELDS = tuple(f.name for f in dataclasses.fields(Sample))
+# attrgetter reads all fields in C: this conversion runs for every GPU on every tick.
+_sample_values = operator.attrgetter(*_SAMPLE_FIELDS)
 
 
 def _sample_to_pb(s: Sample) -> pb.Sample:
-    return pb.Sample(**{name: getattr(s, name) for name in _SAMPLE_FIELDS})
+    return pb.Sample(**dict(zip(_SAMPLE_FIELDS, _sample_values(s), strict=True)))

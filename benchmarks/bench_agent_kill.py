@@ -97,10 +97,9 @@ def _rank_main(rank: int, port: int, target: str, telemetry: bool, ctrl: dict[st
 
     import torch
     import torch.distributed as dist
-    from torch import nn
 
     import chopper
-    from chopper.demo.train import BATCH, SEQ, VOCAB, TinyDecoder
+    from chopper.demo.train import DemoTrainer
 
     warnings.filterwarnings("ignore", message="enable_nested_tensor")  # the demo model's, harmless
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -109,14 +108,7 @@ def _rank_main(rank: int, port: int, target: str, telemetry: bool, ctrl: dict[st
     torch.set_num_threads(1)
     if telemetry:
         chopper.init(job=JOB, rank=rank, agent=target, gpu=rank, queue_size=QUEUE_SIZE)
-    model = TinyDecoder()
-    params = [p for p in model.parameters() if p.requires_grad]
-    n_params = sum(p.numel() for p in params)
-    optimizer = torch.optim.AdamW(params, lr=1e-3)
-    loss_fn = nn.CrossEntropyLoss()
-    tokens_per_step = BATCH * SEQ
-    flops_per_step = 6.0 * n_params * tokens_per_step
-    grad_bytes = n_params * 4
+    trainer = DemoTrainer(WORLD)
     times: list[tuple[float, float, bool]] = []
     step = 0
     while True:
@@ -127,25 +119,7 @@ def _rank_main(rank: int, port: int, target: str, telemetry: bool, ctrl: dict[st
         on = telemetry and bool(flag[1].item())
         mark: Any = chopper if on else _Off
         t0 = time.monotonic()
-        batch = torch.randint(0, VOCAB, (BATCH, SEQ + 1))
-        with mark.step(step, flops=flops_per_step, tokens=tokens_per_step):
-            with mark.phase("forward"):
-                logits = model(batch[:, :-1])
-                loss = loss_fn(logits.reshape(-1, VOCAB), batch[:, 1:].reshape(-1))
-            with mark.phase("backward"):
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-            with mark.collective("all_reduce", bytes=grad_bytes):
-                grads = [p.grad for p in params if p.grad is not None]
-                flat = torch.cat([g.reshape(-1) for g in grads])
-                dist.all_reduce(flat)
-                flat /= WORLD
-                offset = 0
-                for g in grads:
-                    g.copy_(flat[offset : offset + g.numel()].view_as(g))
-                    offset += g.numel()
-            with mark.phase("optimizer"):
-                optimizer.step()
+        trainer.step(step, mark)
         times.append((t0, time.monotonic(), on))
         step += 1
         if rank == 0:

@@ -43,6 +43,47 @@ class TinyDecoder(nn.Module):
         return self.head(self.blocks(self.embed(tokens), mask=self.mask, is_causal=True))
 
 
+class DemoTrainer:
+    """One rank's model, optimizer and data, stepping with markers on every phase.
+
+    Args:
+        world: Number of ranks; gradients are averaged over them with ``all_reduce``.
+    """
+
+    def __init__(self, world: int) -> None:
+        self.world = world
+        self.model = TinyDecoder()
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        n_params = sum(p.numel() for p in self.params)
+        self.optimizer = torch.optim.AdamW(self.params, lr=1e-3)
+        self.loss_fn = nn.CrossEntropyLoss()
+        self.tokens_per_step = BATCH * SEQ
+        self.flops_per_step = 6.0 * n_params * self.tokens_per_step
+        self.grad_bytes = n_params * 4
+
+    def step(self, i: int, marks: Any = chopper) -> None:
+        """Train one step, marked through ``marks`` (``chopper``, or anything with its API)."""
+        batch = torch.randint(0, VOCAB, (BATCH, SEQ + 1))
+        with marks.step(i, flops=self.flops_per_step, tokens=self.tokens_per_step):
+            with marks.phase("forward"):
+                logits = self.model(batch[:, :-1])
+                loss = self.loss_fn(logits.reshape(-1, VOCAB), batch[:, 1:].reshape(-1))
+            with marks.phase("backward"):
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+            with marks.collective("all_reduce", bytes=self.grad_bytes):
+                grads = [p.grad for p in self.params if p.grad is not None]
+                flat = torch.cat([g.reshape(-1) for g in grads])
+                dist.all_reduce(flat)
+                flat /= self.world
+                offset = 0
+                for g in grads:
+                    g.copy_(flat[offset : offset + g.numel()].view_as(g))
+                    offset += g.numel()
+            with marks.phase("optimizer"):
+                self.optimizer.step()
+
+
 def train(rank: int, world: int, agent: str, job: str, duration_s: float, max_steps: int, port: int) -> dict:
     """Train until ``duration_s`` or ``max_steps``; returns this rank's counts of what it marked."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -50,14 +91,7 @@ def train(rank: int, world: int, agent: str, job: str, duration_s: float, max_st
     torch.manual_seed(rank)
     torch.set_num_threads(1)
     chopper.init(job=job, rank=rank, agent=agent, gpu=rank)
-    model = TinyDecoder()
-    params = [p for p in model.parameters() if p.requires_grad]
-    n_params = sum(p.numel() for p in params)
-    optimizer = torch.optim.AdamW(params, lr=1e-3)
-    loss_fn = nn.CrossEntropyLoss()
-    tokens_per_step = BATCH * SEQ
-    flops_per_step = 6.0 * n_params * tokens_per_step
-    grad_bytes = n_params * 4
+    trainer = DemoTrainer(world)
     counts: dict[str, Any] = {"steps": 0, "phases": 0, "collectives": 0}
     deadline = time.monotonic() + duration_s
     step = 0
@@ -68,25 +102,7 @@ def train(rank: int, world: int, agent: str, job: str, duration_s: float, max_st
         dist.broadcast(flag, src=0)
         if not flag.item():
             break
-        batch = torch.randint(0, VOCAB, (BATCH, SEQ + 1))
-        with chopper.step(step, flops=flops_per_step, tokens=tokens_per_step):
-            with chopper.phase("forward"):
-                logits = model(batch[:, :-1])
-                loss = loss_fn(logits.reshape(-1, VOCAB), batch[:, 1:].reshape(-1))
-            with chopper.phase("backward"):
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-            with chopper.collective("all_reduce", bytes=grad_bytes):
-                grads = [p.grad for p in params if p.grad is not None]
-                flat = torch.cat([g.reshape(-1) for g in grads])
-                dist.all_reduce(flat)
-                flat /= world
-                offset = 0
-                for g in grads:
-                    g.copy_(flat[offset : offset + g.numel()].view_as(g))
-                    offset += g.numel()
-            with chopper.phase("optimizer"):
-                optimizer.step()
+        trainer.step(step)
         counts["steps"] += 1
         counts["phases"] += 3
         counts["collectives"] += 1
