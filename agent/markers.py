@@ -210,7 +210,8 @@ class MarkerIngest:
         if kind is MarkerKind.STEP_END:
             if open_step is None or open_step.step != m.step:
                 return "step_never_began", (
-                    f"step_end for step {m.step} that never began; wrap the step in `with chopper.step({m.step})`"
+                    f"step_end for step {m.step} that never began on this agent; wrap the step in "
+                    f"`with chopper.step({m.step})` (after an agent restart or client drops, expected once)"
                 )
             if m.ts_ns < open_step.begin_ns:
                 return "bad_timestamp", f"step {m.step} ends before it began; timestamps must not go backwards"
@@ -229,7 +230,11 @@ class MarkerIngest:
             opened[m.name] += 1
             return None
         if opened[m.name] <= 0:
-            return "end_without_begin", f"{kind.label} {m.name!r} without its begin; use `with chopper.phase(...)`"
+            helper = "phase" if kind is MarkerKind.PHASE_END else "collective"
+            return "end_without_begin", (
+                f"{kind.label} {m.name!r} without its begin; use `with chopper.{helper}({m.name!r})` "
+                "(after an agent restart or client drops, expected once)"
+            )
         opened[m.name] -= 1
         if open_step is not None:
             if kind is MarkerKind.PHASE_END:

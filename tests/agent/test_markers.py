@@ -41,7 +41,9 @@ def test_full_step_is_accepted_and_closed() -> None:
 def test_step_end_that_never_began_is_rejected_with_fix() -> None:
     result = MarkerIngest("n1", 8).ingest(batch(marker(pb.MARKER_KIND_STEP_END, 5, 0)), NOW)
     assert result.rejected == {"step_never_began": 1}
-    assert "step_end for step 5 that never began; wrap the step in `with chopper.step(5)`" in result.errors[0]
+    assert "step_end for step 5 that never began on this agent; wrap the step in `with chopper.step(5)`" in (
+        result.errors[0]
+    )
     assert "job 'j' rank 0" in result.errors[0]
 
 
@@ -69,6 +71,7 @@ def test_garbled_fields_rejected_one_by_one() -> None:
         "bad_kind": 1, "bad_step": 1, "bad_timestamp": 1, "bad_name": 1, "end_without_begin": 1, "bad_payload": 1,
     }
     assert not result.accepted
+    assert "phase_end 'backward' without its begin; use `with chopper.phase('backward')`" in " ".join(result.errors)
 
 
 def test_seq_gaps_and_client_drops_are_tracked_per_sender() -> None:
