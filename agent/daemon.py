@@ -85,8 +85,9 @@ class Agent:
         self.rejected: Counter[str] = Counter()
         self.undecodable: Counter[str] = Counter()
         self.summaries_total = 0
-        self.marker_streams = 0
-        self.subscribers = 0
+        # Open streams by RPC ("PushMarkers", "Subscribe"), changed from many gRPC threads.
+        self.open_streams: Counter[str] = Counter()
+        self._count_lock = threading.Lock()
         self.ticker = FixedRateTicker(settings.sample_hz, self.tick, realtime_ns=realtime_ns)
         self._history_len = max(16, int(STEP_HISTORY_S * settings.sample_hz))
         self._history: dict[int, deque[Sample]] = {}
@@ -213,7 +214,7 @@ class Agent:
         now_ns = self.realtime_ns()
         with self._marker_lock:
             result = self._ingest.ingest(batch, now_ns)
-        self.rejected.update(result.rejected)
+            self.rejected.update(result.rejected)
         if result.accepted:
             self.markers.extend(result.accepted)
             if isinstance(self.backend, MarkerObserver) and batch.gpu >= 0:
@@ -224,6 +225,11 @@ class Agent:
             with self._state_lock:
                 self._pending.add(result.closed_steps)
         return result
+
+    def count(self, counter: Counter[str], key: str, delta: int = 1) -> None:
+        """Change a counter shared by gRPC threads (``+=`` on a Counter is not atomic)."""
+        with self._count_lock:
+            counter[key] += delta
 
     def rank_states(self) -> list[tuple[tuple[str, int], RankState]]:
         """A consistent copy of every rank's counters, keyed by ``(job, rank)``, for the metrics."""

@@ -139,6 +139,6 @@ class AgentCollector(Collector):
             fam.add("chopper_agent_markers_rejected_total", (node, reason), float(count))
         for method in ("PushMarkers", "GetInfo", "Subscribe"):
             fam.add("chopper_agent_messages_undecodable_total", (node, method), float(agent.undecodable.get(method, 0)))
-        fam.add("chopper_agent_marker_streams", (node,), float(agent.marker_streams))
-        fam.add("chopper_agent_subscribers", (node,), float(agent.subscribers))
+        fam.add("chopper_agent_marker_streams", (node,), float(agent.open_streams["PushMarkers"]))
+        fam.add("chopper_agent_subscribers", (node,), float(agent.open_streams["Subscribe"]))
         fam.add("chopper_agent_step_summaries_total", (node,), float(agent.summaries_total))

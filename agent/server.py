@@ -74,11 +74,11 @@ class AgentServicer:
     def PushMarkers(self, requests: Iterator[Any], context: grpc.ServicerContext) -> pb.PushMarkersResponse:
         agent = self.agent
         response = pb.PushMarkersResponse()
-        agent.marker_streams += 1
+        agent.count(agent.open_streams, "PushMarkers")
         try:
             for batch in requests:
                 if isinstance(batch, Garbled):
-                    agent.undecodable["PushMarkers"] += 1
+                    agent.count(agent.undecodable, "PushMarkers")
                     context.abort(
                         grpc.StatusCode.INVALID_ARGUMENT,
                         f"message is not a chopper.v1.MarkerBatch ({batch.error}); send markers with the "
@@ -93,7 +93,7 @@ class AgentServicer:
                     response.errors.extend(result.errors[: max(0, room)])
                     self._log_rejections(result.errors)
         finally:
-            agent.marker_streams -= 1
+            agent.count(agent.open_streams, "PushMarkers", -1)
         return response
 
     def _log_rejections(self, errors: list[str]) -> None:
@@ -107,7 +107,7 @@ class AgentServicer:
 
     def Subscribe(self, request: Any, context: grpc.ServicerContext) -> Iterator[pb.TelemetryBatch]:
         if isinstance(request, Garbled):
-            self.agent.undecodable["Subscribe"] += 1
+            self.agent.count(self.agent.undecodable, "Subscribe")
             context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, f"message is not a chopper.v1.SubscribeRequest ({request.error})"
             )
@@ -128,7 +128,7 @@ class AgentServicer:
             )
         cursors = [cursor for _, _, cursor in streams]
         missed_total = 0
-        agent.subscribers += 1
+        agent.count(agent.open_streams, "Subscribe")
         try:
             while context.is_active():
                 generation = self.hub.generation
@@ -147,7 +147,7 @@ class AgentServicer:
                 else:
                     self.hub.wait(generation, IDLE_WAIT_S)
         finally:
-            agent.subscribers -= 1
+            agent.count(agent.open_streams, "Subscribe", -1)
 
 
 def _decoder(parse: Callable[[bytes], Any]) -> Callable[[bytes], Any]:

@@ -150,3 +150,4 @@ def test_metrics_exposition(running: Running) -> None:
     assert 'chopper_gpu_gfx_clock_max_hertz{gpu="0",model=' in text
     assert "chopper_gpu_throttle_seconds_total{cause=\"thermal\"" in text
     assert "# HELP chopper_gpu_power_watts Mean board/socket power" in text
+    assert 'chopper_agent_marker_streams{node="n1"} 0.0' in text  # the push stream has closed
