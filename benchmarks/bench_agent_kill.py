@@ -41,7 +41,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -54,18 +53,14 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from chopper.demo.run import free_port
+
 GOAL_REL_CHANGE = 0.02
 CYCLES = 4
 SETTLE_S = 0.5
 QUEUE_SIZE = 256
 WORLD = 2
 JOB = "bench-kill"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # ------------------------------------------------------------------------------ training side
@@ -140,7 +135,7 @@ def _start_job(tmp: Path, name: str, target: str, telemetry: bool) -> tuple[list
 
     ctx = mp.get_context("spawn")
     ctrl = {"stop": ctx.Value("i", 0), "markers": ctx.Value("i", 1), "steps": ctx.Value("i", 0)}
-    port = _free_port()
+    port = free_port()
     outs = [tmp / f"{name}-rank{r}.json" for r in range(WORLD)]
     procs = [ctx.Process(target=_rank_main, args=(r, port, target, telemetry, ctrl, str(outs[r])), daemon=True)
              for r in range(WORLD)]
@@ -178,7 +173,7 @@ class _Agent:
         self.tmp = tmp
         self.socket = tmp / "agent.sock"
         self.target = f"unix://{self.socket}"
-        self.metrics_addr = f"127.0.0.1:{_free_port()}"
+        self.metrics_addr = f"127.0.0.1:{free_port()}"
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
 

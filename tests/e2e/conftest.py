@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,12 +14,7 @@ from pathlib import Path
 import pytest
 
 from chopper import consumer
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from chopper.demo.run import free_port, metric_sum  # noqa: F401 (re-exported to the tests)
 
 
 class AgentProcess:
@@ -86,15 +80,6 @@ def finish_training(proc: subprocess.Popen[str], timeout_s: float = 180) -> dict
     out, err = proc.communicate(timeout=timeout_s)
     assert proc.returncode == 0, f"training failed:\n{err[-3000:]}"
     return dict(json.loads(out.strip().splitlines()[-1]))
-
-
-def metric_value(exposition: str, name: str, **labels: str) -> float:
-    """Sum of ``name`` over series whose labels include ``labels``."""
-    total = 0.0
-    for line in exposition.splitlines():
-        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
-            total += float(line.rpartition(" ")[2])
-    return total
 
 
 def wait_until(predicate, timeout_s: float = 10.0, interval_s: float = 0.1) -> bool:  # type: ignore[no-untyped-def]

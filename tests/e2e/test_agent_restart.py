@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from tests.e2e.conftest import AgentProcess, finish_training, metric_value, start_training, wait_until
+from tests.e2e.conftest import AgentProcess, finish_training, metric_sum, start_training, wait_until
 
 
 @pytest.mark.slow
@@ -14,7 +14,7 @@ def test_training_survives_agent_kill_and_restart(agent_process: AgentProcess) -
 
     def steps_seen() -> float:
         try:
-            return metric_value(agent_process.metrics(), "chopper_rank_steps_total", job="e2e")
+            return metric_sum(agent_process.metrics(), "chopper_rank_steps_total", job="e2e")
         except OSError:
             return 0.0
 
@@ -27,7 +27,7 @@ def test_training_survives_agent_kill_and_restart(agent_process: AgentProcess) -
     sent = finish_training(training)
     text = agent_process.metrics()
     for rank, counts in sent.items():
-        received = metric_value(text, "chopper_rank_steps_total", job="e2e", rank=rank)
+        received = metric_sum(text, "chopper_rank_steps_total", job="e2e", rank=rank)
         assert 0 < received < counts["steps"], f"rank {rank}: the new agent saw {received} of {counts['steps']}"
         # The client knows what it could not deliver (queue overflow or batches in flight at the kill);
         # markers it held while the agent was down were delivered after the restart.

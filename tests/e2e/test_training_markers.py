@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.conftest import AgentProcess, finish_training, metric_value, start_training, wait_until
+from tests.e2e.conftest import AgentProcess, finish_training, metric_sum, start_training, wait_until
 
 KINDS = {
     "step_begin": "steps", "step_end": "steps", "phase_begin": "phases", "phase_end": "phases",
@@ -17,7 +17,7 @@ def test_every_step_phase_and_collective_arrives(agent_process: AgentProcess) ->
     assert set(sent) == {"0", "1"}
 
     def counted(rank: str, kind: str) -> int:
-        return int(metric_value(agent_process.metrics(), "chopper_rank_markers_received_total",
+        return int(metric_sum(agent_process.metrics(), "chopper_rank_markers_received_total",
                                 job="e2e", rank=rank, kind=kind))
 
     for rank, counts in sent.items():
@@ -27,8 +27,8 @@ def test_every_step_phase_and_collective_arrives(agent_process: AgentProcess) ->
         for kind, what in KINDS.items():
             assert counted(rank, kind) == counts[what], f"rank {rank} {kind}"
     text = agent_process.metrics()
-    assert metric_value(text, "chopper_agent_markers_rejected_total") == 0
-    assert metric_value(text, "chopper_rank_steps_total", job="e2e", rank="0") == sent["0"]["steps"]
+    assert metric_sum(text, "chopper_agent_markers_rejected_total") == 0
+    assert metric_sum(text, "chopper_rank_steps_total", job="e2e", rank="0") == sent["0"]["steps"]
     # The simulated GPUs the ranks drive were busy while the others idled.
-    assert metric_value(text, "chopper_gpu_energy_joules_total", gpu="0") > 0
+    assert metric_sum(text, "chopper_gpu_energy_joules_total", gpu="0") > 0
     assert agent_process.terminate() == 0
