@@ -1,0 +1,36 @@
+"""Column contract of attribution results: one row per (job, rank, step).
+
+Times are seconds, clocks MHz, energy joules. Closure holds on every row whose ``ideal_s`` is
+known: ``ideal_s + matrix_util_loss_s + dvfs_loss_s + exposed_comm_s + straggler_wait_s + idle_s
+== step_time_s``; ``dvfs_loss_s`` is the sum of the ``dvfs_<cause>_s`` columns. Where ``flops``
+is missing, ``ideal_s``, ``matrix_util_loss_s`` and ``mfu`` are NaN (flag ``no_flops``) and
+``compute_at_clock_s`` (their sum) closes the account instead.
+"""
+from __future__ import annotations
+
+DVFS_CAUSES: tuple[str, ...] = ("power", "thermal", "current", "other", "unattributed")
+
+KEY_COLUMNS: tuple[str, ...] = ("job", "rank", "step")
+
+STEP_COLUMNS: tuple[str, ...] = (
+    "job", "rank", "step", "node", "gpu", "begin_ns", "end_ns",
+    "step_time_s",
+    "ideal_s", "matrix_util_loss_s", "compute_at_clock_s",
+    "dvfs_loss_s", *(f"dvfs_{c}_s" for c in DVFS_CAUSES),
+    "exposed_comm_s", "straggler_wait_s", "idle_s",
+    "mfu", "busy_ratio", "matrix_ratio", "mean_gfx_clock_mhz", "min_gfx_clock_mhz", "max_temp_c",
+    "energy_j", "flops", "tokens", "tokens_per_s", "tokens_per_j",
+    "flags",
+)
+
+# Every flag a step can carry (``flags`` holds a tuple of these), with its meaning.
+FLAGS: dict[str, str] = {
+    "no_flops": "the step_end marker carried no FLOPs: ideal_s, matrix_util_loss_s and mfu are unknown",
+    "ideal_exceeds_compute": "FLOPs / peak exceed the compute time at the observed clock: FLOPs or peak are "
+    "wrong; ideal_s is capped so the account still closes",
+    "no_samples": "no GPU sample covers the step: idle and DVFS terms are unknown (0), the step is compute",
+    "partial_samples": "GPU samples cover only part of the step window",
+    "no_gpu": "the rank drives no GPU of a known device (gpu -1 or not in devices)",
+    "comm_capped": "exposed communication was capped so that idle + exposed <= step time",
+    "slowest_rank": "this rank had the largest compute time of its job at this step (job level)",
+}
