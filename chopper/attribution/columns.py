@@ -28,6 +28,7 @@ FLAGS: dict[str, str] = {
     "no_flops": "the step_end marker carried no FLOPs: ideal_s, matrix_util_loss_s and mfu are unknown",
     "ideal_exceeds_compute": "FLOPs / peak exceed the compute time at the observed clock: FLOPs or peak are "
     "wrong; ideal_s is capped so the account still closes",
+    "no_peak": "the device's peak FLOP/s is unknown (set the agent's peak_flops): ideal_s and mfu are unknown",
     "no_samples": "no GPU sample covers the step: idle and DVFS terms are unknown (0), the step is compute",
     "partial_samples": "GPU samples cover only part of the step window",
     "no_gpu": "the rank drives no GPU of a known device (gpu -1 or not in devices)",

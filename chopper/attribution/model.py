@@ -1,0 +1,203 @@
+"""The attribution model of DESIGN.md, per rank and step, then at job level.
+
+For one rank's step window ``[b, e]``, ``T = e − b``:
+
+1. ``I`` idle (``idle.py``) from the time-weighted busy ratio.
+2. ``X`` exposed communication (``exposed_comm.py``), capped so that ``I + X ≤ T``.
+3. ``K = T − I − X`` compute time; ``D`` DVFS loss (``dvfs.py``) from the busy-weighted mean
+   clock, split by throttle cause.
+4. ``T_ideal`` (``ideal.py``) and ``U`` matrix-utilisation loss (``matrix_util.py``).
+5. Closure ``T_ideal + U + D + X + I = T`` holds by construction on every step whose ideal time
+   is known (``K`` is defined as the remainder, ``U`` as the remainder of ``K × f̄/f_max``).
+6. Job level (``straggler.py``): straggler wait is moved out of ``X``; the slowest rank of each
+   step is named with its evidence.
+
+Inputs are the DESIGN tables (``chopper.rundir.RecordedRun`` or the agent's buffers) as pandas
+frames; marker kinds are lower-case labels. Per GPU, every step window on it is evaluated at once
+(``timeline.GpuTimeline``), so a run costs a few numpy calls per GPU, not per step.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from chopper.attribution import dvfs, exposed_comm, ideal, idle, matrix_util, straggler
+from chopper.attribution.columns import DVFS_CAUSES, STEP_COLUMNS
+from chopper.attribution.markers import STEP_KEY, marker_tables
+from chopper.attribution.timeline import F64, GpuTimeline
+from chopper.schema import THROTTLE_CAUSES
+
+RATIOS = ("busy_ratio", "matrix_ratio", "gfx_clock_mhz", "temp_c")
+COUNTERS = ("energy_j", *(f"throttle_{c}_s" for c in THROTTLE_CAUSES))
+# A step is "partially covered" when samples miss more than this share of its window.
+COVERAGE_TOLERANCE = 1e-3
+
+
+class AttributionError(ValueError):
+    """The input cannot be attributed; the message names the problem and the fix."""
+
+
+@dataclass
+class Attribution:
+    """Result of ``attribute``.
+
+    Attributes:
+        steps: One row per (job, rank, step) with ``columns.STEP_COLUMNS``.
+        stragglers: The slowest rank of every multi-rank step with its evidence.
+        problems: Markers that could not be used, one line per (job, rank) and kind.
+    """
+
+    steps: pd.DataFrame
+    stragglers: pd.DataFrame
+    problems: list[str] = field(default_factory=list)
+
+
+def _timelines(samples: pd.DataFrame, base_ns: int) -> dict[tuple[str, int], GpuTimeline]:
+    """One timeline per (node, gpu); raises on repeated timestamps or counters that go backwards."""
+    out: dict[tuple[str, int], GpuTimeline] = {}
+    ordered = samples.sort_values(["node", "gpu", "ts_ns"], kind="stable")
+    for (node, gpu), rows in ordered.groupby(["node", "gpu"], sort=False):
+        ts_ns = rows["ts_ns"].to_numpy(dtype=np.int64)
+        repeated = np.flatnonzero(np.diff(ts_ns) <= 0)
+        if repeated.size:
+            raise AttributionError(
+                f"samples of node {node!r} gpu {gpu}: {repeated.size} repeated timestamps (first ts_ns="
+                f"{ts_ns[repeated[0]]}); each GPU has one sample per tick: remove duplicated rows"
+            )
+        counters = {c: rows[c].to_numpy(dtype=np.float64) for c in COUNTERS}
+        for name, values in counters.items():
+            known = values[~np.isnan(values)]
+            back = np.flatnonzero(np.diff(known) < 0)
+            if back.size:
+                raise AttributionError(
+                    f"samples of node {node!r} gpu {gpu}: cumulative counter {name} goes backwards "
+                    f"({known[back[0]]:g} then {known[back[0] + 1]:g}); counters must not decrease: check that "
+                    "the table was not reordered or mixed from several runs"
+                )
+        out[(str(node), int(gpu))] = GpuTimeline.build(
+            (ts_ns - base_ns).astype(np.float64),
+            {c: rows[c].to_numpy(dtype=np.float64) for c in RATIOS}, counters,
+        )
+    return out
+
+
+def _gpu_figures(steps: pd.DataFrame, timelines: dict[tuple[str, int], GpuTimeline], base_ns: int) -> dict[str, F64]:
+    """Window figures of every step from its GPU's timeline (NaN where there is none)."""
+    n = len(steps)
+    names = ("covered_ns", "busy_known_ns", "busy", "busy_clock", "busy_w", "clock", "matrix", "min_clock",
+             "max_temp", "energy_j", *(f"res_{c}" for c in THROTTLE_CAUSES))
+    fig = {k: np.full(n, np.nan) for k in names}
+    b_all = (steps["begin_ns"].to_numpy(dtype=np.int64) - base_ns).astype(np.float64)
+    e_all = (steps["end_ns"].to_numpy(dtype=np.int64) - base_ns).astype(np.float64)
+    for (node, gpu), idx in steps.groupby(["node", "gpu"], sort=False).indices.items():
+        tl = timelines.get((str(node), int(gpu)))
+        if tl is None:
+            continue
+        b, e = b_all[idx], e_all[idx]
+        fig["covered_ns"][idx] = tl.integral(None, b, e)[0]
+        busy_int, fig["busy_known_ns"][idx] = tl.integral("busy_ratio", b, e)
+        fig["busy"][idx] = busy_int
+        fig["busy_clock"][idx], fig["busy_w"][idx] = tl.integral("gfx_clock_mhz", b, e, weight="busy_ratio")
+        clock_int, clock_known = tl.integral("gfx_clock_mhz", b, e)
+        fig["clock"][idx] = _ratio(clock_int, clock_known)
+        matrix_int, matrix_known = tl.integral("matrix_ratio", b, e)
+        fig["matrix"][idx] = _ratio(matrix_int, matrix_known)
+        fig["min_clock"][idx] = tl.extreme("gfx_clock_mhz", b, e, largest=False)
+        fig["max_temp"][idx] = tl.extreme("temp_c", b, e, largest=True)
+        fig["energy_j"][idx] = tl.counter_delta("energy_j", b, e)
+        for c in THROTTLE_CAUSES:
+            fig[f"res_{c}"][idx] = tl.counter_delta(f"throttle_{c}_s", b, e)
+    return fig
+
+
+def _ratio(num: F64, den: F64) -> F64:
+    return np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
+
+
+def attribute(
+    devices: pd.DataFrame, samples: pd.DataFrame, markers: pd.DataFrame, job: str | None = None
+) -> Attribution:
+    """Attribute every step of every rank (module docstring, steps 1-6).
+
+    Args:
+        devices: DESIGN device rows (``max_gfx_clock_mhz``, ``peak_flops`` per node and GPU).
+        samples: DESIGN sample rows.
+        markers: DESIGN marker rows with lower-case kind labels.
+        job: Only this job; all jobs when None.
+
+    Raises:
+        AttributionError: Samples that contradict the data model (repeated timestamps, counters
+            going backwards), or a job that has no steps.
+    """
+    if job is not None:
+        markers = markers[markers["job"] == job]
+        if markers.empty:
+            raise AttributionError(f"job {job!r} has no markers in this run; check --job")
+    tables = marker_tables(markers)
+    steps = tables.steps
+    base_ns = int(min(markers["ts_ns"].min(), samples["ts_ns"].min() if len(samples) else markers["ts_ns"].min()))
+    timelines = _timelines(samples, base_ns)
+    dev = devices[["node", "gpu", "max_gfx_clock_mhz", "peak_flops"]].astype({"node": str, "gpu": np.int64})
+    steps = steps.astype({"node": str}).merge(dev, on=["node", "gpu"], how="left")
+    fig = _gpu_figures(steps, timelines, base_ns)
+
+    n = len(steps)
+    step_s = (steps["end_ns"].to_numpy() - steps["begin_ns"].to_numpy()) / 1e9
+    busy = _ratio(fig["busy"], fig["busy_known_ns"])
+    idle_s = idle.idle_seconds(step_s, busy)
+    # Intervals are matched to step rows through the step key.
+    key_index = pd.MultiIndex.from_frame(steps[STEP_KEY])
+    iv = tables.intervals
+    iv_step = key_index.get_indexer(pd.MultiIndex.from_frame(iv[STEP_KEY])) if len(iv) else np.zeros(0, np.int64)
+    exposed = exposed_comm.exposed_seconds(
+        n, iv_step.astype(np.int64), iv["is_collective"].to_numpy(dtype=bool),
+        iv["begin_ns"].to_numpy(dtype=np.int64), iv["end_ns"].to_numpy(dtype=np.int64),
+    )
+    exposed, comm_capped = exposed_comm.cap_exposed(exposed, idle_s, step_s)
+    compute_s = step_s - idle_s - exposed
+    mean_clock = np.where(fig["busy_w"] > 0, _ratio(fig["busy_clock"], fig["busy_w"]), fig["clock"])
+    ratio = dvfs.clock_ratio(mean_clock, steps["max_gfx_clock_mhz"].to_numpy(dtype=np.float64))
+    dvfs_s = dvfs.dvfs_loss(compute_s, ratio)
+    by_cause = dvfs.split_by_cause(dvfs_s, {c: fig[f"res_{c}"] for c in THROTTLE_CAUSES})
+    at_clock = compute_s * ratio
+    flops = steps["flops"].to_numpy(dtype=np.float64)
+    peak = steps["peak_flops"].to_numpy(dtype=np.float64)
+    ideal_s = ideal.ideal_seconds(flops, peak)
+    util_s, ideal_s, over = matrix_util.matrix_util_loss(at_clock, ideal_s)
+    tokens = steps["tokens"].to_numpy(dtype=np.float64)
+
+    out = pd.DataFrame({
+        "job": steps["job"], "rank": steps["rank"], "step": steps["step"], "node": steps["node"], "gpu": steps["gpu"],
+        "begin_ns": steps["begin_ns"], "end_ns": steps["end_ns"], "step_time_s": step_s,
+        "ideal_s": ideal_s, "matrix_util_loss_s": util_s, "compute_at_clock_s": at_clock, "dvfs_loss_s": dvfs_s,
+        **{f"dvfs_{c}_s": by_cause[c] for c in DVFS_CAUSES},
+        "exposed_comm_s": exposed, "straggler_wait_s": np.zeros(n), "idle_s": idle_s,
+        "mfu": ideal.mfu(ideal_s, step_s), "busy_ratio": busy, "matrix_ratio": fig["matrix"],
+        "mean_gfx_clock_mhz": mean_clock, "min_gfx_clock_mhz": fig["min_clock"], "max_temp_c": fig["max_temp"],
+        "energy_j": fig["energy_j"], "flops": flops, "tokens": tokens,
+        "tokens_per_s": np.where(step_s > 0, tokens / np.where(step_s > 0, step_s, 1.0), np.nan),
+        "tokens_per_j": np.where(fig["energy_j"] > 0, tokens / np.where(fig["energy_j"] > 0, fig["energy_j"], 1.0),
+                                 np.nan),
+        "compute_s": compute_s,
+    })
+    out = straggler.straggler_wait(out)
+    slow = straggler.slowest_ranks(out)
+    slow_keys = set(zip(slow["job"], slow["step"], slow["rank"], strict=True))
+    is_slowest = np.fromiter(((j, s, r) in slow_keys for j, s, r in zip(out["job"], out["step"], out["rank"],
+                                                                        strict=True)), dtype=bool, count=n)
+    conditions = {
+        "no_flops": ~(flops > 0),
+        "no_peak": (flops > 0) & ~(peak > 0),
+        "ideal_exceeds_compute": over,
+        "no_gpu": np.isnan(steps["max_gfx_clock_mhz"].to_numpy(dtype=np.float64)),
+        "no_samples": ~(fig["busy_known_ns"] > 0),
+        "partial_samples": (fig["covered_ns"] > 0) & (fig["covered_ns"] < step_s * 1e9 * (1 - COVERAGE_TOLERANCE)),
+        "comm_capped": comm_capped,
+        "slowest_rank": is_slowest,
+    }
+    names = np.array(list(conditions))
+    matrix = np.column_stack(list(conditions.values())) if n else np.zeros((0, len(names)), bool)
+    out["flags"] = [tuple(names[row]) for row in matrix]
+    return Attribution(out[list(STEP_COLUMNS)].reset_index(drop=True), slow, tables.problems)

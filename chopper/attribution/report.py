@@ -1,0 +1,122 @@
+"""Render an ``Attribution`` for people (a fixed-width table) and for programs (JSON).
+
+JSON shape (``chopper attribute --json``)::
+
+    {"steps": [{"job", "rank", "step", "node", "gpu", "step_time_s", "ideal_s",
+                "matrix_util_loss_s", "dvfs_loss_s", "dvfs_by_cause": {"power", "thermal",
+                "current", "other", "unattributed"}, "exposed_comm_s", "straggler_wait_s",
+                "idle_s", "mfu", "busy_ratio", "matrix_ratio", "mean_gfx_clock_mhz",
+                "min_gfx_clock_mhz", "max_temp_c", "energy_j", "tokens_per_s", "tokens_per_j",
+                "flags": [...]}, ...],
+     "summary": {"jobs": [...per job totals...], "ranks": [...per rank totals...],
+                 "stragglers": [...slowest rank per step...], "problems": [...]}}
+
+Unknown values (NaN) are ``null``. Totals are sums of seconds; ``mfu`` of a total is
+``Σ ideal / Σ step time`` over the steps whose ideal time is known.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pandas as pd
+
+from chopper.attribution.columns import DVFS_CAUSES
+from chopper.attribution.model import Attribution
+
+TERMS = ("step_time_s", "ideal_s", "matrix_util_loss_s", "dvfs_loss_s", "exposed_comm_s", "straggler_wait_s", "idle_s")
+EXTRA = ("node", "gpu", "busy_ratio", "matrix_ratio", "mean_gfx_clock_mhz", "min_gfx_clock_mhz", "max_temp_c",
+         "energy_j", "flops", "tokens", "tokens_per_s", "tokens_per_j")
+
+
+def _clean(value: Any) -> Any:
+    """JSON-safe scalar: numpy types to Python, NaN to None."""
+    if hasattr(value, "item"):
+        value = value.item()
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    return value
+
+
+def _totals(group: pd.DataFrame) -> dict[str, Any]:
+    known = group[group["ideal_s"].notna()]
+    out: dict[str, Any] = {"steps": len(group)}
+    for term in (*TERMS, *(f"dvfs_{c}_s" for c in DVFS_CAUSES), "energy_j", "tokens"):
+        out[term] = _clean(group[term].sum(min_count=1))
+    time_known = known["step_time_s"].sum()
+    out["mfu"] = _clean(known["ideal_s"].sum() / time_known) if time_known > 0 else None
+    out["mean_step_time_s"] = _clean(group["step_time_s"].mean())
+    out["flagged_steps"] = int((group["flags"].map(len) > 0).sum())
+    return out
+
+
+def summary(result: Attribution) -> dict[str, Any]:
+    """Per-job and per-rank totals, the slowest rank of every step, and marker problems."""
+    steps = result.steps
+    jobs = [{"job": job, **_totals(g)} for job, g in steps.groupby("job", sort=True)]
+    ranks = [{"job": job, "rank": int(rank), **_totals(g)} for (job, rank), g in steps.groupby(["job", "rank"],
+                                                                                                sort=True)]
+    stragglers = [{k: _clean(v) for k, v in row.items()} for row in result.stragglers.to_dict("records")]
+    return {"jobs": jobs, "ranks": ranks, "stragglers": stragglers, "problems": list(result.problems)}
+
+
+def to_json(result: Attribution) -> dict[str, Any]:
+    """The ``--json`` document (module docstring)."""
+    rows = []
+    for row in result.steps.to_dict("records"):
+        item = {"job": row["job"], "rank": int(row["rank"]), "step": int(row["step"])}
+        item.update({t: _clean(row[t]) for t in TERMS})
+        item["dvfs_by_cause"] = {c: _clean(row[f"dvfs_{c}_s"]) for c in DVFS_CAUSES}
+        item["mfu"] = _clean(row["mfu"])
+        item.update({k: _clean(row[k]) for k in EXTRA})
+        item["flags"] = list(row["flags"])
+        rows.append(item)
+    return {"steps": rows, "summary": summary(result)}
+
+
+TABLE = (
+    ("job", "{:<10.10}", 10), ("rank", "{:>4}", 4), ("step", "{:>6}", 6), ("step_ms", "{:>8.1f}", 8),
+    ("ideal", "{:>7.1f}", 7), ("matrix", "{:>7.1f}", 7), ("dvfs", "{:>7.1f}", 7), ("comm", "{:>7.1f}", 7),
+    ("wait", "{:>7.1f}", 7), ("idle", "{:>7.1f}", 7), ("mfu%", "{:>5.1f}", 5), ("clk_MHz", "{:>7.0f}", 7),
+    ("flags", "{}", 0),
+)
+
+
+def format_table(result: Attribution) -> str:
+    """Per-step table (milliseconds per term), then per-job totals, stragglers and problems."""
+    head = " ".join(f"{name:<{w}}" if i == 0 else f"{name:>{w}}" for i, (name, _, w) in enumerate(TABLE))
+    lines = [head]
+    for r in result.steps.itertuples(index=False):
+        values = (r.job, r.rank, r.step, r.step_time_s * 1e3, r.ideal_s * 1e3, r.matrix_util_loss_s * 1e3,
+                  r.dvfs_loss_s * 1e3, r.exposed_comm_s * 1e3, r.straggler_wait_s * 1e3, r.idle_s * 1e3,
+                  r.mfu * 100, r.mean_gfx_clock_mhz, ",".join(r.flags))
+        cells = [("-".rjust(w) if isinstance(v, float) and math.isnan(v) else fmt.format(v))
+                 for (_, fmt, w), v in zip(TABLE, values, strict=True)]
+        lines.append(" ".join(cells).rstrip())
+    info = summary(result)
+    for job in info["jobs"]:
+        t = job["step_time_s"] or 0.0
+        shares = ", ".join(
+            f"{name} {100 * (job[key] or 0.0) / t:.1f}%" for name, key in (
+                ("ideal", "ideal_s"), ("matrix", "matrix_util_loss_s"), ("dvfs", "dvfs_loss_s"),
+                ("comm", "exposed_comm_s"), ("wait", "straggler_wait_s"), ("idle", "idle_s"))
+        ) if t > 0 else "no time"
+        mfu = f"{100 * job['mfu']:.1f}%" if job["mfu"] is not None else "unknown"
+        lines.append(f"\njob {job['job']}: {job['steps']} rank-steps, {t:.3f} s, MFU {mfu}; {shares}")
+        causes = ", ".join(f"{c} {1e3 * (job[f'dvfs_{c}_s'] or 0.0):.1f} ms" for c in DVFS_CAUSES)
+        lines.append(f"  dvfs by cause: {causes}")
+    slow = result.stragglers
+    if len(slow):
+        worst = slow.sort_values("compute_excess_s", ascending=False).head(5)
+        lines.append("\nslowest ranks (largest compute excess over the job median):")
+        for s in worst.itertuples(index=False):
+            lines.append(
+                f"  job {s.job} step {s.step}: rank {s.rank} (node {s.node} gpu {s.gpu})"
+                f" +{1e3 * s.compute_excess_s:.1f} ms compute, clock {s.mean_gfx_clock_mhz:.0f}"
+                f" vs median {s.job_median_gfx_clock_mhz:.0f} MHz,"
+                f" max {s.max_temp_c:.0f} C, cause {s.cause}"
+            )
+    if result.problems:
+        lines.append("\nmarkers not used:")
+        lines += [f"  {p}" for p in result.problems]
+    return "\n".join(lines)
