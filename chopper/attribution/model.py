@@ -19,12 +19,14 @@ frames; marker kinds are lower-case labels. Per GPU, every step window on it is 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import pandas as pd
 
 from chopper.attribution import dvfs, exposed_comm, ideal, idle, matrix_util, straggler
-from chopper.attribution.columns import DVFS_CAUSES, STEP_COLUMNS
+from chopper.attribution.columns import DVFS_CAUSES, FLAGS, STEP_COLUMNS
 from chopper.attribution.markers import STEP_KEY, marker_tables
 from chopper.attribution.timeline import F64, GpuTimeline
 from chopper.schema import THROTTLE_CAUSES
@@ -83,37 +85,91 @@ def _timelines(samples: pd.DataFrame, base_ns: int) -> dict[tuple[str, int], Gpu
     return out
 
 
+FIGURES = ("covered_ns", "busy_known_ns", "busy", "busy_clock", "busy_w", "clock", "matrix", "min_clock",
+           "max_temp", "energy_j", *(f"res_{c}" for c in THROTTLE_CAUSES))
+
+
+def window_figures(tl: GpuTimeline, b: F64, e: F64) -> dict[str, F64]:
+    """What one GPU's samples say about each window ``[b, e]`` (ns relative to the timeline's base)."""
+    fig: dict[str, F64] = {}
+    fig["covered_ns"] = tl.integral(None, b, e)[0]
+    fig["busy"], fig["busy_known_ns"] = tl.integral("busy_ratio", b, e)
+    fig["busy_clock"], fig["busy_w"] = tl.integral("gfx_clock_mhz", b, e, weight="busy_ratio")
+    fig["clock"] = _ratio(*tl.integral("gfx_clock_mhz", b, e))
+    fig["matrix"] = _ratio(*tl.integral("matrix_ratio", b, e))
+    fig["min_clock"] = tl.extreme("gfx_clock_mhz", b, e, largest=False)
+    fig["max_temp"] = tl.extreme("temp_c", b, e, largest=True)
+    fig["energy_j"] = tl.counter_delta("energy_j", b, e)
+    for c in THROTTLE_CAUSES:
+        fig[f"res_{c}"] = tl.counter_delta(f"throttle_{c}_s", b, e)
+    return fig
+
+
 def _gpu_figures(steps: pd.DataFrame, timelines: dict[tuple[str, int], GpuTimeline], base_ns: int) -> dict[str, F64]:
-    """Window figures of every step from its GPU's timeline (NaN where there is none)."""
-    n = len(steps)
-    names = ("covered_ns", "busy_known_ns", "busy", "busy_clock", "busy_w", "clock", "matrix", "min_clock",
-             "max_temp", "energy_j", *(f"res_{c}" for c in THROTTLE_CAUSES))
-    fig = {k: np.full(n, np.nan) for k in names}
+    """``window_figures`` of every step from its GPU's timeline (NaN where there is none)."""
+    fig = {k: np.full(len(steps), np.nan) for k in FIGURES}
     b_all = (steps["begin_ns"].to_numpy(dtype=np.int64) - base_ns).astype(np.float64)
     e_all = (steps["end_ns"].to_numpy(dtype=np.int64) - base_ns).astype(np.float64)
     for (node, gpu), idx in steps.groupby(["node", "gpu"], sort=False).indices.items():
         tl = timelines.get((str(node), int(gpu)))
         if tl is None:
             continue
-        b, e = b_all[idx], e_all[idx]
-        fig["covered_ns"][idx] = tl.integral(None, b, e)[0]
-        busy_int, fig["busy_known_ns"][idx] = tl.integral("busy_ratio", b, e)
-        fig["busy"][idx] = busy_int
-        fig["busy_clock"][idx], fig["busy_w"][idx] = tl.integral("gfx_clock_mhz", b, e, weight="busy_ratio")
-        clock_int, clock_known = tl.integral("gfx_clock_mhz", b, e)
-        fig["clock"][idx] = _ratio(clock_int, clock_known)
-        matrix_int, matrix_known = tl.integral("matrix_ratio", b, e)
-        fig["matrix"][idx] = _ratio(matrix_int, matrix_known)
-        fig["min_clock"][idx] = tl.extreme("gfx_clock_mhz", b, e, largest=False)
-        fig["max_temp"][idx] = tl.extreme("temp_c", b, e, largest=True)
-        fig["energy_j"][idx] = tl.counter_delta("energy_j", b, e)
-        for c in THROTTLE_CAUSES:
-            fig[f"res_{c}"][idx] = tl.counter_delta(f"throttle_{c}_s", b, e)
+        for name, values in window_figures(tl, b_all[idx], e_all[idx]).items():
+            fig[name][idx] = values
     return fig
 
 
 def _ratio(num: F64, den: F64) -> F64:
     return np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
+
+
+def rank_terms(
+    step_s: F64, fig: dict[str, F64], exposed_s: F64, max_clock_mhz: F64, flops: F64, peak_flops: F64, tokens: F64
+) -> dict[str, npt.NDArray[Any]]:
+    """Steps 1-5 of the model for many steps at once: every per-rank column and flag condition.
+
+    Args:
+        step_s: Step times, s.
+        fig: ``window_figures`` of each step's window.
+        exposed_s: Uncapped exposed communication, s (``exposed_comm.exposed_seconds``).
+        max_clock_mhz, flops, peak_flops, tokens: Per step; NaN where unknown.
+    """
+    busy = _ratio(fig["busy"], fig["busy_known_ns"])
+    idle_s = idle.idle_seconds(step_s, busy)
+    exposed, comm_capped = exposed_comm.cap_exposed(exposed_s, idle_s, step_s)
+    compute_s = step_s - idle_s - exposed
+    # Busy-weighted clock; a step the GPU idled through has no busy weight, so the plain mean.
+    mean_clock = np.where(fig["busy_w"] > 0, _ratio(fig["busy_clock"], fig["busy_w"]), fig["clock"])
+    ratio = dvfs.clock_ratio(mean_clock, max_clock_mhz)
+    dvfs_s = dvfs.dvfs_loss(compute_s, ratio)
+    by_cause = dvfs.split_by_cause(dvfs_s, {c: fig[f"res_{c}"] for c in THROTTLE_CAUSES})
+    at_clock = compute_s * ratio
+    util_s, ideal_s, over = matrix_util.matrix_util_loss(at_clock, ideal.ideal_seconds(flops, peak_flops))
+    energy = fig["energy_j"]
+    return {
+        "step_time_s": step_s, "ideal_s": ideal_s, "matrix_util_loss_s": util_s, "compute_at_clock_s": at_clock,
+        "dvfs_loss_s": dvfs_s, **{f"dvfs_{c}_s": by_cause[c] for c in DVFS_CAUSES},
+        "exposed_comm_s": exposed, "straggler_wait_s": np.zeros(step_s.size), "idle_s": idle_s,
+        "mfu": ideal.mfu(ideal_s, step_s), "busy_ratio": busy, "matrix_ratio": fig["matrix"],
+        "mean_gfx_clock_mhz": mean_clock, "min_gfx_clock_mhz": fig["min_clock"], "max_temp_c": fig["max_temp"],
+        "energy_j": energy, "flops": flops, "tokens": tokens,
+        "tokens_per_s": _ratio(tokens, step_s), "tokens_per_j": _ratio(tokens, energy), "compute_s": compute_s,
+        # Flag conditions, named as in columns.FLAGS.
+        "no_flops": ~(flops > 0), "no_peak": (flops > 0) & ~(peak_flops > 0), "ideal_exceeds_compute": over,
+        "no_gpu": np.isnan(max_clock_mhz), "no_samples": ~(fig["busy_known_ns"] > 0),
+        "partial_samples": (fig["covered_ns"] > 0) & (fig["covered_ns"] < step_s * 1e9 * (1 - COVERAGE_TOLERANCE)),
+        "comm_capped": comm_capped,
+    }
+
+
+ROW_FLAGS = ("no_flops", "no_peak", "ideal_exceeds_compute", "no_gpu", "no_samples", "partial_samples", "comm_capped")
+
+
+def flag_tuples(conditions: dict[str, npt.NDArray[Any]]) -> list[tuple[str, ...]]:
+    """Per row, the names of the conditions that hold, in ``columns.FLAGS`` order."""
+    names = [n for n in FLAGS if n in conditions]
+    matrix = np.column_stack([conditions[n] for n in names])
+    return [tuple(n for n, on in zip(names, row, strict=True) if on) for row in matrix]
 
 
 def attribute(
@@ -145,8 +201,6 @@ def attribute(
 
     n = len(steps)
     step_s = (steps["end_ns"].to_numpy() - steps["begin_ns"].to_numpy()) / 1e9
-    busy = _ratio(fig["busy"], fig["busy_known_ns"])
-    idle_s = idle.idle_seconds(step_s, busy)
     # Intervals are matched to step rows through the step key.
     key_index = pd.MultiIndex.from_frame(steps[STEP_KEY])
     iv = tables.intervals
@@ -155,49 +209,19 @@ def attribute(
         n, iv_step.astype(np.int64), iv["is_collective"].to_numpy(dtype=bool),
         iv["begin_ns"].to_numpy(dtype=np.int64), iv["end_ns"].to_numpy(dtype=np.int64),
     )
-    exposed, comm_capped = exposed_comm.cap_exposed(exposed, idle_s, step_s)
-    compute_s = step_s - idle_s - exposed
-    mean_clock = np.where(fig["busy_w"] > 0, _ratio(fig["busy_clock"], fig["busy_w"]), fig["clock"])
-    ratio = dvfs.clock_ratio(mean_clock, steps["max_gfx_clock_mhz"].to_numpy(dtype=np.float64))
-    dvfs_s = dvfs.dvfs_loss(compute_s, ratio)
-    by_cause = dvfs.split_by_cause(dvfs_s, {c: fig[f"res_{c}"] for c in THROTTLE_CAUSES})
-    at_clock = compute_s * ratio
-    flops = steps["flops"].to_numpy(dtype=np.float64)
-    peak = steps["peak_flops"].to_numpy(dtype=np.float64)
-    ideal_s = ideal.ideal_seconds(flops, peak)
-    util_s, ideal_s, over = matrix_util.matrix_util_loss(at_clock, ideal_s)
-    tokens = steps["tokens"].to_numpy(dtype=np.float64)
-
+    terms = rank_terms(
+        step_s, fig, exposed, steps["max_gfx_clock_mhz"].to_numpy(dtype=np.float64),
+        steps["flops"].to_numpy(dtype=np.float64), steps["peak_flops"].to_numpy(dtype=np.float64),
+        steps["tokens"].to_numpy(dtype=np.float64),
+    )
     out = pd.DataFrame({
-        "job": steps["job"], "rank": steps["rank"], "step": steps["step"], "node": steps["node"], "gpu": steps["gpu"],
-        "begin_ns": steps["begin_ns"], "end_ns": steps["end_ns"], "step_time_s": step_s,
-        "ideal_s": ideal_s, "matrix_util_loss_s": util_s, "compute_at_clock_s": at_clock, "dvfs_loss_s": dvfs_s,
-        **{f"dvfs_{c}_s": by_cause[c] for c in DVFS_CAUSES},
-        "exposed_comm_s": exposed, "straggler_wait_s": np.zeros(n), "idle_s": idle_s,
-        "mfu": ideal.mfu(ideal_s, step_s), "busy_ratio": busy, "matrix_ratio": fig["matrix"],
-        "mean_gfx_clock_mhz": mean_clock, "min_gfx_clock_mhz": fig["min_clock"], "max_temp_c": fig["max_temp"],
-        "energy_j": fig["energy_j"], "flops": flops, "tokens": tokens,
-        "tokens_per_s": np.where(step_s > 0, tokens / np.where(step_s > 0, step_s, 1.0), np.nan),
-        "tokens_per_j": np.where(fig["energy_j"] > 0, tokens / np.where(fig["energy_j"] > 0, fig["energy_j"], 1.0),
-                                 np.nan),
-        "compute_s": compute_s,
+        **{k: steps[k] for k in ("job", "rank", "step", "node", "gpu", "begin_ns", "end_ns")},
+        **{k: v for k, v in terms.items() if k not in ROW_FLAGS},
     })
     out = straggler.straggler_wait(out)
     slow = straggler.slowest_ranks(out)
-    slow_keys = set(zip(slow["job"], slow["step"], slow["rank"], strict=True))
-    is_slowest = np.fromiter(((j, s, r) in slow_keys for j, s, r in zip(out["job"], out["step"], out["rank"],
-                                                                        strict=True)), dtype=bool, count=n)
-    conditions = {
-        "no_flops": ~(flops > 0),
-        "no_peak": (flops > 0) & ~(peak > 0),
-        "ideal_exceeds_compute": over,
-        "no_gpu": np.isnan(steps["max_gfx_clock_mhz"].to_numpy(dtype=np.float64)),
-        "no_samples": ~(fig["busy_known_ns"] > 0),
-        "partial_samples": (fig["covered_ns"] > 0) & (fig["covered_ns"] < step_s * 1e9 * (1 - COVERAGE_TOLERANCE)),
-        "comm_capped": comm_capped,
-        "slowest_rank": is_slowest,
-    }
-    names = np.array(list(conditions))
-    matrix = np.column_stack(list(conditions.values())) if n else np.zeros((0, len(names)), bool)
-    out["flags"] = [tuple(names[row]) for row in matrix]
+    slowest = out[STEP_KEY].merge(slow[STEP_KEY].assign(slowest=True), on=STEP_KEY, how="left")["slowest"]
+    conditions = {k: terms[k] for k in ROW_FLAGS}
+    conditions["slowest_rank"] = slowest.fillna(False).to_numpy(dtype=bool)
+    out["flags"] = flag_tuples(conditions) if n else []
     return Attribution(out[list(STEP_COLUMNS)].reset_index(drop=True), slow, tables.problems)
