@@ -1,4 +1,4 @@
-"""``chopper``: the command line. Subcommands: ``demo``, ``info``, ``steps``."""
+"""``chopper``: the command line. Subcommands: ``demo``, ``info``, ``steps``, ``record``."""
 from __future__ import annotations
 
 import argparse
@@ -31,11 +31,21 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("--agent", default=DEFAULT_AGENT, help=f"agent gRPC target (default {DEFAULT_AGENT})")
     steps = sub.add_parser("steps", help="print step summaries from an agent as they happen")
     steps.add_argument("--agent", default=DEFAULT_AGENT, help=f"agent gRPC target (default {DEFAULT_AGENT})")
+    record = sub.add_parser("record", help="record an agent's devices, samples and markers into a run directory")
+    record.add_argument("--agent", default=DEFAULT_AGENT, help=f"agent gRPC target (default {DEFAULT_AGENT})")
+    record.add_argument("--out", required=True, help="run directory to write (Parquet devices/samples/markers)")
+    record.add_argument("--duration", type=_positive(float), default=None,
+                        help="seconds to record (default: until Ctrl-C, SIGTERM or the agent stops)")
+    record.add_argument("--since-buffer", action="store_true",
+                        help="start with what the agent's buffers still hold instead of from now on")
+    record.add_argument("--force", action="store_true", help="write into a non-empty --out directory")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "record":
+        return _record(args)
     if args.command == "demo":
         from chopper.demo.run import DemoOptions, run_demo
 
@@ -56,6 +66,59 @@ def main(argv: Sequence[str] | None = None) -> int:
     except consumer.AgentUnreachable as exc:
         print(f"chopper: {exc}", file=sys.stderr)
         return 1
+
+
+def _record(args: argparse.Namespace) -> int:
+    import signal
+    import threading
+    import time
+    from pathlib import Path
+
+    from chopper import consumer
+    from chopper.record import OutputNotEmpty, RecordError, check_output, record
+    from chopper.rundir import RunDirError
+
+    try:
+        # Checked here as well as in record() so that the refusal comes before the banner.
+        check_output(Path(args.out), args.force)
+    except OutputNotEmpty as exc:
+        print(f"chopper: {exc}", file=sys.stderr)
+        return 2
+    except RecordError as exc:
+        print(f"chopper: {exc}", file=sys.stderr)
+        return 1
+    stop = threading.Event()
+    # Ctrl-C and SIGTERM end the recording, and what was collected is still written.
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, lambda *_: stop.set())
+    since_ns = 1 if args.since_buffer else time.time_ns()
+    print(f"chopper: recording from {args.agent} into {args.out}"
+          f"{f' for {args.duration:g} s' if args.duration else '; Ctrl-C to stop'}", file=sys.stderr, flush=True)
+    try:
+        stats = record(args.agent, Path(args.out), args.duration, since_ns, stop, force=args.force)
+    except OutputNotEmpty as exc:
+        print(f"chopper: {exc}", file=sys.stderr)
+        return 2
+    except (RecordError, RunDirError, consumer.AgentUnreachable, OSError) as exc:
+        print(f"chopper: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if stats.agent_error is not None:
+        print(f"chopper: the agent went away after {stats.duration_s:.1f} s ({stats.agent_error}); "
+              f"wrote what was recorded until then", file=sys.stderr)
+    if stats.missed:
+        print(f"chopper: warning: the agent dropped {stats.missed} item(s) this recorder fell behind on; "
+              "the run has gaps", file=sys.stderr)
+    if stats.unknown_kinds:
+        print(f"chopper: warning: left out {stats.unknown_kinds} marker(s) of a kind newer than this chopper; "
+              "upgrade chopper-telemetry", file=sys.stderr)
+    print(f"recorded {stats.samples} samples of {stats.gpus} GPUs and {stats.markers} markers over "
+          f"{stats.duration_s:.1f} s into {stats.out}")
+    return 0
 
 
 def _follow_steps(target: str) -> int:

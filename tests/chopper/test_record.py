@@ -1,0 +1,190 @@
+"""``chopper record`` against a real agent process and a real 2-rank training job."""
+from __future__ import annotations
+
+import math
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from chopper.record import OutputNotEmpty, RecordStats, record
+from chopper.rundir import read_run
+from tests.e2e.conftest import AgentProcess, finish_training, metric_sum, start_training, wait_until
+
+# Markers per unit the trainer reports: each step, phase and collective is a begin and an end.
+KINDS = {
+    "step_begin": "steps", "step_end": "steps", "phase_begin": "phases", "phase_end": "phases",
+    "collective_begin": "collectives", "collective_end": "collectives",
+}
+SUMMARY = re.compile(r"^recorded (\d+) samples of (\d+) GPUs and (\d+) markers over [\d.]+ s into (.+)$", re.M)
+
+
+@pytest.fixture
+def agent(tmp_path: Path) -> Iterator[AgentProcess]:
+    proc = AgentProcess(tmp_path).start()
+    yield proc
+    if proc.proc is not None and proc.proc.poll() is None:
+        proc.terminate()
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "chopper.cli", "record", *args]
+
+
+def _popen_recording(*args: str) -> subprocess.Popen[str]:
+    """Start ``chopper record`` and return once its signal handlers are in place (the banner is out)."""
+    proc = subprocess.Popen(_cli(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    banner = proc.stderr.readline()
+    assert banner.startswith("chopper: recording from"), banner
+    return proc
+
+
+def _assert_simulated_node(run_dir: Path) -> None:
+    run = read_run(run_dir)
+    assert len(run.devices) == 4
+    assert set(run.devices["vendor"]) == {"simulated"}
+    assert set(run.devices["node"]) == {"e2e-node"}
+    assert sorted(run.samples["gpu"].unique()) == [0, 1, 2, 3]
+    for gpu, rows in run.samples.groupby("gpu"):
+        energy = rows.sort_values("ts_ns", kind="stable")["energy_j"].to_numpy()
+        assert len(energy) > 1, f"gpu {gpu} has too few samples"
+        assert (np.diff(energy) >= 0).all(), f"gpu {gpu}: cumulative energy went backwards"
+
+
+@pytest.mark.slow
+def test_records_every_marker_of_a_training_run(agent: AgentProcess, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    stop = threading.Event()
+    result: list[RecordStats] = []
+    since = time.time_ns()
+    recorder = threading.Thread(target=lambda: result.append(record(agent.target, out, None, since, stop)))
+    recorder.start()
+    sent = finish_training(start_training(agent.target, ranks=2, duration_s=3))
+
+    def received(rank: str) -> float:
+        return metric_sum(agent.metrics(), "chopper_rank_markers_received_total", job="e2e", rank=rank,
+                          kind="step_end")
+
+    # The agent has every marker; the recorder gets them on its next stream batch (50 ms cadence).
+    assert all(wait_until(lambda r=r: received(r) == sent[r]["steps"]) for r in sent)
+    time.sleep(1.0)
+    stop.set()
+    recorder.join(timeout=10)
+    assert not recorder.is_alive(), "record() did not return after the stop event"
+
+    stats = result[0]
+    assert stats.ended_by == "stop" and stats.agent_error is None
+    assert stats.missed == 0
+    assert stats.gpus == 4 and stats.devices == 4
+    _assert_simulated_node(out)
+    run = read_run(out)
+    assert stats.samples == len(run.samples) and stats.markers == len(run.markers)
+    markers = run.markers
+    assert set(markers["job"]) == {"e2e"} and set(markers["node"]) == {"e2e-node"}
+    for rank, counts in sent.items():
+        assert counts["steps"] > 1, "training ran too few steps to be a meaningful test"
+        mine = markers[markers["rank"] == int(rank)]
+        for kind, what in KINDS.items():
+            assert int((mine["kind"] == kind).sum()) == counts[what], f"rank {rank} {kind}"
+    # Payload fields are NaN where the data model does not define them, never a made-up 0.
+    step_end = markers[markers["kind"] == "step_end"]
+    assert (step_end["flops"] > 0).all() and (step_end["tokens"] > 0).all()
+    assert step_end["bytes"].isna().all()
+    assert markers.loc[markers["kind"] == "phase_begin", ["flops", "tokens", "bytes"]].isna().all().all()
+    assert (markers.loc[markers["kind"] == "collective_end", "bytes"] > 0).all()
+
+
+def test_since_buffer_replays_what_the_agent_already_holds(agent: AgentProcess, tmp_path: Path) -> None:
+    time.sleep(1.0)  # let the buffers fill with samples from before the recording starts
+    began = time.time_ns()
+    stats = record(agent.target, tmp_path / "run", 0.5, since_ns=1)
+    assert stats.ended_by == "duration"
+    run = read_run(tmp_path / "run")
+    assert int(run.samples["ts_ns"].min()) < began - 500_000_000
+    live = record(agent.target, tmp_path / "live", 0.5, since_ns=time.time_ns())
+    assert int(read_run(tmp_path / "live").samples["ts_ns"].min()) >= began
+    assert live.samples > 0
+
+
+def test_cli_records_for_a_duration(agent: AgentProcess, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    proc = subprocess.run(_cli("--agent", agent.target, "--out", str(out), "--duration", "2"),
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    match = SUMMARY.search(proc.stdout)
+    assert match, proc.stdout
+    assert int(match[1]) > 0 and int(match[2]) == 4 and match[4] == str(out)
+    assert int(match[1]) == len(read_run(out).samples)
+    _assert_simulated_node(out)
+    assert "warning" not in proc.stderr
+
+
+def test_cli_unreachable_agent_exits_1(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    proc = subprocess.run(_cli("--agent", f"unix://{tmp_path}/nobody.sock", "--out", str(out), "--duration", "1"),
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert "no Chopper agent answered" in proc.stderr and "nobody.sock" in proc.stderr
+    assert not out.exists(), "nothing is created when there is nothing to record"
+
+
+def test_cli_refuses_a_non_empty_out_dir(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep me")
+    # The refusal comes before any connection attempt, so no agent is needed.
+    proc = subprocess.run(_cli("--agent", f"unix://{tmp_path}/nobody.sock", "--out", str(out)),
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "--force" in proc.stderr and str(out) in proc.stderr
+    assert (out / "notes.txt").read_text() == "keep me"
+    with pytest.raises(OutputNotEmpty, match="--force"):
+        record(f"unix://{tmp_path}/nobody.sock", out, 1.0, since_ns=1)
+
+
+def test_cli_force_writes_into_a_non_empty_out_dir(agent: AgentProcess, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep me")
+    proc = subprocess.run(_cli("--agent", agent.target, "--out", str(out), "--duration", "0.5", "--force"),
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert len(read_run(out).samples) > 0
+    assert (out / "notes.txt").read_text() == "keep me"
+
+
+def test_agent_killed_mid_record_keeps_what_was_collected(agent: AgentProcess, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    proc = _popen_recording("--agent", agent.target, "--out", str(out))
+    time.sleep(1.5)
+    agent.kill()
+    stdout, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 0, stderr
+    assert "agent went away" in stderr and "wrote what was recorded" in stderr
+    match = SUMMARY.search(stdout)
+    assert match and int(match[1]) > 0, stdout
+    assert int(match[1]) == len(read_run(out).samples)
+    _assert_simulated_node(out)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_signal_stops_and_writes(agent: AgentProcess, tmp_path: Path, sig: signal.Signals) -> None:
+    out = tmp_path / "run"
+    proc = _popen_recording("--agent", agent.target, "--out", str(out))
+    time.sleep(1.0)
+    proc.send_signal(sig)
+    stdout, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 0, stderr
+    match = SUMMARY.search(stdout)
+    assert match and int(match[1]) > 0, stdout
+    run = read_run(out)
+    assert int(match[1]) == len(run.samples)
+    assert not math.isnan(float(run.samples["energy_j"].iloc[-1]))
