@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from agent.backends.base import Backend, BackendUnavailable, DeviceLost, MarkerObserver
 from agent.buffers import RingBuffer
 from agent.config import AgentSettings
-from agent.markers import IngestResult, MarkerIngest, RankState
+from agent.markers import ClosedStep, IngestResult, MarkerIngest, RankState
 from agent.sampler import FixedRateTicker
 from agent.steps import SummaryQueue, summarize
 from chopper.proto.chopper.v1 import agent_pb2 as pb
@@ -77,6 +77,7 @@ class Agent:
         self.realtime_ns = realtime_ns
         self.health = BackendHealth()
         self.devices: list[DeviceInfo] = []
+        self._devices_by_gpu: dict[int, DeviceInfo] = {}
         self.samples: RingBuffer[pb.Sample] = RingBuffer(settings.sample_buffer, notify)
         self.markers: RingBuffer[pb.MarkerRecord] = RingBuffer(settings.marker_buffer, notify)
         self.summaries: RingBuffer[pb.StepSummary] = RingBuffer(SUMMARY_BUFFER, notify)
@@ -115,6 +116,7 @@ class Agent:
         if self.settings.peak_flops > 0:
             devices = [dataclasses.replace(d, peak_flops=self.settings.peak_flops) for d in devices]
         self.devices = devices
+        self._devices_by_gpu = {d.gpu: d for d in devices}
         self._ingest.gpu_count = max((d.gpu for d in devices), default=-1) + 1
 
     def start(self) -> None:
@@ -144,9 +146,13 @@ class Agent:
                 self._history.setdefault(s.gpu, deque(maxlen=self._history_len)).append(s)
             latest_ns = {gpu: s.ts_ns for gpu, s in self.latest.items()}
             ready = self._pending.ready(latest_ns, now_ns)
-            period = self.ticker.period_ns
-            node = self.settings.node
-            summaries = [summarize(s, node, self._window_samples(s.gpu, s.begin_ns), period) for s in ready]
+            summaries = []
+            for gpu, steps in _by_gpu(ready).items():
+                first = min(s.begin_ns for s in steps)
+                summaries += summarize(
+                    steps, self.settings.node, self._window_samples(gpu, first), self._devices_by_gpu.get(gpu),
+                    self.ticker.period_ns,
+                )
         if samples:
             self.samples.extend(_sample_to_pb(s) for s in samples)
         if summaries:
@@ -246,6 +252,13 @@ class Agent:
             node=self.settings.node, backend=self.backend.name, version=__version__,
             sample_hz=self.settings.sample_hz, devices=[pb.DeviceInfo(**dataclasses.asdict(d)) for d in self.devices],
         )
+
+
+def _by_gpu(steps: list[ClosedStep]) -> dict[int, list[ClosedStep]]:
+    groups: dict[int, list[ClosedStep]] = {}
+    for step in steps:
+        groups.setdefault(step.gpu, []).append(step)
+    return groups
 
 
 _SAMPLE_FIELDS = tuple(f.name for f in dataclasses.fields(Sample))

@@ -18,7 +18,7 @@ Plain data in, plain data out: no I/O, no locks (the caller serialises calls).
 from __future__ import annotations
 
 import math
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from chopper.proto.chopper.v1 import agent_pb2 as pb
@@ -60,9 +60,16 @@ class ClosedStep:
     end_ns: int
     flops: float
     tokens: int
-    phases: int
-    collectives: int
+    intervals: tuple[tuple[bool, int, int], ...]  # (is_collective, begin_ns, end_ns), clipped to the step
     device_clock: bool
+
+    @property
+    def phases(self) -> int:
+        return sum(1 for coll, _, _ in self.intervals if not coll)
+
+    @property
+    def collectives(self) -> int:
+        return sum(1 for coll, _, _ in self.intervals if coll)
 
 
 @dataclass(slots=True)
@@ -70,8 +77,7 @@ class _OpenStep:
     step: int
     begin_ns: int
     device_clock: bool
-    phases: int = 0
-    collectives: int = 0
+    intervals: list[tuple[bool, int, int]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -80,8 +86,9 @@ class RankState:
 
     gpu: int = -1
     open_step: _OpenStep | None = None
-    open_phases: Counter[str] = field(default_factory=Counter)
-    open_collectives: Counter[str] = field(default_factory=Counter)
+    # Begun, not yet ended, by name: FIFO of (step, begin_ns), paired first-in first-out as offline.
+    open_phases: dict[str, deque[tuple[int, int]]] = field(default_factory=dict)
+    open_collectives: dict[str, deque[tuple[int, int]]] = field(default_factory=dict)
     received: Counter[MarkerKind] = field(default_factory=Counter)
     last_seq: dict[int, int] = field(default_factory=dict)  # by sender pid
     client_dropped: dict[int, int] = field(default_factory=dict)  # by sender pid, cumulative
@@ -221,24 +228,23 @@ class MarkerIngest:
             result.closed_steps.append(
                 ClosedStep(
                     batch.job, batch.rank, batch.gpu, m.step, open_step.begin_ns, m.ts_ns, m.flops, m.tokens,
-                    open_step.phases, open_step.collectives, open_step.device_clock and device_clock,
+                    tuple(open_step.intervals), open_step.device_clock and device_clock,
                 )
             )
             return None
-        opened = state.open_phases if kind in (MarkerKind.PHASE_BEGIN, MarkerKind.PHASE_END) else state.open_collectives
+        is_collective = kind in (MarkerKind.COLLECTIVE_BEGIN, MarkerKind.COLLECTIVE_END)
+        opened = (state.open_collectives if is_collective else state.open_phases).setdefault(m.name, deque())
         if kind in (MarkerKind.PHASE_BEGIN, MarkerKind.COLLECTIVE_BEGIN):
-            opened[m.name] += 1
+            opened.append((m.step, m.ts_ns))
             return None
-        if opened[m.name] <= 0:
+        if not opened:
             helper = "phase" if kind is MarkerKind.PHASE_END else "collective"
             return "end_without_begin", (
                 f"{kind.label} {m.name!r} without its begin; use `with chopper.{helper}({m.name!r})` "
                 "(after an agent restart or client drops, expected once)"
             )
-        opened[m.name] -= 1
-        if open_step is not None:
-            if kind is MarkerKind.PHASE_END:
-                open_step.phases += 1
-            else:
-                open_step.collectives += 1
+        begun_step, begin_ns = opened.popleft()
+        # Like offline pairing: an interval belongs to the step its begin named, clipped to it.
+        if open_step is not None and open_step.step == begun_step and m.ts_ns > open_step.begin_ns:
+            open_step.intervals.append((is_collective, max(begin_ns, open_step.begin_ns), m.ts_ns))
         return None

@@ -1,56 +1,82 @@
-"""Per-step summaries: what one rank's step cost on its GPU, from the samples that cover it.
+"""Live per-step summaries: the attribution model applied to each step as it closes.
 
 A closed step is summarised once a sample of its GPU at or after the step's end has arrived (or
 after ``SummaryQueue.max_wait_ns``, with whatever samples there are), so that the last sample
-interval of the window is known. Figures use ``chopper.windows`` (overlap-weighted means,
-interpolated cumulative counters). Ranks that drive no GPU (``gpu == -1``) get step time,
-FLOPs, tokens and counts only; GPU figures are NaN.
+interval of the window is known. The arithmetic is ``chopper.attribution``'s numpy core, the
+same that ``chopper attribute`` runs offline on a recorded run, so live and offline figures of
+the same steps agree. Ranks that drive no GPU (``gpu == -1``) get step time, FLOPs, tokens and
+counts; their GPU terms are NaN or 0 and flagged.
 """
 from __future__ import annotations
 
-import math
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
 from agent.markers import ClosedStep
-from chopper import windows
+from chopper.attribution import exposed_comm
+from chopper.attribution.model import COUNTERS, FIGURES, RATIOS, ROW_FLAGS, flag_tuples, rank_terms, window_figures
+from chopper.attribution.timeline import GpuTimeline
 from chopper.proto.chopper.v1 import agent_pb2 as pb
-from chopper.schema import Sample
+from chopper.schema import DeviceInfo, Sample
 
-NAN = math.nan
+# StepSummary fields filled straight from the model's columns of the same name.
+SUMMARY_TERMS = (
+    "step_time_s", "ideal_s", "matrix_util_loss_s", "compute_at_clock_s", "dvfs_loss_s", "dvfs_power_s",
+    "dvfs_thermal_s", "dvfs_current_s", "dvfs_other_s", "dvfs_unattributed_s", "exposed_comm_s", "idle_s", "mfu",
+    "busy_ratio", "matrix_ratio", "mean_gfx_clock_mhz", "min_gfx_clock_mhz", "max_temp_c", "energy_j",
+    "tokens_per_s", "tokens_per_j",
+)
 
 
-def summarize(step: ClosedStep, node: str, samples: list[Sample], period_ns: int) -> pb.StepSummary:
-    """Step summary of ``step`` from its GPU's samples (time-sorted, may extend past the window)."""
-    b, e = step.begin_ns, step.end_ns
-    summary = pb.StepSummary(
-        job=step.job, node=node, rank=step.rank, gpu=step.gpu, step=step.step, begin_ns=b, end_ns=e,
-        step_time_s=(e - b) / 1e9, flops=step.flops, tokens=step.tokens, phases=step.phases,
-        collectives=step.collectives,
-        clock=pb.CLOCK_SOURCE_DEVICE if step.device_clock else pb.CLOCK_SOURCE_CPU,
-        mean_gfx_clock_mhz=NAN, min_gfx_clock_mhz=NAN, mean_power_w=NAN, energy_j=NAN, max_temp_c=NAN,
-        busy_ratio=NAN,
-    )
-    if not samples:
-        return summary
-    ts = np.fromiter((s.ts_ns for s in samples), dtype=np.int64, count=len(samples))
+def _timeline(samples: Sequence[Sample], base_ns: int, period_ns: int) -> GpuTimeline:
+    ts = np.fromiter((s.ts_ns - base_ns for s in samples), dtype=np.float64, count=len(samples))
 
     def column(name: str) -> np.ndarray:
         return np.fromiter((getattr(s, name) for s in samples), dtype=np.float64, count=len(samples))
 
-    w = windows.overlap_seconds(ts, b, e, period_ns)
-    clock, busy = column("gfx_clock_mhz"), column("busy_ratio")
-    summary.busy_ratio = windows.weighted_mean(busy, w)
-    # The clock that matters is the clock while busy: weight by busy time where busy is known.
-    busy_w = w * np.nan_to_num(busy, nan=1.0)
-    summary.mean_gfx_clock_mhz = windows.weighted_mean(clock, busy_w if busy_w.sum() > 0 else w)
-    summary.min_gfx_clock_mhz = windows.window_extreme(clock, w, largest=False)
-    summary.mean_power_w = windows.weighted_mean(column("power_w"), w)
-    summary.energy_j = windows.counter_delta(ts, column("energy_j"), b, e)
-    summary.max_temp_c = windows.window_extreme(column("temp_c"), w, largest=True)
-    return summary
+    return GpuTimeline.build(ts, {c: column(c) for c in RATIOS}, {c: column(c) for c in COUNTERS}, period_ns)
+
+
+def summarize(
+    steps: Sequence[ClosedStep], node: str, samples: Sequence[Sample], device: DeviceInfo | None, period_ns: int
+) -> list[pb.StepSummary]:
+    """Summaries of steps that ran on one GPU, from that GPU's samples (time-sorted)."""
+    n = len(steps)
+    base = min(steps[0].begin_ns, samples[0].ts_ns) if samples else steps[0].begin_ns
+    b = np.array([s.begin_ns - base for s in steps], dtype=np.float64)
+    e = np.array([s.end_ns - base for s in steps], dtype=np.float64)
+    if samples:
+        fig = window_figures(_timeline(samples, base, period_ns), b, e)
+    else:
+        fig = {k: np.full(n, np.nan) for k in FIGURES}
+    intervals = [(i, coll, lo, hi) for i, s in enumerate(steps) for coll, lo, hi in s.intervals]
+    exposed = exposed_comm.exposed_seconds(
+        n, np.array([iv[0] for iv in intervals], dtype=np.int64), np.array([iv[1] for iv in intervals], dtype=bool),
+        np.array([iv[2] for iv in intervals], dtype=np.int64), np.array([iv[3] for iv in intervals], dtype=np.int64),
+    )
+    nan = float("nan")
+    terms = rank_terms(
+        (e - b) / 1e9, fig, exposed, np.full(n, device.max_gfx_clock_mhz if device else nan),
+        np.array([s.flops for s in steps], dtype=np.float64), np.full(n, device.peak_flops if device else nan),
+        np.array([s.tokens for s in steps], dtype=np.float64),
+    )
+    flags = flag_tuples({k: terms[k] for k in ROW_FLAGS})
+    out = []
+    for i, s in enumerate(steps):
+        figures: dict[str, Any] = {name: float(terms[name][i]) for name in SUMMARY_TERMS}
+        summary = pb.StepSummary(
+            job=s.job, node=node, rank=s.rank, gpu=s.gpu, step=s.step, begin_ns=s.begin_ns, end_ns=s.end_ns,
+            flops=s.flops, tokens=s.tokens, phases=s.phases, collectives=s.collectives,
+            clock=pb.CLOCK_SOURCE_DEVICE if s.device_clock else pb.CLOCK_SOURCE_CPU,
+            **figures,
+        )
+        summary.mean_power_w = summary.energy_j / summary.step_time_s if summary.step_time_s > 0 else float("nan")
+        summary.flags.extend(flags[i] if s.device_clock else (*flags[i], "cpu_clock"))
+        out.append(summary)
+    return out
 
 
 class SummaryQueue:

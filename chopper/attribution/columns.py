@@ -33,5 +33,7 @@ FLAGS: dict[str, str] = {
     "partial_samples": "GPU samples cover only part of the step window",
     "no_gpu": "the rank drives no GPU of a known device (gpu -1 or not in devices)",
     "comm_capped": "exposed communication was capped so that idle + exposed <= step time",
+    "cpu_clock": "markers were stamped with the CPU clock, not device events: windows lead the GPU work by the "
+    "launch queue (live summaries only; recorded runs do not carry the clock source)",
     "slowest_rank": "this rank had the largest compute time of its job at this step (job level)",
 }

@@ -6,40 +6,53 @@ import pytest
 
 from agent.markers import ClosedStep
 from agent.steps import SummaryQueue, summarize
-from chopper.schema import Sample
+from chopper.schema import DeviceInfo, Sample
 
 S = 10**9
+DEVICE = DeviceInfo("n", 0, "amd", "MI300X", "u", 2000.0, 1e15, 1, 750.0)
 
 
-def step(gpu: int = 0, begin: float = 1.5, end: float = 3.5) -> ClosedStep:
-    return ClosedStep("j", 0, gpu, 7, int(begin * S), int(end * S), 1e12, 1000, 3, 1, False)
+def step(
+    gpu: int = 0, begin: float = 1.5, end: float = 3.5, flops: float = 2e14, device_clock: bool = True
+) -> ClosedStep:
+    # forward 1.5-2.5 s, then an all_reduce 2.5-3.0 s that no phase covers.
+    intervals = ((False, int(1.5 * S), int(2.5 * S)), (True, int(2.5 * S), int(3.0 * S)))
+    return ClosedStep("j", 0, gpu, 7, int(begin * S), int(end * S), flops, 1000, intervals, device_clock)
 
 
 def samples() -> list[Sample]:
-    # 1 s intervals ending at t = 1..4; clock drops in the third interval, energy at 500 W.
+    # 1 s intervals ending at t = 1..4; clock drops in the third interval; 500 W; power throttling.
     rows = [(1, 2000.0, 0.5, 70.0), (2, 2000.0, 1.0, 75.0), (3, 1000.0, 1.0, 90.0), (4, 2000.0, 0.0, 80.0)]
     return [
         Sample(ts_ns=t * S, node="n", gpu=0, gfx_clock_mhz=clk, busy_ratio=busy, power_w=500.0, energy_j=500.0 * t,
-               temp_c=temp)
+               temp_c=temp, throttle_power_s=0.25 * t, throttle_thermal_s=0.0, throttle_current_s=0.0,
+               throttle_other_s=0.0)
         for t, clk, busy, temp in rows
     ]
 
 
-def test_summary_uses_overlap_weights_and_interpolated_energy() -> None:
-    s = summarize(step(), "n", samples(), period_ns=S)
-    assert s.step_time_s == 2.0 and s.tokens == 1000 and s.phases == 3
+def test_summary_is_the_attribution_of_the_step() -> None:
+    (s,) = summarize([step()], "n", samples(), DEVICE, period_ns=S)
+    assert s.step_time_s == 2.0 and s.tokens == 1000 and (s.phases, s.collectives) == (1, 1)
     # Overlaps: 0.5 s of (1,2], 1 s of (2,3], 0.5 s of (3,4]; busy = (0.5*1 + 1*1 + 0.5*0) / 2.
-    assert s.busy_ratio == pytest.approx(0.75)
-    # Busy-weighted clock: (0.5*2000 + 1*1000) / 1.5.
-    assert s.mean_gfx_clock_mhz == pytest.approx(4000 / 3)
-    assert s.min_gfx_clock_mhz == 1000.0
-    assert s.energy_j == pytest.approx(1000.0)
-    assert s.max_temp_c == 90.0
+    assert s.busy_ratio == pytest.approx(0.75) and s.idle_s == pytest.approx(0.5)
+    assert s.exposed_comm_s == pytest.approx(0.5)
+    # Busy-weighted clock (0.5*2000 + 1*1000) / 1.5 over f_max 2000; compute K = 2 - 0.5 - 0.5 = 1 s.
+    ratio = (4000 / 3) / 2000
+    assert s.mean_gfx_clock_mhz == pytest.approx(4000 / 3) and s.min_gfx_clock_mhz == 1000.0
+    assert s.dvfs_loss_s == pytest.approx(1 - ratio) and s.dvfs_power_s == pytest.approx(1 - ratio)
+    assert s.ideal_s == pytest.approx(0.2) and s.matrix_util_loss_s == pytest.approx(ratio - 0.2)
+    closure = s.ideal_s + s.matrix_util_loss_s + s.dvfs_loss_s + s.exposed_comm_s + s.idle_s
+    assert closure == pytest.approx(s.step_time_s, rel=1e-12)
+    assert s.energy_j == pytest.approx(1000.0) and s.max_temp_c == 90.0 and s.mfu == pytest.approx(0.1)
+    assert s.mean_power_w == pytest.approx(500.0)
+    assert list(s.flags) == []
 
 
-def test_summary_without_samples_has_nan_gpu_figures() -> None:
-    s = summarize(step(gpu=-1), "n", [], period_ns=S)
-    assert s.step_time_s == 2.0 and math.isnan(s.energy_j) and math.isnan(s.mean_gfx_clock_mhz)
+def test_summary_without_samples_or_flops_is_flagged() -> None:
+    (s,) = summarize([step(gpu=-1, flops=0.0, device_clock=False)], "n", [], None, period_ns=S)
+    assert s.step_time_s == 2.0 and math.isnan(s.energy_j) and math.isnan(s.ideal_s)
+    assert set(s.flags) == {"no_flops", "no_gpu", "no_samples", "cpu_clock"}
 
 
 def test_queue_waits_for_covering_sample_or_timeout() -> None:
