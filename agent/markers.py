@@ -237,14 +237,16 @@ class MarkerIngest:
         if kind in (MarkerKind.PHASE_BEGIN, MarkerKind.COLLECTIVE_BEGIN):
             opened.append((m.step, m.ts_ns))
             return None
-        if not opened:
+        # Pair within the step, as offline: the oldest open begin of the same step and name.
+        match = next((i for i, (step, _) in enumerate(opened) if step == m.step), None)
+        if match is None:
             helper = "phase" if kind is MarkerKind.PHASE_END else "collective"
             return "end_without_begin", (
-                f"{kind.label} {m.name!r} without its begin; use `with chopper.{helper}({m.name!r})` "
-                "(after an agent restart or client drops, expected once)"
+                f"{kind.label} {m.name!r} of step {m.step} without its begin; use "
+                f"`with chopper.{helper}({m.name!r})` (after an agent restart or client drops, expected once)"
             )
-        begun_step, begin_ns = opened.popleft()
-        # Like offline pairing: an interval belongs to the step its begin named, clipped to it.
-        if open_step is not None and open_step.step == begun_step and m.ts_ns > open_step.begin_ns:
+        _, begin_ns = opened[match]
+        del opened[match]
+        if open_step is not None and open_step.step == m.step and m.ts_ns > open_step.begin_ns:
             open_step.intervals.append((is_collective, max(begin_ns, open_step.begin_ns), m.ts_ns))
         return None

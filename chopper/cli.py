@@ -1,4 +1,4 @@
-"""``chopper``: the command line. Subcommands: ``demo``, ``info``, ``steps``, ``record``."""
+"""``chopper``: the command line. Subcommands: ``demo``, ``info``, ``steps``, ``record``, ``attribute``."""
 from __future__ import annotations
 
 import argparse
@@ -39,6 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
     record.add_argument("--since-buffer", action="store_true",
                         help="start with what the agent's buffers still hold instead of from now on")
     record.add_argument("--force", action="store_true", help="write into a non-empty --out directory")
+    attribute = sub.add_parser("attribute", help="per-step time attribution of a recorded run")
+    attribute.add_argument("run_dir", metavar="RUN_DIR", help="recorded run directory (chopper record)")
+    attribute.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    attribute.add_argument("--job", default=None, help="only this job")
     return parser
 
 
@@ -46,6 +50,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "record":
         return _record(args)
+    if args.command == "attribute":
+        return _attribute(args)
     if args.command == "demo":
         from chopper.demo.run import DemoOptions, run_demo
 
@@ -66,6 +72,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     except consumer.AgentUnreachable as exc:
         print(f"chopper: {exc}", file=sys.stderr)
         return 1
+
+
+def _attribute(args: argparse.Namespace) -> int:
+    import json
+
+    from chopper.attribution import AttributionError, attribute_run
+    from chopper.attribution.report import format_table, to_json
+    from chopper.rundir import RunDirError
+
+    try:
+        result = attribute_run(args.run_dir, job=args.job)
+    except (RunDirError, AttributionError) as exc:
+        print(f"chopper attribute: {exc}", file=sys.stderr)
+        return 2
+    if result.steps.empty:
+        print(f"chopper attribute: no complete step in {args.run_dir} (no step_begin/step_end pair); "
+              "record while a job marks steps with chopper.step()", file=sys.stderr)
+        for problem in result.problems:
+            print(f"  {problem}", file=sys.stderr)
+        return 2
+    print(json.dumps(to_json(result), indent=1) if args.json else format_table(result))
+    return 0
 
 
 def _record(args: argparse.Namespace) -> int:

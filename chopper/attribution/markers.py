@@ -5,8 +5,9 @@ Algorithm:
 1. Steps: for each ``(job, rank, step)`` the first ``step_begin`` and the first ``step_end``
    after it make the window ``[b, e]``; FLOPs and tokens come from the ``step_end``. A step with
    only one of the two, or with ``e < b``, is skipped and reported in ``problems``.
-2. Phases and collectives: per ``(job, rank, kind, name)`` in time order, the k-th begin pairs
-   with the k-th end (FIFO). Unpaired ends or begins are skipped and reported.
+2. Phases and collectives: per ``(job, rank, kind, name, step)`` in time order, the k-th begin
+   pairs with the k-th end (FIFO). Pairing within a step keeps one lost marker from shifting
+   every later pair of that name. Unpaired ends or begins are skipped and reported.
 3. Each interval belongs to the step its markers name and is clipped to that step's window.
 
 Everything is vectorised with pandas; the output frames are sorted by ``(job, rank, step)``.
@@ -37,15 +38,13 @@ class MarkerTables:
     problems: list[str] = field(default_factory=list)
 
 
-def _describe(rows: pd.DataFrame, what: str, with_steps: bool = True) -> list[str]:
+def _describe(rows: pd.DataFrame, what: str) -> list[str]:
     """One line per (job, rank): how many markers of a kind were skipped, and the first steps."""
     out = []
     for (job, rank), group in rows.groupby(["job", "rank"], sort=True):
-        where = ""
-        if with_steps:
-            steps = sorted(set(group["step"].tolist()))
-            where = " (steps " + ", ".join(map(str, steps[:5])) + (", ..." if len(steps) > 5 else "") + ")"
-        out.append(f"job {job!r} rank {rank}: {len(group)} {what}{where}; skipped")
+        steps = sorted(set(group["step"].tolist()))
+        where = ", ".join(map(str, steps[:5])) + (", ..." if len(steps) > 5 else "")
+        out.append(f"job {job!r} rank {rank}: {len(group)} {what} (steps {where}); skipped")
     return out
 
 
@@ -82,23 +81,22 @@ def step_windows(markers: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
 
 
 def paired_intervals(markers: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
-    """Pair phase and collective begin/end markers FIFO per (job, rank, kind, name)."""
+    """Pair phase and collective begin/end markers FIFO per (job, rank, kind, name, step)."""
     problems: list[str] = []
     kinds = markers["kind"]
     span = markers[kinds.isin(("phase_begin", "phase_end", "collective_begin", "collective_end"))].copy()
     span["is_collective"] = span["kind"].str.startswith("collective")
     span["is_begin"] = span["kind"].str.endswith("_begin")
     span = span.sort_values("ts_ns", kind="stable")
-    key = ["job", "rank", "is_collective", "name"]
+    key = ["job", "rank", "is_collective", "name", "step"]
     span["nth"] = span.groupby([*key, "is_begin"], sort=False).cumcount()
     begin = span[span["is_begin"]]
     end = span[~span["is_begin"]]
-    merged = begin[[*key, "nth", "step", "ts_ns"]].merge(
+    merged = begin[[*key, "nth", "ts_ns"]].merge(
         end[[*key, "nth", "ts_ns"]], on=[*key, "nth"], how="outer", suffixes=("_begin", "_end"), indicator=True
     )
     problems += _describe(merged[merged["_merge"] == "left_only"], "phase/collective begins without an end")
-    problems += _describe(merged[merged["_merge"] == "right_only"], "phase/collective ends without a begin",
-                          with_steps=False)
+    problems += _describe(merged[merged["_merge"] == "right_only"], "phase/collective ends without a begin")
     both = merged[(merged["_merge"] == "both") & (merged["ts_ns_end"] >= merged["ts_ns_begin"])]
     intervals = pd.DataFrame({
         "job": both["job"].to_numpy(), "rank": both["rank"].to_numpy(dtype=np.int64),

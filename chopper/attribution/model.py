@@ -198,6 +198,12 @@ def attribute(
     dev = devices[["node", "gpu", "max_gfx_clock_mhz", "peak_flops"]].astype({"node": str, "gpu": np.int64})
     steps = steps.astype({"node": str}).merge(dev, on=["node", "gpu"], how="left")
     fig = _gpu_figures(steps, timelines, base_ns)
+    unknown = steps[steps["max_gfx_clock_mhz"].isna() & (steps["gpu"] >= 0)]
+    problems = list(tables.problems) + [
+        f"job {job!r} rank {rank}: its markers name node {node!r} gpu {gpu}, which is not in the devices table; "
+        "its steps have no GPU terms (flag no_gpu): record the devices of every node"
+        for (job, rank, node, gpu), _ in unknown.groupby(["job", "rank", "node", "gpu"], sort=True)
+    ]
 
     n = len(steps)
     step_s = (steps["end_ns"].to_numpy() - steps["begin_ns"].to_numpy()) / 1e9
@@ -224,4 +230,4 @@ def attribute(
     conditions = {k: terms[k] for k in ROW_FLAGS}
     conditions["slowest_rank"] = slowest.fillna(False).to_numpy(dtype=bool)
     out["flags"] = flag_tuples(conditions) if n else []
-    return Attribution(out[list(STEP_COLUMNS)].reset_index(drop=True), slow, tables.problems)
+    return Attribution(out[list(STEP_COLUMNS)].reset_index(drop=True), slow, problems)
