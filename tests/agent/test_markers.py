@@ -71,7 +71,8 @@ def test_garbled_fields_rejected_one_by_one() -> None:
         "bad_kind": 1, "bad_step": 1, "bad_timestamp": 1, "bad_name": 1, "end_without_begin": 1, "bad_payload": 1,
     }
     assert not result.accepted
-    assert "phase_end 'backward' of step 1 without its begin; use `with chopper.phase('backward')`" in " ".join(result.errors)
+    expected = "phase_end 'backward' of step 1 without its begin; use `with chopper.phase('backward')`"
+    assert expected in " ".join(result.errors)
 
 
 def test_seq_gaps_and_client_drops_are_tracked_per_sender() -> None:

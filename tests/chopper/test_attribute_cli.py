@@ -82,7 +82,8 @@ def test_repeated_timestamps(run_dir: Path, capsys: pytest.CaptureFixture[str]) 
 def test_unpaired_markers_are_reported_and_skipped(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     markers = read_run(run_dir).markers
     drop = markers.index[(markers["rank"] == 1) & (markers["step"] == 3) & (markers["kind"] == "step_begin")]
-    drop = drop.append(markers.index[(markers["rank"] == 0) & (markers["step"] == 4) & (markers["kind"] == "phase_end")][:1])
+    phase_ends = markers.index[(markers["rank"] == 0) & (markers["step"] == 4) & (markers["kind"] == "phase_end")]
+    drop = drop.append(phase_ends[:1])
     assert main(["attribute", str(rewrite(run_dir, markers=markers.drop(drop))), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     problems = doc["summary"]["problems"]
