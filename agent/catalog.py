@@ -76,6 +76,16 @@ METRICS: tuple[MetricSpec, ...] = (
         "Markers the rank's client dropped (queue full or agent unreachable), as it reports.", RANK,
     ),
     MetricSpec("chopper_rank_batches_lost_total", "counter", "Marker batches missing from a rank's sequence.", RANK),
+    MetricSpec(
+        "chopper_rank_step_seconds_total", "counter",
+        "Step time by cause of the attribution model (ideal, matrix_util_loss, dvfs_<cause>, exposed_comm, idle, "
+        "compute_unknown), s.", (*RANK, "cause"),
+    ),
+    MetricSpec("chopper_rank_mfu_ratio", "gauge", "Model FLOPs utilisation over the steps of the last minute, 0-1.",
+               RANK),
+    MetricSpec("chopper_rank_tokens_total", "counter", "Tokens the rank's summarised steps processed.", RANK),
+    MetricSpec("chopper_rank_flagged_steps_total", "counter", "Summarised steps carrying a flag, by flag.",
+               (*RANK, "flag")),
     # The agent itself.
     MetricSpec("chopper_agent_info", "info", "Agent identity; value is always 1.", (*NODE, "backend", "version")),
     MetricSpec("chopper_agent_backend_up", "gauge", "1 when the backend's last sample succeeded.", (*NODE, "backend")),

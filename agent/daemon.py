@@ -22,7 +22,7 @@ from agent.buffers import RingBuffer
 from agent.config import AgentSettings
 from agent.markers import ClosedStep, IngestResult, MarkerIngest, RankState
 from agent.sampler import FixedRateTicker
-from agent.steps import SummaryQueue, summarize
+from agent.steps import RankFigures, SummaryQueue, summarize
 from chopper.proto.chopper.v1 import agent_pb2 as pb
 from chopper.schema import DeviceInfo, MarkerKind, Sample
 
@@ -83,6 +83,8 @@ class Agent:
         self.summaries: RingBuffer[pb.StepSummary] = RingBuffer(SUMMARY_BUFFER, notify)
         self.latest: dict[int, Sample] = {}
         self.latest_host: HostSample | None = None
+        # Attribution totals per (job, rank), guarded by the state lock.
+        self.rank_figures: dict[tuple[str, int], RankFigures] = {}
         self.rejected: Counter[str] = Counter()
         self.undecodable: Counter[str] = Counter()
         self.summaries_total = 0
@@ -157,6 +159,9 @@ class Agent:
             self.samples.extend(_sample_to_pb(s) for s in samples)
         if summaries:
             self.summaries_total += len(summaries)
+            with self._state_lock:
+                for s in summaries:
+                    self.rank_figures.setdefault((s.job, s.rank), RankFigures()).add(s)
             self.summaries.extend(summaries)
 
     def _sample_backend(self, now_ns: int) -> list[Sample]:
@@ -231,6 +236,12 @@ class Agent:
             with self._state_lock:
                 self._pending.add(result.closed_steps)
         return result
+
+    def rank_figures_now(self) -> dict[tuple[str, int], tuple[dict[str, float], float, float, dict[str, int]]]:
+        """Per (job, rank): seconds by cause, tokens, rolling MFU and flag counts, consistently."""
+        now = self.realtime_ns()
+        with self._state_lock:
+            return {k: (dict(f.seconds), f.tokens, f.mfu(now), dict(f.flags)) for k, f in self.rank_figures.items()}
 
     def count(self, counter: Counter[str], key: str, delta: int = 1) -> None:
         """Change a counter shared by gRPC threads (``+=`` on a Counter is not atomic)."""

@@ -104,6 +104,7 @@ class AgentCollector(Collector):
 
     def _ranks(self, fam: Families) -> None:
         node = self.agent.settings.node
+        figures = self.agent.rank_figures_now()
         for (job, rank), st in self.agent.rank_states():
             rl = (node, job, str(rank), str(st.gpu))
             for kind, count in st.received.items():
@@ -115,6 +116,14 @@ class AgentCollector(Collector):
             fam.add("chopper_rank_steps_abandoned_total", rl, float(st.steps_abandoned))
             fam.add("chopper_rank_client_dropped_markers_total", rl, float(st.client_dropped_total))
             fam.add("chopper_rank_batches_lost_total", rl, float(st.batches_lost))
+            if (job, rank) in figures:
+                seconds, tokens, mfu, flags = figures[(job, rank)]
+                for cause, value in seconds.items():
+                    fam.add("chopper_rank_step_seconds_total", (*rl, cause), value)
+                fam.add("chopper_rank_mfu_ratio", rl, mfu)
+                fam.add("chopper_rank_tokens_total", rl, tokens)
+                for flag, count in sorted(flags.items()):
+                    fam.add("chopper_rank_flagged_steps_total", (*rl, flag), float(count))
 
     def _self(self, fam: Families) -> None:
         agent = self.agent

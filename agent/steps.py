@@ -108,3 +108,45 @@ class SummaryQueue:
                 waiting.append(step)
         self._pending = waiting
         return done
+
+
+# Causes of chopper_rank_step_seconds_total, each from the StepSummary field of that name + "_s";
+# "compute_unknown" holds compute_at_clock_s of steps without FLOPs, so the causes always add up
+# to the step time.
+STEP_CAUSES = ("ideal", "matrix_util_loss", "dvfs_power", "dvfs_thermal", "dvfs_current", "dvfs_other",
+               "dvfs_unattributed", "exposed_comm", "idle")
+MFU_WINDOW_NS = 60 * 10**9
+
+
+class RankFigures:
+    """Running totals of one rank's step summaries, for ``/metrics``.
+
+    Seconds by cause and tokens are counters; MFU is rolling over the steps that ended in the
+    last ``MFU_WINDOW_NS``: ``Σ ideal / Σ step time`` over steps whose ideal time is known.
+    """
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = dict.fromkeys((*STEP_CAUSES, "compute_unknown"), 0.0)
+        self.tokens = 0.0
+        self.flags: dict[str, int] = {}
+        self._recent: deque[tuple[int, float, float]] = deque()  # (end_ns, ideal_s, step_s)
+
+    def add(self, s: pb.StepSummary) -> None:
+        known = not np.isnan(s.ideal_s)
+        for cause in STEP_CAUSES:
+            value = getattr(s, f"{cause}_s")
+            if not np.isnan(value):
+                self.seconds[cause] += value
+        if not known:
+            self.seconds["compute_unknown"] += s.compute_at_clock_s
+        else:
+            self._recent.append((s.end_ns, s.ideal_s, s.step_time_s))
+        self.tokens += s.tokens
+        for flag in s.flags:
+            self.flags[flag] = self.flags.get(flag, 0) + 1
+
+    def mfu(self, now_ns: int) -> float:
+        while self._recent and self._recent[0][0] < now_ns - MFU_WINDOW_NS:
+            self._recent.popleft()
+        time_s = sum(t for _, _, t in self._recent)
+        return sum(i for _, i, _ in self._recent) / time_s if time_s > 0 else float("nan")

@@ -140,7 +140,9 @@ def test_second_agent_on_same_socket_refused(running: Running, tmp_path: Path) -
 
 def test_metrics_exposition(running: Running) -> None:
     running.stub.PushMarkers(iter([steps_batch(0, 3, time.time_ns())]))
-    time.sleep(0.2)
+    deadline = time.monotonic() + 5
+    while running.agent.summaries_total < 3 and time.monotonic() < deadline:
+        time.sleep(0.02)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(AgentCollector(running.agent))
     text = generate_latest(registry).decode()
@@ -151,3 +153,12 @@ def test_metrics_exposition(running: Running) -> None:
     assert "chopper_gpu_throttle_seconds_total{cause=\"thermal\"" in text
     assert "# HELP chopper_gpu_power_watts Mean board/socket power" in text
     assert 'chopper_agent_marker_streams{node="n1"} 0.0' in text  # the push stream has closed
+    # The attribution of the three 35 ms steps adds up to their time, cause by cause.
+    from chopper.demo.run import metric_sum
+
+    assert metric_sum(text, "chopper_rank_step_seconds_total", job="j", rank="1") == pytest.approx(3 * 0.035)
+    ideal = metric_sum(text, "chopper_rank_step_seconds_total", job="j", rank="1", cause="ideal")
+    assert ideal == pytest.approx(3 * 1e12 / 1307.4e12)
+    assert metric_sum(text, "chopper_rank_mfu_ratio", job="j", rank="1") == pytest.approx(ideal / (3 * 0.035))
+    assert metric_sum(text, "chopper_rank_tokens_total", job="j", rank="1") == 3 * 256
+    assert 'chopper_rank_flagged_steps_total{flag="cpu_clock"' in text
