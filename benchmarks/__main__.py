@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks import bench_agent_cpu, bench_agent_kill, bench_marker_cost
+from benchmarks import bench_agent_cpu, bench_agent_kill, bench_attribution, bench_marker_cost
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,15 @@ BENCHES = (
         "real agent process killed with SIGKILL and restarted under a real 2-rank gloo training job; "
         "medians of per-step wall time over interleaved alive / killed / markers-off segments "
         "(`benchmarks/bench_agent_kill.py`).",
+    ),
+    Bench(
+        "attribution", bench_attribution.run,
+        f"offline attribution, {bench_attribution.RANKS} ranks x {bench_attribution.STEPS} steps at "
+        f"{bench_attribution.SAMPLE_HZ:g} Hz",
+        lambda r: f"{r['rank_steps_per_s']:,} rank-steps/s ({r['ratio_to_groupby']:g}x a pandas groupby)",
+        f">= {bench_attribution.GOAL_RANK_STEPS_PER_S:,} rank-steps/s on one core",
+        "CPU time of `attribute()` on a synthetic 1 M-sample run vs a plain pandas groupby-mean of the "
+        "same samples, minimum of interleaved repeats (`benchmarks/bench_attribution.py`).",
     ),
 )
 
