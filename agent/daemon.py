@@ -73,6 +73,8 @@ class Agent:
     ) -> None:
         self.settings = settings
         self.backend = backend
+        # isinstance on a runtime-checkable Protocol inspects attributes: decide once, not per batch.
+        self._observer = backend if isinstance(backend, MarkerObserver) else None
         self.host = host
         self.realtime_ns = realtime_ns
         self.health = BackendHealth()
@@ -228,10 +230,10 @@ class Agent:
             self.rejected.update(result.rejected)
         if result.accepted:
             self.markers.extend(result.accepted)
-            if isinstance(self.backend, MarkerObserver) and batch.gpu >= 0:
+            if self._observer is not None and batch.gpu >= 0:
                 for record in result.accepted:
                     m = record.marker
-                    self.backend.observe_marker(batch.gpu, MarkerKind(m.kind), m.name, m.ts_ns, m.bytes)
+                    self._observer.observe_marker(batch.gpu, MarkerKind(m.kind), m.name, m.ts_ns, m.bytes)
         if result.closed_steps:
             with self._state_lock:
                 self._pending.add(result.closed_steps)

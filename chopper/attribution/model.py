@@ -91,12 +91,14 @@ FIGURES = ("covered_ns", "busy_known_ns", "busy", "busy_clock", "busy_w", "clock
 
 def window_figures(tl: GpuTimeline, b: F64, e: F64) -> dict[str, F64]:
     """What one GPU's samples say about each window ``[b, e]`` (ns relative to the timeline's base)."""
-    fig: dict[str, F64] = {}
-    fig["covered_ns"] = tl.integral(None, b, e)[0]
-    fig["busy"], fig["busy_known_ns"] = tl.integral("busy_ratio", b, e)
-    fig["busy_clock"], fig["busy_w"] = tl.integral("gfx_clock_mhz", b, e, weight="busy_ratio")
-    fig["clock"] = _ratio(*tl.integral("gfx_clock_mhz", b, e))
-    fig["matrix"] = _ratio(*tl.integral("matrix_ratio", b, e))
+    num, den = tl.integrals(
+        ((None, None), ("busy_ratio", None), ("gfx_clock_mhz", "busy_ratio"), ("gfx_clock_mhz", None),
+         ("matrix_ratio", None)), b, e,
+    )
+    fig: dict[str, F64] = {
+        "covered_ns": num[0], "busy": num[1], "busy_known_ns": den[1], "busy_clock": num[2], "busy_w": den[2],
+        "clock": _ratio(num[3], den[3]), "matrix": _ratio(num[4], den[4]),
+    }
     fig["min_clock"] = tl.extreme("gfx_clock_mhz", b, e, largest=False)
     fig["max_temp"] = tl.extreme("temp_c", b, e, largest=True)
     fig["energy_j"] = tl.counter_delta("energy_j", b, e)

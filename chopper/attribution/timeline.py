@@ -22,6 +22,7 @@ exact to the nanosecond (absolute CLOCK_REALTIME nanoseconds exceed float64's 2*
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -56,30 +57,40 @@ class GpuTimeline:
         knots = np.concatenate(([ts[0] - (first_interval_ns or 0.0)], ts)) if ts.size else ts
         return cls(ts, knots, values, counters)
 
-    def _cumulative(self, per_interval: F64) -> F64:
-        widths = np.diff(self.knots)
-        return np.concatenate(([0.0], np.cumsum(per_interval * widths)))
+    def integrals(
+        self, specs: Sequence[tuple[str | None, str | None]], b: F64, e: F64
+    ) -> tuple[F64, F64]:
+        """``(∫ v·w dt, ∫ w dt)`` for each ``(v, w)`` of ``specs`` over each window, in value·ns and ns.
 
-    def integral(self, name: str | None, b: F64, e: F64, weight: str | None = None) -> tuple[F64, F64]:
-        """``(∫ v·w dt, ∫ w dt)`` over each window, in value·ns and ns, where ``v`` and ``w`` are known.
-
-        ``name=None`` integrates 1 (coverage); ``weight=None`` weighs by 1, so the second value
-        is the time ``v`` was known. With ``weight="busy_ratio"`` the ratio of the two is the
-        busy-weighted mean of ``v``.
+        Only intervals where both ``v`` and ``w`` are known count. ``v=None`` integrates 1
+        (coverage); ``w=None`` weighs by 1, so the second value is the time ``v`` was known; with
+        ``w="busy_ratio"`` their ratio is the busy-weighted mean of ``v``. All specs share one
+        cumulative sum and one search of the knots (rows of the results follow ``specs``).
         """
+        k = len(specs)
         if self.ts.size == 0:
-            zeros = np.zeros_like(b)
-            return zeros, zeros
-        v = np.ones(self.ts.size) if name is None else self.values[name]
-        w = np.ones(self.ts.size) if weight is None else self.values[weight]
-        known = ~np.isnan(v) & ~np.isnan(w)
-        w_known = np.where(known, w, 0.0)
-        weighted = self._cumulative(np.where(known, v, 0.0) * w_known)
-        weights = self._cumulative(w_known)
-        return (
-            np.interp(e, self.knots, weighted) - np.interp(b, self.knots, weighted),
-            np.interp(e, self.knots, weights) - np.interp(b, self.knots, weights),
-        )
+            return np.zeros((k, b.size)), np.zeros((k, b.size))
+        ones = np.ones(self.ts.size)
+        rows = []
+        for value, weight in specs:
+            v = ones if value is None else self.values[value]
+            w = ones if weight is None else self.values[weight]
+            known = ~np.isnan(v) & ~np.isnan(w)
+            w_known = np.where(known, w, 0.0)
+            rows += [np.where(known, v, 0.0) * w_known, w_known]
+        widths = np.diff(self.knots)
+        cumulative = np.zeros((2 * k, self.knots.size))
+        np.cumsum(np.vstack(rows) * widths, axis=1, out=cumulative[:, 1:])
+        at = self._interpolate(cumulative, e) - self._interpolate(cumulative, b)
+        return at[0::2], at[1::2]
+
+    def _interpolate(self, cumulative: npt.NDArray[np.float64], x: F64) -> npt.NDArray[np.float64]:
+        """Rows of ``cumulative`` (values at the knots) linearly interpolated at ``x``, flat outside."""
+        knots = self.knots
+        xc = np.clip(x, knots[0], knots[-1])
+        i = np.clip(np.searchsorted(knots, xc, side="right") - 1, 0, knots.size - 2)
+        frac = (xc - knots[i]) / (knots[i + 1] - knots[i])
+        return cumulative[:, i] + frac * (cumulative[:, i + 1] - cumulative[:, i])
 
     def counter_delta(self, name: str, b: F64, e: F64) -> F64:
         """Increase of a cumulative counter over each window; NaN when it was never read."""

@@ -61,11 +61,16 @@ def test_timeline_takes_overlapping_fractions() -> None:
         {"energy_j": np.array([10.0, 20.0, 40.0, 80.0])},
     )
     b, e = np.array([50.0 * MS]), np.array([350.0 * MS])
-    busy, known = tl.integral("busy_ratio", b, e)
+    (busy, clock, coverage), (known, weight, covered) = tl.integrals(
+        [("busy_ratio", None), ("gfx_clock_mhz", "busy_ratio"), (None, None)], b, e
+    )
     assert busy[0] == pytest.approx(0.05e9 * 1.0 + 0.1e9 * 0.5)  # NaN interval and 0 add nothing
     assert known[0] == pytest.approx(0.05e9 + 0.1e9 + 0.05e9)
-    clock, weight = tl.integral("gfx_clock_mhz", b, e, weight="busy_ratio")
     assert clock[0] / weight[0] == pytest.approx((0.05 * 2000 + 0.05 * 1000) / 0.1)
+    assert coverage[0] == covered[0] == pytest.approx(0.3e9)
+    # Windows outside the samples see nothing; one reaching past the last sample sees up to it.
+    outside, _ = tl.integrals([(None, None)], np.array([500.0 * MS, -MS]), np.array([600.0 * MS, 350.0 * MS]))
+    assert outside[0].tolist() == pytest.approx([0.0, 350.0 * MS])
     assert tl.counter_delta("energy_j", b, e)[0] == pytest.approx(60.0 - 10.0)  # 60 = halfway 40..80
     assert tl.extreme("gfx_clock_mhz", b, e, largest=False)[0] == 500.0
     assert tl.extreme("gfx_clock_mhz", np.array([120.0 * MS]), np.array([180.0 * MS]), largest=True)[0] == 1000.0
