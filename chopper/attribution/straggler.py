@@ -10,8 +10,10 @@ Algorithm, per ``(job, step)`` with at least two ranks:
 2. The slowest rank is the one with the largest compute time ``K``; its excess over the median
    ``K`` of the job at that step is reported with its evidence: busy-weighted mean clock against
    the job's median clock, maximum temperature, and the throttle cause with the most DVFS loss.
-   It is a *thermal/power/current straggler* when that cause accrued residency, and an
-   ``unattributed`` one when its clock was low with no residency.
+   It is a *thermal/power/current straggler* when its clock was below the job's median and that
+   cause accrued residency, an ``unattributed`` one when its clock was low with no residency, and
+   ``none`` when its clock was not low: then the excess is not the hardware's (look at the host,
+   the data loader or the kernels).
 
 Seconds in, seconds out; pandas in, pandas out.
 """
@@ -52,5 +54,6 @@ def slowest_ranks(steps: pd.DataFrame) -> pd.DataFrame:
     slowest["job_median_gfx_clock_mhz"] = median_clock
     by_cause = slowest[[f"dvfs_{c}_s" for c in (*THROTTLE_CAUSES, "unattributed")]].to_numpy()
     names = np.array([*THROTTLE_CAUSES, "unattributed"])
-    slowest["cause"] = np.where(by_cause.max(axis=1) > 0, names[by_cause.argmax(axis=1)], "none")
+    clock_low = slowest["mean_gfx_clock_mhz"].to_numpy() < median_clock
+    slowest["cause"] = np.where(clock_low & (by_cause.max(axis=1) > 0), names[by_cause.argmax(axis=1)], "none")
     return slowest[columns].reset_index(drop=True)

@@ -35,7 +35,8 @@ class TinyDecoder(nn.Module):
         super().__init__()
         self.embed = nn.Embedding(VOCAB, DIM)
         block = nn.TransformerEncoderLayer(DIM, HEADS, 4 * DIM, dropout=0.0, batch_first=True, norm_first=True)
-        self.blocks = nn.TransformerEncoder(block, LAYERS)
+        # Nested tensors do not apply with norm_first; asking for them only earns a warning.
+        self.blocks = nn.TransformerEncoder(block, LAYERS, enable_nested_tensor=False)
         self.head = nn.Linear(DIM, VOCAB)
         self.register_buffer("mask", nn.Transformer.generate_square_subsequent_mask(SEQ), persistent=False)
 

@@ -90,3 +90,14 @@ def test_straggler_wait_and_slowest_rank() -> None:
     (slow,) = straggler.slowest_ranks(out).to_dict("records")
     assert (slow["rank"], slow["node"], slow["cause"]) == (2, "b", "thermal")
     assert slow["compute_excess_s"] == pytest.approx(0.20) and slow["job_median_gfx_clock_mhz"] == 1990.0
+
+
+def test_slow_rank_with_normal_clock_is_not_blamed_on_hardware() -> None:
+    steps = pd.DataFrame({
+        "job": ["j"] * 3, "step": [0] * 3, "rank": [0, 1, 2], "node": ["a"] * 3, "gpu": [0, 1, 2],
+        "exposed_comm_s": [0.1, 0.1, 0.0], "compute_s": [0.5, 0.5, 0.6],
+        "mean_gfx_clock_mhz": [1900.0, 1900.0, 1950.0], "max_temp_c": [70.0] * 3,
+        **{f"dvfs_{c}_s": [0.01, 0.01, 0.01] for c in ("power", "thermal", "current", "other", "unattributed")},
+    })
+    (slow,) = straggler.slowest_ranks(steps).to_dict("records")
+    assert slow["rank"] == 2 and slow["cause"] == "none"
