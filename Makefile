@@ -7,8 +7,9 @@ BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
-# Debian packages the tests start for real (Prometheus scrapes the agent in integration tests).
-APT_PACKAGES := prometheus
+# Debian packages the tests start for real: Prometheus scrapes the agent in integration tests,
+# headless Chromium renders the HTML report.
+APT_PACKAGES := prometheus chromium
 
 .PHONY: demo test lint bench proto apt-deps clean
 
