@@ -1,0 +1,61 @@
+"""Kernel-level analysis of Kineto / PyTorch-profiler traces (CUDA and ROCm).
+
+Facade: :func:`load_trace`, :func:`load_traces`, :class:`Trace`, :class:`TraceError`. The
+hierarchy lives in :mod:`chopper.trace.hierarchy`, analyses in :mod:`chopper.trace.analyses`.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+from chopper.trace.reader import Trace, TraceError, read_trace
+
+__all__ = ["Trace", "TraceError", "load_trace", "load_traces"]
+
+
+def load_trace(path: str | Path) -> Trace:
+    """Read one rank's trace (``.json`` or ``.json.gz``).
+
+    Raises:
+        TraceError: the file is missing, truncated, not a trace, or has no GPU kernels.
+    """
+    return read_trace(path)
+
+
+def load_traces(paths: Iterable[str | Path] | str | Path) -> list[Trace]:
+    """Read the traces of one job, one per rank, sorted by rank.
+
+    Args:
+        paths: Trace files, or a directory holding them (``*.json`` and ``*.json.gz``).
+
+    Returns:
+        The traces sorted by rank.
+
+    Raises:
+        TraceError: any trace is bad, two files claim the same rank, or the files disagree on
+            the world size (two jobs mixed); the message names both files.
+    """
+    if isinstance(paths, str | Path) and Path(paths).is_dir():
+        folder = Path(paths)
+        files = sorted([*folder.glob("*.json"), *folder.glob("*.json.gz")])
+        if not files:
+            raise TraceError(f"{folder}: no .json or .json.gz traces in this directory. Point at the trace files")
+    elif isinstance(paths, str | Path):
+        files = [Path(paths)]
+    else:
+        files = [Path(p) for p in paths]
+    traces = sorted((read_trace(f) for f in files), key=lambda t: t.rank)
+    by_rank: dict[int, Trace] = {}
+    for t in traces:
+        if t.rank in by_rank:
+            raise TraceError(
+                f"{by_rank[t.rank].path} and {t.path} both hold rank {t.rank}: two runs of the same job "
+                "mixed in one set. Keep one trace per rank")
+        by_rank[t.rank] = t
+    worlds = [t for t in traces if t.world_size is not None]
+    for t in worlds[1:]:
+        if t.world_size != worlds[0].world_size:
+            raise TraceError(
+                f"{worlds[0].path} (world size {worlds[0].world_size}) and {t.path} (world size {t.world_size}) "
+                "come from different jobs. Analyze the traces of one job together")
+    return traces

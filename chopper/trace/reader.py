@@ -1,0 +1,429 @@
+"""Streamed, vectorized reader of Kineto / PyTorch-profiler JSON traces (CUDA and ROCm).
+
+A multi-GB trace is never held as Python event dicts: ``ijson`` (C backend when present) yields
+one event at a time, the reader keeps only the fields the analyses need in typed ``array``
+columns (8 bytes a value), interns repeated names, and builds the frames of
+:mod:`chopper.trace.frames` once at the end.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import re
+import zlib
+from array import array
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import ijson as _ijson
+import numpy as np
+import pandas as pd
+from ijson.common import IncompleteJSONError, JSONError, ObjectBuilder
+
+from chopper.trace.frames import (
+    CPU_OP_COLUMNS,
+    FLOW_COLUMNS,
+    GPU_ANNOTATION_COLUMNS,
+    KERNEL_COLUMNS,
+    RUNTIME_COLUMNS,
+)
+
+try:  # the C backend is ~10x faster than the pure-Python one; fall back to whatever ijson picked
+    ijson: Any = _ijson.get_backend("yajl2_c")
+except ImportError:  # pragma: no cover - depends on the wheel
+    ijson = _ijson
+
+KERNEL_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "Kernel", "Memcpy", "Memset"})
+SYNC_CATS = frozenset({"cuda_sync"})
+RUNTIME_CATS = frozenset({"cuda_runtime", "cuda_driver", "hip_runtime", "Runtime", "Driver"})
+CPU_OP_CATS = frozenset({"cpu_op", "user_annotation", "python_function", "Operator"})
+GPU_ANNOTATION_CATS = frozenset({"gpu_user_annotation"})
+FLOW_CATS = frozenset({"fwdbwd", "ac2g"})
+FLOW_PHASES = frozenset({"s", "f", "t"})
+
+_TAIL_BYTES = 1 << 16
+_RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
+
+
+class TraceError(ValueError):
+    """A trace file that cannot be analyzed; the message names the file and the fix."""
+
+
+@dataclass
+class Trace:
+    """One rank's parsed trace.
+
+    Attributes:
+        path: The file it was read from.
+        rank: ``distributedInfo.rank``, else ``rank<N>`` in the file name, else 0.
+        world_size: ``distributedInfo.world_size``, or None when the trace does not say.
+        device_type: ``"cuda"`` or ``"rocm"``.
+        kernels: GPU kernels, memcpys and memsets (``frames.KERNEL_COLUMNS``).
+        runtime: CUDA/HIP runtime and driver calls (``frames.RUNTIME_COLUMNS``).
+        cpu_ops: CPU ranges: cpu_op, user_annotation, python_function (``frames.CPU_OP_COLUMNS``).
+        gpu_annotations: ``gpu_user_annotation`` ranges (``frames.GPU_ANNOTATION_COLUMNS``).
+        flows: flow endpoints, fwdbwd and ac2g (``frames.FLOW_COLUMNS``).
+        gpu_syncs: ``cuda_sync`` events on the GPU timeline (``frames.KERNEL_COLUMNS``); not
+            kernels, but counted as GPU activity by Holistic Trace Analysis.
+        fractional_ts: True when the trace writes timestamps as floats (sub-µs, ROCm and newer
+            PyTorch); HTA then rounds starts up and ends down to whole µs.
+        metadata: Top-level keys other than ``traceEvents`` (distributedInfo, deviceProperties,
+            baseTimeNanoseconds, traceName, ...).
+        warnings: What the reader could not link, and which analyses lose what because of it.
+    """
+
+    path: Path
+    rank: int
+    world_size: int | None
+    device_type: str
+    kernels: pd.DataFrame
+    runtime: pd.DataFrame
+    cpu_ops: pd.DataFrame
+    gpu_annotations: pd.DataFrame
+    flows: pd.DataFrame
+    gpu_syncs: pd.DataFrame
+    fractional_ts: bool = False
+    metadata: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+
+class _Interner:
+    """Maps repeated strings to small ints so a column costs 4 bytes a row, not a str object."""
+
+    def __init__(self) -> None:
+        self.codes: dict[str, int] = {}
+        self.values: list[str] = []
+
+    def code(self, s: Any) -> int:
+        s = "" if s is None else str(s)
+        c = self.codes.get(s)
+        if c is None:
+            c = len(self.values)
+            self.codes[s] = c
+            self.values.append(s)
+        return c
+
+    def decode(self, codes: array) -> np.ndarray:
+        # One shared str object per distinct name: the column is an array of pointers.
+        table = np.array([*self.values, ""], dtype=object)
+        return table[np.frombuffer(codes, dtype=np.int32)] if len(codes) else np.array([], dtype=object)
+
+
+class _Columns:
+    """Typed column buffers for one frame."""
+
+    def __init__(self, spec: dict[str, str]) -> None:
+        self.cols = {name: array(tc) for name, tc in spec.items()}
+
+    def __len__(self) -> int:
+        return len(next(iter(self.cols.values())))
+
+
+def _to_int(v: Any, default: int = -1) -> int:
+    if isinstance(v, int) and not isinstance(v, bool):
+        return v
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    if isinstance(v, str):
+        try:
+            return int(v, 0)
+        except ValueError:
+            return default
+    return default
+
+
+def _us_to_ns(v: Any) -> int:
+    """Kineto µs (int or float) → int ns, rounded; the integer part stays exact beyond 2**53 ns."""
+    if isinstance(v, int):
+        return v * 1000
+    whole = math.floor(v)
+    return whole * 1000 + round((v - whole) * 1000)
+
+
+class _TailKeeper:
+    """File wrapper that remembers the last bytes read, to find metadata after ``traceEvents``."""
+
+    def __init__(self, fh: IO[bytes]) -> None:
+        self._fh = fh
+        self.tail = b""
+
+    def read(self, n: int = -1) -> bytes:
+        data = self._fh.read(n)
+        if data:
+            self.tail = (self.tail + data)[-_TAIL_BYTES:]
+        return data
+
+
+def _open(path: Path) -> IO[bytes]:
+    if path.name.endswith(".gz"):
+        return gzip.open(path, "rb")  # type: ignore[return-value]
+    return open(path, "rb")
+
+
+def _bad(path: Path, what: str, fix: str) -> TraceError:
+    return TraceError(f"{path}: {what}. {fix}")
+
+
+def _read_head(path: Path) -> dict[str, Any]:
+    """Top-level keys before ``traceEvents`` (Kineto writes most metadata first).
+
+    Raises:
+        TraceError: not a JSON object, or no ``traceEvents`` list.
+    """
+    meta: dict[str, Any] = {}
+    with _open(path) as fh:
+        events = ijson.parse(fh, use_float=True)
+        key: str | None = None
+        builder: Any = None
+        for prefix, event, value in events:
+            if prefix == "" and event == "start_array":
+                raise _bad(path, "the JSON is a list, not a Kineto trace object",
+                           "Export the trace with torch.profiler "
+                           "(prof.export_chrome_trace or tensorboard_trace_handler)")
+            if prefix == "" and event == "map_key":
+                if value == "traceEvents":
+                    _, ev2, _ = next(events)
+                    if ev2 != "start_array":
+                        raise _bad(path, "'traceEvents' is not a list", "The file is not a Kineto trace")
+                    return meta
+                key, builder = value, None
+                continue
+            if key is None or prefix == "":
+                continue
+            if prefix == key and event in ("string", "number", "boolean", "null"):
+                meta[key] = value
+                continue
+            if builder is None:
+                builder = ObjectBuilder()
+            builder.event(event, value)
+            if prefix == key and event in ("end_map", "end_array"):
+                meta[key] = builder.value
+                builder = None
+    raise _bad(path, "no 'traceEvents' list: JSON that is not a Kineto / PyTorch-profiler trace",
+               "Pass a trace written by torch.profiler (a .json or .json.gz with a traceEvents list)")
+
+
+def _read_tail(tail: bytes) -> dict[str, Any]:
+    """Top-level keys after the ``traceEvents`` array, from the last bytes of the stream.
+
+    Algorithm:
+        1. For each ``]`` in the tail, right to left, try to parse ``{`` + what follows its comma.
+        2. Only the end of ``traceEvents`` leaves a text that closes exactly one object, so the
+           leftmost success is the tail metadata (an inner ``]`` leaves unbalanced braces).
+    """
+    text = tail.decode("utf-8", errors="replace")
+    found: dict[str, Any] = {}
+    pos = len(text)
+    for _ in range(400):  # bounded: tail keys are a handful of scalars
+        pos = text.rfind("]", 0, pos)
+        if pos < 0:
+            break
+        rest = text[pos + 1:].lstrip()
+        if rest.startswith(","):
+            try:
+                obj = json.loads("{" + rest[1:])
+            except ValueError:
+                continue
+            if isinstance(obj, dict):
+                found = obj
+    return found
+
+
+def read_trace(path: str | Path) -> Trace:
+    """Read one Kineto trace file into frames.
+
+    Algorithm:
+        1. Read the top-level keys before ``traceEvents`` with the low-level parser, stopping at
+           the event list (cheap: metadata is at the head of Kineto files).
+        2. Stream ``traceEvents.item`` with ``ijson.items``; route each event by ``cat``/``ph`` into
+           typed column buffers, keeping from ``args`` only correlation, External id, device and
+           stream; intern names and categories.
+        3. Parse top-level keys written after the events from the last 64 KiB of the stream.
+        4. Build the frames (ts/dur µs → int64 ns; end = ts + dur), detect rank, world size and
+           device type, and record what cannot be linked in ``warnings``.
+
+    Args:
+        path: A ``.json`` or ``.json.gz`` trace.
+
+    Returns:
+        The parsed :class:`Trace`.
+
+    Raises:
+        TraceError: missing or unreadable file, truncated gzip, not JSON, not a trace, no GPU kernels.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise _bad(path, "no such trace file", "Check the path (a .json or .json.gz written by torch.profiler)")
+    if path.is_dir():
+        raise _bad(path, "is a directory", "Pass the trace files inside it (load_traces) instead")
+    try:
+        meta = _read_head(path)
+        tail_meta, parsed = _read_events(path)
+    except TraceError:
+        raise
+    except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+        raise _bad(path, f"truncated or corrupt gzip ({exc})",
+                   "The file was cut short (copy interrupted or profiler killed); copy or record it again") from exc
+    except IncompleteJSONError as exc:
+        raise _bad(path, f"not valid JSON or cut short ({exc})",
+                   "Record or copy the trace again; a partly written trace cannot be analyzed") from exc
+    except JSONError as exc:
+        raise _bad(path, f"not valid JSON ({exc})",
+                   "Pass a Kineto / PyTorch-profiler trace (.json or .json.gz)") from exc
+    except UnicodeDecodeError as exc:
+        raise _bad(path, "not text JSON", "Pass a Kineto / PyTorch-profiler trace (.json or .json.gz)") from exc
+    meta.update(tail_meta)
+    return _assemble(path, meta, parsed)
+
+
+def _read_events(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    names = _Interner()
+    cats = _Interner()
+    k = _Columns({"name": "i", "cat": "i", "ts": "q", "dur": "q", "device": "q", "stream": "q", "correlation": "q"})
+    s = _Columns({"name": "i", "cat": "i", "ts": "q", "dur": "q", "device": "q", "stream": "q", "correlation": "q"})
+    r = _Columns({"name": "i", "ts": "q", "dur": "q", "pid": "q", "tid": "q", "correlation": "q"})
+    c = _Columns({"name": "i", "cat": "i", "ts": "q", "dur": "q", "pid": "q", "tid": "q", "external_id": "q"})
+    g = _Columns({"name": "i", "ts": "q", "dur": "q", "device": "q", "stream": "q"})
+    f = _Columns({"id": "q", "cat": "i", "phase": "i", "ts": "q", "pid": "q", "tid": "q"})
+    fractional = False
+    kernels_without_corr = 0
+    with _open(path) as raw:
+        fh = _TailKeeper(raw)
+        for e in ijson.items(fh, "traceEvents.item", use_float=True):
+            if not isinstance(e, dict):
+                continue
+            cat = e.get("cat")
+            ts = e.get("ts")
+            if isinstance(ts, float):
+                fractional = True
+            if ts is None or cat is None:
+                continue
+            ph = e.get("ph")
+            if ph == "X":
+                dur = e.get("dur", 0) or 0
+                args = e.get("args") or {}
+                if cat in KERNEL_CATS or cat in SYNC_CATS:
+                    cols = k.cols if cat in KERNEL_CATS else s.cols
+                    corr = _to_int(args.get("correlation"))
+                    if corr < 0 and cat in KERNEL_CATS:
+                        kernels_without_corr += 1
+                    cols["name"].append(names.code(e.get("name")))
+                    cols["cat"].append(cats.code(cat))
+                    cols["ts"].append(_us_to_ns(ts))
+                    cols["dur"].append(_us_to_ns(dur))
+                    cols["device"].append(_to_int(args.get("device", e.get("pid"))))
+                    cols["stream"].append(_to_int(args.get("stream", e.get("tid"))))
+                    cols["correlation"].append(corr)
+                elif cat in RUNTIME_CATS:
+                    cols = r.cols
+                    cols["name"].append(names.code(e.get("name")))
+                    cols["ts"].append(_us_to_ns(ts))
+                    cols["dur"].append(_us_to_ns(dur))
+                    cols["pid"].append(_to_int(e.get("pid")))
+                    cols["tid"].append(_to_int(e.get("tid")))
+                    cols["correlation"].append(_to_int(args.get("correlation")))
+                elif cat in CPU_OP_CATS:
+                    cols = c.cols
+                    cols["name"].append(names.code(e.get("name")))
+                    cols["cat"].append(cats.code(cat))
+                    cols["ts"].append(_us_to_ns(ts))
+                    cols["dur"].append(_us_to_ns(dur))
+                    cols["pid"].append(_to_int(e.get("pid")))
+                    cols["tid"].append(_to_int(e.get("tid")))
+                    cols["external_id"].append(_to_int(args.get("External id")))
+                elif cat in GPU_ANNOTATION_CATS:
+                    cols = g.cols
+                    cols["name"].append(names.code(e.get("name")))
+                    cols["ts"].append(_us_to_ns(ts))
+                    cols["dur"].append(_us_to_ns(dur))
+                    cols["device"].append(_to_int(args.get("device", e.get("pid"))))
+                    cols["stream"].append(_to_int(args.get("stream", e.get("tid"))))
+            elif ph in FLOW_PHASES and cat in FLOW_CATS:
+                cols = f.cols
+                cols["id"].append(_to_int(e.get("id")))
+                cols["cat"].append(cats.code(cat))
+                cols["phase"].append(cats.code(ph))
+                cols["ts"].append(_us_to_ns(ts))
+                cols["pid"].append(_to_int(e.get("pid")))
+                cols["tid"].append(_to_int(e.get("tid")))
+        tail = fh.tail
+    parsed = {
+        "names": names, "cats": cats, "kernels": k, "syncs": s, "runtime": r, "cpu_ops": c,
+        "gpu_annotations": g, "flows": f, "fractional": fractional,
+        "kernels_without_corr": kernels_without_corr,
+    }
+    return _read_tail(tail), parsed
+
+
+def _frame(buf: _Columns, columns: tuple[str, ...], names: _Interner, cats: _Interner) -> pd.DataFrame:
+    data: dict[str, Any] = {}
+    n = len(buf)
+    for col in columns:
+        if col == "end_ns":
+            continue
+        src = {"ts_ns": "ts", "dur_ns": "dur"}.get(col, col)
+        values = buf.cols[src]
+        if col == "name":
+            data[col] = names.decode(values)
+        elif col in ("cat", "phase"):
+            data[col] = cats.decode(values)
+        else:
+            data[col] = np.frombuffer(values, dtype=np.int64).copy() if n else np.array([], dtype=np.int64)
+    if "end_ns" in columns:
+        data["end_ns"] = data["ts_ns"] + data["dur_ns"]
+    return pd.DataFrame(data, columns=list(columns))
+
+
+def _detect_device_type(meta: dict[str, Any], runtime: pd.DataFrame, kernels: pd.DataFrame) -> str:
+    props = meta.get("deviceProperties") or []
+    gpu_names = " ".join(str(p.get("name", "")) for p in props if isinstance(p, dict))
+    if re.search(r"AMD|Radeon|Instinct|MI\d{3}", gpu_names):
+        return "rocm"
+    if len(runtime) and runtime["name"].str.startswith("hip").any():
+        return "rocm"
+    if len(kernels) and kernels["name"].str.startswith("Cijk_").any():
+        return "rocm"
+    return "cuda"
+
+
+def _detect_rank(path: Path, meta: dict[str, Any]) -> tuple[int, int | None]:
+    dist = meta.get("distributedInfo")
+    world = None
+    if isinstance(dist, dict):
+        world = _to_int(dist.get("world_size"), default=-1)
+        world = world if world > 0 else None
+        rank = _to_int(dist.get("rank"), default=-1)
+        if rank >= 0:
+            return rank, world
+    m = _RANK_IN_NAME.search(path.name)
+    return (int(m.group(1)) if m else 0), world
+
+
+def _assemble(path: Path, meta: dict[str, Any], p: dict[str, Any]) -> Trace:
+    names, cats = p["names"], p["cats"]
+    kernels = _frame(p["kernels"], KERNEL_COLUMNS, names, cats)
+    if kernels.empty:
+        raise _bad(path, "no GPU kernels (no events with cat kernel / gpu_memcpy / gpu_memset): a CPU-only profile",
+                   "Record with torch.profiler activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA] "
+                   "(CUDA also covers ROCm) so GPU activity is traced")
+    runtime = _frame(p["runtime"], RUNTIME_COLUMNS, names, cats)
+    cpu_ops = _frame(p["cpu_ops"], CPU_OP_COLUMNS, names, cats)
+    gpu_annotations = _frame(p["gpu_annotations"], GPU_ANNOTATION_COLUMNS, names, cats)
+    flows = _frame(p["flows"], FLOW_COLUMNS, names, cats)
+    syncs = _frame(p["syncs"], KERNEL_COLUMNS, names, cats)
+    rank, world = _detect_rank(path, meta)
+    warnings: list[str] = []
+    missing = p["kernels_without_corr"]
+    if missing:
+        warnings.append(
+            f"{path}: {missing} of {len(kernels)} GPU kernels have no correlation id (stored as -1): they "
+            "cannot be linked to their launching runtime call, so the hierarchy leaves cpu_op, layer, phase "
+            "and iteration empty for them, and the ProfilerStep filter of the temporal, overlap and "
+            "kernel-type analyses keeps them unfiltered")
+    return Trace(
+        path=path, rank=rank, world_size=world, device_type=_detect_device_type(meta, runtime, kernels),
+        kernels=kernels, runtime=runtime, cpu_ops=cpu_ops, gpu_annotations=gpu_annotations, flows=flows,
+        gpu_syncs=syncs, fractional_ts=p["fractional"], metadata=meta, warnings=warnings,
+    )
