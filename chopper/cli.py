@@ -1,4 +1,4 @@
-"""``chopper``: the command line. Subcommands: ``demo``, ``info``, ``steps``, ``record``, ``attribute``."""
+"""``chopper``: the command line. Subcommands: ``demo``, ``info``, ``steps``, ``record``, ``attribute``, ``report``."""
 from __future__ import annotations
 
 import argparse
@@ -43,6 +43,12 @@ def build_parser() -> argparse.ArgumentParser:
     attribute.add_argument("run_dir", metavar="RUN_DIR", help="recorded run directory (chopper record)")
     attribute.add_argument("--json", action="store_true", help="print JSON instead of a table")
     attribute.add_argument("--job", default=None, help="only this job")
+    report = sub.add_parser("report", help="write a self-contained HTML report with plots of a recorded run")
+    report.add_argument("path", metavar="RUN_OR_TRACE_DIR",
+                        help="recorded run directory (chopper record); trace directories: not yet supported")
+    report.add_argument("-o", "--output", required=True, help="HTML file to write")
+    report.add_argument("--job", default=None, help="only this job")
+    report.add_argument("--quiet", action="store_true", help="no progress bar (drawn only on a terminal anyway)")
     return parser
 
 
@@ -52,6 +58,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _record(args)
     if args.command == "attribute":
         return _attribute(args)
+    if args.command == "report":
+        return _report(args)
     if args.command == "demo":
         from chopper.demo.run import DemoOptions, run_demo
 
@@ -93,6 +101,24 @@ def _attribute(args: argparse.Namespace) -> int:
             print(f"  {problem}", file=sys.stderr)
         return 2
     print(json.dumps(to_json(result), indent=1) if args.json else format_table(result))
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from chopper.attribution import AttributionError
+    from chopper.report import ReportError, build_report, terminal_progress
+    from chopper.rundir import RunDirError
+
+    try:
+        out = build_report(args.path, args.output, job=args.job,
+                           progress=None if args.quiet else terminal_progress(sys.stderr))
+    except (ReportError, RunDirError, AttributionError) as exc:
+        print(f"chopper report: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"chopper report: cannot write {args.output}: {exc}", file=sys.stderr)
+        return 1
+    print(f"wrote {out}")
     return 0
 
 
