@@ -105,7 +105,7 @@ def _thread_codes(*pairs: tuple[np.ndarray, np.ndarray]) -> list[np.ndarray]:
 
 
 def _name_at(names: pd.Series, idx: np.ndarray) -> np.ndarray:
-    table = np.append(names.to_numpy(dtype=object), None)
+    table = np.array([*names.to_numpy(dtype=object), None], dtype=object)
     return table[np.where(idx >= 0, idx, len(table) - 1)]
 
 
@@ -172,7 +172,7 @@ def build(trace: Trace) -> pd.DataFrame:
     k["phase"] = np.where(~linked, "unknown", np.where(in_opt, "optimizer", np.where(in_bwd, "backward", "forward")))
 
     step_idx = innermost(is_step, q_s=l_ts, q_e=l_ts, q_g=np.where(linked, 0, -1), iv_g=np.zeros(len(ops), np.int64))
-    step_no = names.str.extract(_STEP)[0].fillna(-1).astype(np.int64).to_numpy()
+    step_no = pd.to_numeric(names.str.extract(_STEP)[0], errors="coerce").fillna(-1).to_numpy(dtype=np.int64)
     k["iteration"] = np.where(step_idx >= 0, step_no[np.maximum(step_idx, 0)], -1)
     k["launch_ts_ns"] = l_ts
     k["launch_thread"] = l_tid
