@@ -1,4 +1,7 @@
-"""``chopper``: the command line. Subcommands: ``demo``, ``info``, ``steps``, ``record``, ``attribute``, ``report``."""
+"""``chopper``: the command line.
+
+Subcommands: ``demo``, ``info``, ``steps``, ``record``, ``attribute``, ``report``, ``trace``.
+"""
 from __future__ import annotations
 
 import argparse
@@ -49,6 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("-o", "--output", required=True, help="HTML file to write")
     report.add_argument("--job", default=None, help="only this job")
     report.add_argument("--quiet", action="store_true", help="no progress bar (drawn only on a terminal anyway)")
+    trace = sub.add_parser("trace", help="kernel-level analysis of PyTorch-profiler (Kineto) traces, one per rank")
+    trace.add_argument("paths", metavar="PATH", nargs="+",
+                       help="trace files (.json / .json.gz) and/or directories of them, one job")
+    trace.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    trace.add_argument("--top", type=_positive(int), default=10, help="rows of each top-N table (default 10)")
     return parser
 
 
@@ -60,6 +68,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _attribute(args)
     if args.command == "report":
         return _report(args)
+    if args.command == "trace":
+        return _trace(args)
     if args.command == "demo":
         from chopper.demo.run import DemoOptions, run_demo
 
@@ -119,6 +129,36 @@ def _report(args: argparse.Namespace) -> int:
         print(f"chopper report: cannot write {args.output}: {exc}", file=sys.stderr)
         return 1
     print(f"wrote {out}")
+    return 0
+
+
+def _trace(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from chopper.trace import TraceError, load_traces
+    from chopper.trace.report import analyze, format_text
+
+    try:
+        files: list[Path] = []
+        for p in map(Path, args.paths):
+            if p.is_dir():
+                found = sorted([*p.glob("*.json"), *p.glob("*.json.gz")])
+                if not found:
+                    raise TraceError(f"{p}: no .json or .json.gz traces in this directory. Point at the trace files")
+                files += found
+            else:
+                files.append(p)
+        traces = load_traces(files)
+    except TraceError as exc:
+        print(f"chopper trace: {exc}", file=sys.stderr)
+        return 2
+    # What the reader could not link is said, and the analyses still run on the rest.
+    for t in traces:
+        for warning in t.warnings:
+            print(f"chopper trace: warning: {warning}", file=sys.stderr)
+    result = analyze(traces, top=args.top)
+    print(json.dumps(result, indent=1, allow_nan=False) if args.json else format_text(result), end="\n")
     return 0
 
 
