@@ -34,7 +34,8 @@ KERNEL_TABLE: tuple[tuple[str, str, str], ...] = (
     # Attention before GEMM: fused attention kernels often carry "gemm" in their template names.
     (COMPUTATION, "ATTENTION", r"(?i)flash|fmha|attention|sdpa|_attn|attn_"),
     # Convolutions run as implicit GEMMs on tensor / matrix cores, so they count as GEMM.
-    (COMPUTATION, "GEMM", r"(?i)gemm|gemv|cutlass|cublas|Cijk_|matmul|wmma|mfma|xmma|nvjet|"
+    # fbgemm is a library name (embedding kernels), not a matrix multiply.
+    (COMPUTATION, "GEMM", r"(?i)(?<!fb)gemm|gemv|cutlass|cublas|Cijk_|matmul|wmma|mfma|xmma|nvjet|"
                           r"scudnn|cudnn.*conv|fprop|dgrad|wgrad|conv2d|convolution"),
     (COMPUTATION, "ELEMENTWISE", r"(?i)elementwise|vectorized|unrolled|reduce|softmax|layer_?norm|"
                                  r"rms_?norm|batch_?norm|dropout|copy|fill|multi_tensor|scan|sort|"

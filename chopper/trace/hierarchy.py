@@ -173,7 +173,8 @@ def build(trace: Trace) -> pd.DataFrame:
 
     step_idx = innermost(is_step, q_s=l_ts, q_e=l_ts, q_g=np.where(linked, 0, -1), iv_g=np.zeros(len(ops), np.int64))
     step_no = pd.to_numeric(names.str.extract(_STEP)[0], errors="coerce").fillna(-1).to_numpy(dtype=np.int64)
-    k["iteration"] = np.where(step_idx >= 0, step_no[np.maximum(step_idx, 0)], -1)
+    # A trace without CPU ops has no ProfilerStep to look up: every kernel is outside any iteration.
+    k["iteration"] = np.where(step_idx >= 0, step_no[np.maximum(step_idx, 0)], -1) if step_no.size else -1
     k["launch_ts_ns"] = l_ts
     k["launch_thread"] = l_tid
     k["rank"] = trace.rank

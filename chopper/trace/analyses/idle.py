@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from chopper.trace.analyses.launch import join_launch
-from chopper.trace.analyses.temporal import _drop_last_step, gpu_activity, merge_intervals
+from chopper.trace.analyses.temporal import gpu_activity, merge_intervals, without_last_step
 from chopper.trace.reader import Trace
 
 _US = 1000.0
@@ -47,7 +47,7 @@ def activity_with_launch(trace: Trace) -> pd.DataFrame:
         v = np.asarray(ns, dtype=np.int64)
         return -((-v) // 1000) * 1000 if rounding else v
 
-    act = _drop_last_step(trace, act, up).reset_index(drop=True)
+    act = without_last_step(trace, act, up).reset_index(drop=True)
     act["launch_ts_ns"], _, act["linked"] = join_launch(trace.runtime, act["correlation"])
     return act
 

@@ -93,11 +93,11 @@ def gpu_activity(trace: Trace, *, hta_rounding: bool = True, include_syncs: bool
     if rounding:
         act["end_ns"] = np.maximum((act["end_ns"].to_numpy() // _US) * _US, act["start_ns"].to_numpy())
     if drop_last_step:
-        act = _drop_last_step(trace, act, up)
+        act = without_last_step(trace, act, up)
     return act.drop(columns="correlation").reset_index(drop=True)
 
 
-def _drop_last_step(trace: Trace, act: pd.DataFrame, up: object) -> pd.DataFrame:
+def without_last_step(trace: Trace, act: pd.DataFrame, up: object) -> pd.DataFrame:
     ops = trace.cpu_ops
     is_step = ops["name"].str.contains("ProfilerStep", regex=False)
     names = set(ops.loc[is_step, "name"]) | set(
