@@ -10,6 +10,11 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # Debian packages the tests start for real: Prometheus scrapes the agent in integration tests,
 # headless Chromium renders the HTML report.
 APT_PACKAGES := prometheus chromium
+# Benchmark-only: Holistic Trace Analysis, the baseline of benchmarks/bench_trace_vs_hta.py, lives in
+# its own venv so that its heavy dependencies (jupyterlab, plotly, ...) never enter ours or `make test`.
+HTA_VENV := .venv-hta
+HTA_VERSION := 0.5.0
+HTA_STAMP := $(HTA_VENV)/.installed-$(HTA_VERSION)
 
 .PHONY: demo test lint bench proto apt-deps clean
 
@@ -17,6 +22,12 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[dev,torch]' '$(TORCH)'
+	touch $@
+
+$(HTA_STAMP):
+	test -x $(HTA_VENV)/bin/python || $(PYTHON) -m venv $(HTA_VENV)
+	$(HTA_VENV)/bin/python -m pip install -q --upgrade pip
+	$(HTA_VENV)/bin/python -m pip install -q 'HolisticTraceAnalysis==$(HTA_VERSION)'
 	touch $@
 
 apt-deps:
@@ -37,11 +48,11 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy chopper agent aggregator
 
-bench: $(STAMP)
-	$(BIN)/python -m benchmarks
+bench: $(STAMP) $(HTA_STAMP)
+	CHOPPER_HTA_PYTHON=$(HTA_VENV)/bin/python $(BIN)/python -m benchmarks --write docs/PERFORMANCE.md
 
 proto: $(STAMP)
 	$(BIN)/python -m chopper.proto.generate
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .mypy_cache
+	rm -rf $(VENV) $(HTA_VENV) build *.egg-info .pytest_cache .ruff_cache .mypy_cache

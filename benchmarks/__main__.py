@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks import bench_agent_cpu, bench_agent_kill, bench_attribution, bench_marker_cost
+from benchmarks import bench_agent_cpu, bench_agent_kill, bench_attribution, bench_marker_cost, bench_trace_vs_hta
 
 
 @dataclass(frozen=True)
@@ -69,6 +69,21 @@ BENCHES = (
         f">= {bench_attribution.GOAL_RANK_STEPS_PER_S:,} rank-steps/s on one core",
         "CPU time of `attribute()` on a synthetic 1 M-sample run vs a plain pandas groupby-mean of the "
         "same samples, minimum of interleaved repeats (`benchmarks/bench_attribution.py`).",
+    ),
+    Bench(
+        "trace_vs_hta", bench_trace_vs_hta.run,
+        f"trace parse + temporal, overlap and kernel-type analyses vs Holistic Trace Analysis "
+        f"{bench_trace_vs_hta.HTA_VERSION}",
+        lambda r: (f"{r['large_mb']:g} MB trace: {r['large_speedup']:g}x faster, {r['large_memory_ratio']:g}x the "
+                   f"memory; 4 real traces (start-up bound): {r['real_speedup_min']:g}-{r['real_speedup_max']:g}x "
+                   f"faster, {r['real_memory_ratio_min']:g}-{r['real_memory_ratio_max']:g}x the memory; "
+                   f"figures {'equal' if r['figures_agree'] else 'DIFFER'} (max rel. diff {r['max_rel_diff']:.1g})"),
+        f">= {bench_trace_vs_hta.GOAL_SPEEDUP:g}x faster and <= {bench_trace_vs_hta.GOAL_MEMORY_RATIO:g}x the peak "
+        "memory of HTA on every trace, same figures",
+        "each of the four reference traces and a synthetic ~150 MB trace (nccl rank 0 repeated, shifted in time and "
+        "ids) analyzed by HTA (`.venv-hta`, `CHOPPER_HTA_PYTHON`) and by ours, each in a fresh process: wall time "
+        "Popen to wait4 (start-up included; `work_s` excludes imports), peak RSS as the child's VmHWM, medians of "
+        "3 interleaved rounds; figures compared (`benchmarks/bench_trace_vs_hta.py`).",
     ),
 )
 
