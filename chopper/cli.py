@@ -46,11 +46,13 @@ def build_parser() -> argparse.ArgumentParser:
     attribute.add_argument("run_dir", metavar="RUN_DIR", help="recorded run directory (chopper record)")
     attribute.add_argument("--json", action="store_true", help="print JSON instead of a table")
     attribute.add_argument("--job", default=None, help="only this job")
-    report = sub.add_parser("report", help="write a self-contained HTML report with plots of a recorded run")
+    report = sub.add_parser("report", help="write a self-contained HTML report with plots of a recorded run "
+                                           "and/or its Kineto traces")
     report.add_argument("path", metavar="RUN_OR_TRACE_DIR",
-                        help="recorded run directory (chopper record); trace directories: not yet supported")
+                        help="recorded run directory (chopper record), Kineto trace file, directory of traces "
+                             "(*.json, *.json.gz, one per rank), or a directory holding a run and its traces")
     report.add_argument("-o", "--output", required=True, help="HTML file to write")
-    report.add_argument("--job", default=None, help="only this job")
+    report.add_argument("--job", default=None, help="only this job of the recorded run")
     report.add_argument("--quiet", action="store_true", help="no progress bar (drawn only on a terminal anyway)")
     trace = sub.add_parser("trace", help="kernel-level analysis of PyTorch-profiler (Kineto) traces, one per rank")
     trace.add_argument("paths", metavar="PATH", nargs="+",
@@ -118,11 +120,12 @@ def _report(args: argparse.Namespace) -> int:
     from chopper.attribution import AttributionError
     from chopper.report import ReportError, build_report, terminal_progress
     from chopper.rundir import RunDirError
+    from chopper.trace import TraceError
 
     try:
         out = build_report(args.path, args.output, job=args.job,
                            progress=None if args.quiet else terminal_progress(sys.stderr))
-    except (ReportError, RunDirError, AttributionError) as exc:
+    except (ReportError, RunDirError, AttributionError, TraceError) as exc:
         print(f"chopper report: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:

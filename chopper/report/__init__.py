@@ -1,17 +1,18 @@
-"""``chopper report``: one self-contained HTML page with the figures of a recorded run.
+"""``chopper report``: one self-contained HTML page with the figures of a recorded run and/or its traces.
 
 ``build_report(path, out)`` does, in order:
 
-1. classify ``path`` (``classify_input``): a recorded run (``devices``/``samples``/``markers``
-   tables), a directory of Kineto traces (``*.json``/``*.json.gz``), or neither;
-2. read and attribute the run (``chopper.attribution.attribute_run``);
-3. draw every registered figure whose inputs are present (``figures.FIGURES``, in order);
-4. add the summary tables (per job, per rank, slowest ranks with evidence, problems) and write
-   the page (``html.render``).
-
-Trace reports are not built yet: a trace directory is refused with ``ReportError`` until the
-trace analyzer (``chopper.trace``) lands; its figures then join ``figures.FIGURES`` with
-``needs=("traces",)`` and ``ReportData.traces`` is filled here.
+1. find the inputs (``find_inputs``): a recorded run (``devices``/``samples``/``markers`` tables),
+   Kineto traces (a ``*.json``/``*.json.gz`` file, or such files at any depth under the directory,
+   one per rank), or both (a capture directory: run tables plus a ``traces/`` folder or trace
+   files beside them);
+2. read and attribute the run (``chopper.attribution.attribute``);
+3. read the traces, one progress stage per file, and run every trace analysis once, one stage per
+   rank (``chopper.report.traces``);
+4. draw every registered figure whose inputs are present (``figures.FIGURES``, in order);
+5. add the summary tables (run: per job, per rank, slowest ranks, problems; traces: per rank HTA
+   figures, overlap, memory-transfer share, sync-blocked time, launch overhead, idle split,
+   largest straggler leads) and write the page (``html.render``).
 
 This package imports pandas and matplotlib only inside ``build_report``, so ``import
 chopper.report`` (and the CLI's argument parsing) stays light.
@@ -27,9 +28,11 @@ from typing import IO, TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from chopper.attribution import Attribution
     from chopper.report.html import Section
+    from chopper.report.traces import TraceSet
     from chopper.rundir import RecordedRun
 
-__all__ = ["Progress", "ReportError", "TextProgress", "build_report", "classify_input", "terminal_progress"]
+__all__ = ["Progress", "ReportError", "TextProgress", "build_report", "classify_input", "find_inputs",
+           "terminal_progress"]
 
 # (stage, done, total): called before each stage and once with done == total at the end.
 Progress = Callable[[str, int, int], None]
@@ -73,96 +76,142 @@ def terminal_progress(stream: IO[str] | None = None) -> Progress | None:
     return TextProgress(stream) if isatty is not None and isatty() else None
 
 
-def _trace_files(directory: Path) -> list[Path]:
-    return sorted(p for p in directory.rglob("*") if p.is_file() and p.name.endswith(TRACE_SUFFIXES))
+def _trace_files(path: Path) -> list[Path]:
+    if path.is_file():
+        return [path] if path.name.endswith(TRACE_SUFFIXES) else []
+    return sorted(p for p in path.rglob("*") if p.is_file() and p.name.endswith(TRACE_SUFFIXES))
 
 
-def classify_input(path: str | Path) -> str:
-    """``"run"`` for a recorded run directory, ``"traces"`` for Kineto traces.
+def find_inputs(path: str | Path) -> tuple[bool, list[Path]]:
+    """What ``path`` holds: whether it is a recorded run, and its Kineto trace files.
 
     A directory with any of the run's table files counts as a run (``read_run`` then names what
-    is missing); otherwise one with ``*.json``/``*.json.gz`` files (at any depth) counts as traces.
+    is missing). Trace files are ``path`` itself when it is a ``.json``/``.json.gz`` file, else
+    every such file at any depth under the directory (``traces/``, per-rank folders, beside the
+    run's tables).
+
+    Returns:
+        ``(is_run, trace_files)``; at least one of them is set.
 
     Raises:
-        ReportError: ``path`` does not exist, or is neither a run nor traces.
+        ReportError: ``path`` does not exist, or holds neither a run nor traces.
     """
     from chopper.rundir import TABLES, table_files
 
     base = Path(path)
     if not base.exists():
-        raise ReportError(f"{str(base)!r} does not exist; pass a recorded run directory (chopper record) or a "
-                          "directory of Kineto traces")
+        raise ReportError(f"{str(base)!r} does not exist; pass a recorded run directory (chopper record), a "
+                          "Kineto trace file or a directory of Kineto traces")
     if base.is_file():
         if base.name.endswith(TRACE_SUFFIXES):
-            return "traces"
+            return False, [base]
         raise ReportError(f"{str(base)!r} is a file; pass a recorded run directory (devices/samples/markers "
-                          "as .parquet or .csv) or a directory of Kineto traces (*.json, *.json.gz)")
-    if any(f.exists() for table in TABLES for f in table_files(base, table)):
-        return "run"
-    if _trace_files(base):
-        return "traces"
-    raise ReportError(f"{str(base)!r} is neither a recorded run (no devices/samples/markers .parquet or .csv) "
-                      "nor a trace directory (no *.json or *.json.gz); record one with chopper record")
+                          "as .parquet or .csv), a Kineto trace (*.json, *.json.gz) or a directory of them")
+    is_run = any(f.exists() for table in TABLES for f in table_files(base, table))
+    files = _trace_files(base)
+    if not is_run and not files:
+        raise ReportError(f"{str(base)!r} is neither a recorded run (no devices/samples/markers .parquet or .csv) "
+                          "nor a trace directory (no *.json or *.json.gz); record one with chopper record")
+    return is_run, files
+
+
+def classify_input(path: str | Path) -> str:
+    """``"run"``, ``"traces"`` or ``"run+traces"``: what ``find_inputs`` finds at ``path``.
+
+    Raises:
+        ReportError: ``path`` does not exist, or is neither a run nor traces.
+    """
+    is_run, files = find_inputs(path)
+    return "run+traces" if is_run and files else "run" if is_run else "traces"
+
+
+class _Stages:
+    """Numbers the stages for the progress callback: each call reports the next stage, 0, 1, …"""
+
+    def __init__(self, progress: Progress | None, total: int) -> None:
+        self.progress = progress or (lambda stage, done, total: None)
+        self.total = total
+        self.done = 0
+
+    def __call__(self, stage: str) -> None:
+        self.progress(stage, self.done, self.total)
+        self.done += 1
+
+    def finish(self) -> None:
+        self.progress("done", self.total, self.total)
 
 
 def build_report(path: str | Path, out: str | Path, *, job: str | None = None,
                  progress: Progress | None = None) -> Path:
-    """Write the HTML report of a recorded run to ``out``.
+    """Write the HTML report of a recorded run, of a job's traces, or of both, to ``out``.
 
     Args:
-        path: Recorded run directory (or, later, a trace directory).
+        path: Recorded run directory, Kineto trace file, directory of traces, or a directory with both.
         out: HTML file to write; its parent directory must exist.
-        job: Only this job (all jobs when None).
-        progress: Called with ``(stage, done, total)`` as the report is built; see ``terminal_progress``.
+        job: Only this job of the recorded run (all jobs when None); traces are one job already.
+        progress: Called with ``(stage, done, total)`` before each stage (one per trace file and per
+            rank among them) and once with ``done == total`` at the end; see ``terminal_progress``.
 
     Returns:
         ``out`` as a ``Path``.
 
     Raises:
-        ReportError: ``path`` is not a run, holds only traces, or has no complete step.
+        ReportError: ``path`` is neither a run nor traces, or the run has no complete step.
         chopper.rundir.RunDirError, chopper.attribution.AttributionError: The run is malformed.
+        chopper.trace.TraceError: A trace is bad (the message names the file), or the traces mix jobs.
         OSError: ``out`` cannot be written.
     """
-    kind = classify_input(path)
+    is_run, files = find_inputs(path)
     target = Path(out)
     # Checked first so that a typo in -o does not cost the whole report.
     if not target.parent.is_dir():
         raise ReportError(f"cannot write {str(target)!r}: directory {str(target.parent)!r} does not exist")
-    if kind == "traces":
-        raise ReportError(f"{str(path)!r} holds Kineto traces; trace reports arrive with the trace analyzer "
-                          "(chopper.trace). For now, report on a recorded run directory (chopper record)")
     from chopper.report import figures, html
 
-    report = progress or (lambda stage, done, total: None)
     specs = list(figures.FIGURES)
-    total = 3 + len(specs)
-    report("reading run", 0, total)
-    from chopper.attribution import attribute
-    from chopper.rundir import read_run
+    # One stage per file read and per rank analysed (one rank per file), the straggler lead, figures, HTML.
+    trace_stages = 2 * len(files) + (1 if len(files) >= 2 else 0)
+    stage = _Stages(progress, (2 if is_run else 0) + trace_stages + len(specs) + 1)
+    run = result = trace_set = None
+    summaries: list[Section] = []
+    if is_run:
+        from chopper.attribution import attribute
+        from chopper.rundir import read_run
 
-    run = read_run(path)
-    report("attributing steps", 1, total)
-    result = attribute(run.devices, run.samples, run.markers, job=job)
-    if result.steps.empty:
-        problems = "".join(f"\n  {p}" for p in result.problems)
-        raise ReportError(f"no complete step in {str(path)!r} (no step_begin/step_end pair); record while a job "
-                          f"marks steps with chopper.step(){problems}")
-    data = figures.ReportData(run=run, attribution=result)
+        stage("reading run")
+        run = read_run(path)
+        stage("attributing steps")
+        result = attribute(run.devices, run.samples, run.markers, job=job)
+        if result.steps.empty:
+            problems = "".join(f"\n  {p}" for p in result.problems)
+            raise ReportError(f"no complete step in {str(path)!r} (no step_begin/step_end pair); record while a "
+                              f"job marks steps with chopper.step(){problems}")
+        summaries.append(html.Section("summary", "Summary", summary_blocks(result)))
+    if files:
+        from chopper.report import traces
+
+        trace_set = traces.analyze_traces(traces.load(files, stage), stage)
+        summaries.append(html.Section("trace-summary", "Trace summary", trace_summary_blocks(trace_set)))
+    data = figures.ReportData(run=run, attribution=result, traces=trace_set)
     sections: dict[str, Section] = {}
-    summary = html.Section("summary", "Summary", summary_blocks(result))
-    for i, spec in enumerate(specs):
-        report(f"figure: {spec.title}", 2 + i, total)
+    for spec in specs:
+        stage(f"figure: {spec.title}")
         if not spec.available(data):
             continue
         fig = spec.render(data)
         block = html.FigureBlock(spec.key, spec.title, spec.caption, html.figure_svg(fig, salt=spec.key))
         section = sections.setdefault(spec.section, html.Section(_anchor(spec.section), spec.section))
         section.blocks.append(block)
-    report("writing HTML", total - 1, total)
-    page = html.render(f"Chopper report: {Path(path).resolve().name}", _subtitle(run, result, job),
-                       [summary, *sections.values()])
+    stage("writing HTML")
+    parts = []
+    if run is not None and result is not None:
+        parts.append(_subtitle(run, result, job))
+    if trace_set is not None:
+        parts.append(_trace_subtitle(trace_set, Path(path)))
+    page = html.render(f"Chopper report: {Path(path).resolve().name}", " — ".join(parts),
+                       [*summaries, *sections.values()])
     target.write_text(page, encoding="utf-8")
-    report("done", total, total)
+    stage.finish()
     return target
 
 
@@ -249,4 +298,76 @@ def summary_blocks(result: Attribution) -> list[Any]:
         blocks.append(TextBlock("Markers not used:", list(result.problems)))
     else:
         blocks.append(TextBlock("Problems: none; every marker was paired."))
+    return blocks
+
+
+def _us(value: Any) -> str:
+    return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:,.0f}"
+
+
+def _pct1(value: Any) -> str:
+    return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.1f}"
+
+
+def _trace_subtitle(ts: TraceSet, path: Path) -> str:
+    devices = ", ".join(sorted({t.device_type for t in ts.traces}))
+    worlds = {t.world_size for t in ts.traces if t.world_size is not None}
+    world = f" of world size {worlds.pop()}" if len(worlds) == 1 else ""
+    return (f"traces in {path}: {len(ts.ranks)} rank{'s' if len(ts.ranks) != 1 else ''}{world} ({devices}) · "
+            f"{sum(ts.kernels.values()):,} kernels")
+
+
+def trace_summary_blocks(ts: TraceSet, top: int = 10) -> list[Any]:
+    """The trace summary: per-rank HTA figures and host view, the largest straggler leads, reader warnings.
+
+    Times are µs, shares % (HTA's temporal breakdown over the rank's kernel span; overlap as HTA
+    defines it; memory transfer as % of kernel time; sync-blocked summed over host threads).
+    """
+    from chopper.report.html import TableBlock, TextBlock
+
+    cols = ["rank", "device", "file", "kernels", "span µs", "idle µs", "idle %", "compute µs", "compute %",
+            "non-compute µs", "non-compute %", "comm–comp overlap %"]
+    host_cols = ["rank", "memory transfer %", "sync blocked µs", "launch overhead µs", "CPU-late µs",
+                 "launch-to-start µs", "idle µs", "host-wait µs", "kernel-wait µs", "host-wait %"]
+    cross = len(ts.ranks) >= 2
+    if cross:
+        host_cols += ["mean straggler lead µs", "max straggler lead µs"]
+        leads = ts.stragglers.groupby("rank")["lead_us"].agg(["mean", "max"])
+    temporal = ts.temporal.set_index("rank")
+    host = ts.host.set_index("rank")
+    launch = ts.launch_totals.set_index("rank")
+    split = ts.idle_split.set_index("rank")
+    rows, host_rows = [], []
+    for t in ts.traces:
+        r = t.rank
+        tm = temporal.loc[r]
+        rows.append([str(r), t.device_type, t.path.name, f"{ts.kernels[r]:,}", _us(tm["kernel_time_us"]),
+                     _us(tm["idle_time_us"]), _pct1(tm["idle_pct"]), _us(tm["compute_time_us"]),
+                     _pct1(tm["compute_pct"]), _us(tm["non_compute_time_us"]), _pct1(tm["non_compute_pct"]),
+                     _pct1(ts.overlap_pct.get(r))])
+        row = [str(r), _pct1(host.loc[r, "memory_transfer_pct"]), _us(host.loc[r, "sync_blocked_us"]),
+               _us(launch.loc[r, "launch_overhead_us"]), _us(launch.loc[r, "cpu_late_us"]),
+               _us(launch.loc[r, "launch_to_start_us"]), _us(split.loc[r, "idle_us"]),
+               _us(split.loc[r, "host_wait_us"]), _us(split.loc[r, "kernel_wait_us"]),
+               _pct1(split.loc[r, "host_wait_pct"])]
+        if cross:
+            row += [_us(leads["mean"].get(r)), _us(leads["max"].get(r))]
+        host_rows.append(row)
+    blocks: list[Any] = [
+        TableBlock("Per rank, GPU (Holistic Trace Analysis's temporal breakdown over the kernel span, µs and % of "
+                   "the span; comm–comp overlap as % of communication time)", cols, rows, frozenset(cols[3:])),
+        TableBlock("Per rank, host (memory transfer as % of kernel time; sync blocked summed over host threads; "
+                   "launch overhead summed over kernels; idle split at each next kernel's launch)",
+                   host_cols, host_rows, frozenset(host_cols[1:])),
+    ]
+    if cross and len(ts.stragglers):
+        lead_cols = ["iteration", "operation", "kind", "rank", "end after iteration start µs", "lead µs"]
+        lead_rows = [[str(x.iteration), str(x.op), str(x.op_kind), str(x.rank), _us(x.end_us), _us(x.lead_us)]
+                     for x in ts.stragglers.head(top).itertuples(index=False)]
+        blocks.append(TableBlock(
+            "Largest straggler leads: end of the operation's last kernel after the rank's own iteration start, "
+            "minus the fastest rank's", lead_cols, lead_rows, frozenset({"iteration", "rank", *lead_cols[4:]})))
+    warnings = ts.warnings
+    blocks.append(TextBlock("Trace reader warnings:", warnings) if warnings
+                  else TextBlock("Trace reader warnings: none."))
     return blocks

@@ -1,11 +1,11 @@
 """The report's figures: one pure function per figure (frames in, ``matplotlib.figure.Figure`` out).
 
-Every figure is registered in ``FIGURES`` as a ``FigureSpec`` that names its section, its title,
-a caption for the reader, the inputs it needs (``"run"``, ``"attribution"``, later ``"traces"``)
-and an adapter from ``ReportData`` to the pure function. The report renders, in registry order,
-every spec whose inputs are present, so the trace analyses (kernel-type breakdown, top kernels,
-overlap CDF, launch overhead per operation) become sections by appending specs that need
-``"traces"``; nothing else changes.
+Every figure is registered in ``FIGURES`` as a ``FigureSpec`` (``chopper.report.spec``) that names
+its section, its title, a caption for the reader, the inputs it needs (``"run"``,
+``"attribution"``, ``"traces"``, ``"cross_rank"``) and an adapter from ``ReportData`` to the pure
+function. The report renders, in registry order, every spec whose inputs are present. This module
+holds the figures of a recorded run; the trace figures live in ``chopper.report.trace_figures``
+and are appended to ``FIGURES`` here, so it stays the one registry.
 
 Figures are built on ``matplotlib.figure.Figure`` with an explicit Agg canvas, never through
 ``pyplot``: no GUI backend is ever selected, no global figure registry fills up, and a caller's
@@ -18,23 +18,18 @@ watts, °C, MFU as a percentage. Step numbers are the job's common clock: ranks 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import pandas as pd
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import TwoSlopeNorm
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
+from chopper.report import trace_figures
+from chopper.report.spec import FigureSpec, ReportData, new_figure, no_data
 from chopper.schema import THROTTLE_CAUSES
-
-if TYPE_CHECKING:
-    from chopper.attribution import Attribution
-    from chopper.rundir import RecordedRun
 
 F64 = npt.NDArray[np.float64]
 
@@ -67,53 +62,6 @@ AT_CLOCK = ("compute_at_clock_s", "compute at clock (no FLOPs)", "#c5e1a5")
 # Throttle shading uses the colour of the DVFS term of the same cause, so the two read together.
 CAUSE_COLOURS: dict[str, str] = {c: colour for col, _, colour in TERMS for c in THROTTLE_CAUSES
                                  if col == f"dvfs_{c}_s"}
-
-
-@dataclass(frozen=True)
-class ReportData:
-    """Everything a figure may draw from; absent inputs are None.
-
-    Attributes:
-        run: The recorded run (devices, samples, markers), or None for a trace-only report.
-        attribution: ``attribute_run`` of that run, already filtered to ``--job``.
-        traces: Parsed Kineto traces (``chopper.trace.load_traces``); not produced yet.
-    """
-
-    run: RecordedRun | None = None
-    attribution: Attribution | None = None
-    traces: Sequence[Any] | None = None
-
-
-@dataclass(frozen=True)
-class FigureSpec:
-    """One registered figure.
-
-    Attributes:
-        key: HTML anchor, unique in the report.
-        section: Section title; sections appear in the order of their first figure.
-        title: Figure heading.
-        caption: What the figure shows and how to read it.
-        needs: ``ReportData`` fields that must be present for the figure to be drawn.
-        render: Adapter calling the pure figure function with the fields it needs.
-    """
-
-    key: str
-    section: str
-    title: str
-    caption: str
-    needs: tuple[str, ...]
-    render: Callable[[ReportData], Figure]
-
-    def available(self, data: ReportData) -> bool:
-        """True when every input the figure needs is present."""
-        return all(getattr(data, name) is not None for name in self.needs)
-
-
-def new_figure(width_in: float, height_in: float) -> Figure:
-    """A figure on an explicit Agg canvas (module docstring: no pyplot, no global backend)."""
-    fig = Figure(figsize=(width_in, height_in), layout="constrained")
-    FigureCanvasAgg(fig)
-    return fig
 
 
 # --------------------------------------------------------------------------------------------
@@ -276,13 +224,6 @@ def _cut_note(fig: Figure, shown: int, total: int, what: str = "ranks",
         fig.supxlabel(f"{shown} of {total} {what} shown: {how}", fontsize="small")
 
 
-def _no_data(fig: Figure, text: str) -> Figure:
-    ax = fig.add_subplot()
-    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes)
-    ax.set_axis_off()
-    return fig
-
-
 def _stack_columns(steps: pd.DataFrame) -> list[tuple[str, str, str]]:
     """The stack to draw; compute-at-clock replaces ideal + matrix loss where FLOPs are unknown."""
     terms = list(TERMS)
@@ -397,7 +338,7 @@ def mfu_by_step(steps: pd.DataFrame, max_ranks: int = MAX_RANKS_PER_STEP_PLOT) -
     fig = new_figure(11, 3.6)
     known = steps[steps["mfu"].notna()]
     if known.empty:
-        return _no_data(fig, "MFU unknown: no step carried FLOPs, or the devices have no peak FLOP/s")
+        return no_data(fig, "MFU unknown: no step carried FLOPs, or the devices have no peak FLOP/s")
     ax = fig.add_subplot()
     chosen, total = pick_ranks(known, max_ranks)
     labels = rank_labels(known)
@@ -431,7 +372,7 @@ def gpu_telemetry(samples: pd.DataFrame, devices: pd.DataFrame, steps: pd.DataFr
     gpus, total = pick_gpus(samples, max_gpus, ranks)
     fig = new_figure(12, 0.9 + 1.9 * max(1, len(gpus)))
     if not gpus:
-        return _no_data(fig, "no samples")
+        return no_data(fig, "no samples")
     t0_ns = int(samples["ts_ns"].min())
     axes = fig.subplots(len(gpus), 3, sharex=True, squeeze=False)
     dev = devices.set_index(["node", "gpu"])
@@ -476,7 +417,7 @@ def clock_vs_temperature(samples: pd.DataFrame, steps: pd.DataFrame | None = Non
     nrows = max(1, math.ceil(len(gpus) / cols))
     fig = new_figure(12, 0.8 + 2.8 * nrows)
     if not gpus:
-        return _no_data(fig, "no samples")
+        return no_data(fig, "no samples")
     t0_ns = int(samples["ts_ns"].min())
     axes = fig.subplots(nrows, cols, sharex=True, sharey=True, squeeze=False).ravel()
     seen: set[str] = set()
@@ -616,4 +557,5 @@ FIGURES: list[FigureSpec] = [
         "left with dark rows on the right is a straggler and the ranks it held up.",
         ("attribution",), lambda d: straggler_heatmaps(_steps(d)),
     ),
+    *trace_figures.TRACE_FIGURES,
 ]

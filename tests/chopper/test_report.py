@@ -16,7 +16,8 @@ from chopper.report.html import FigureBlock, Section, TableBlock, TextBlock, ren
 from chopper.rundir import read_run
 from tests.chopper.attribution_scenarios import ALL_SCENARIOS, HOT_RANK
 
-FIGURE_KEYS = [spec.key for spec in figures.FIGURES]
+# The figures of a recorded run: those that need nothing beyond the run and its attribution.
+FIGURE_KEYS = [spec.key for spec in figures.FIGURES if set(spec.needs) <= {"run", "attribution"}]
 
 
 @pytest.fixture(scope="module")
@@ -42,10 +43,12 @@ def test_report_is_self_contained(report: Path) -> None:
 
 def test_report_has_every_figure_and_the_toc(report: Path) -> None:
     page = report.read_text(encoding="utf-8")
-    assert page.count("<svg") + page.count("<img") == len(figures.FIGURES) == 6
+    assert page.count("<svg") + page.count("<img") == len(FIGURE_KEYS) == 6
     for key in FIGURE_KEYS:
         assert f'<figure id="{key}">' in page
         assert f'href="#{key}"' in page, f"{key} missing from the table of contents"
+    # No trace in a run directory: no trace figure, no trace summary.
+    assert 'id="trace-' not in page
 
 
 def test_summary_names_the_hot_rank_with_evidence(report: Path) -> None:
@@ -157,7 +160,7 @@ def test_cli_writes_the_report(run_dir: Path, tmp_path: Path, capsys: pytest.Cap
 @pytest.mark.parametrize("case, message", [
     ("missing", "does not exist"),
     ("empty", "is neither a recorded run"),
-    ("traces", "trace reports arrive with the trace analyzer"),
+    ("traces", "trace.json.gz"),
     ("partial", "has no samples table"),
     ("no_output_dir", "directory"),
     ("unknown_job", "job 'nope' has no markers"),
