@@ -118,6 +118,28 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("chopper_agent_marker_streams", "gauge", "Open PushMarkers streams from trainers.", NODE),
     MetricSpec("chopper_agent_subscribers", "gauge", "Open Subscribe streams from consumers.", NODE),
     MetricSpec("chopper_agent_step_summaries_total", "counter", "Step summaries computed.", NODE),
+    # Delivery of step summaries to aggregator replicas (replica="" counts summaries never routed).
+    MetricSpec(
+        "chopper_agent_delivery_sent_total", "counter",
+        "Step summaries sent to an aggregator replica, resends included.",
+        (*NODE, "replica"),
+    ),
+    MetricSpec(
+        "chopper_agent_delivery_acked_total", "counter", "Step summaries an aggregator replica acknowledged.",
+        (*NODE, "replica"),
+    ),
+    MetricSpec(
+        "chopper_agent_delivery_lost_total", "counter",
+        "Step summaries overwritten in the buffer before their replica acknowledged them.", (*NODE, "replica"),
+    ),
+    MetricSpec(
+        "chopper_agent_delivery_connected", "gauge", "1 while the stream to an aggregator replica is acknowledging.",
+        (*NODE, "replica"),
+    ),
+    MetricSpec(
+        "chopper_agent_delivery_pending_items", "gauge", "Step summaries routed to a replica and not yet acknowledged.",
+        (*NODE, "replica"),
+    ),
 )
 
 BY_NAME: dict[str, MetricSpec] = {m.name: m for m in METRICS}

@@ -50,6 +50,21 @@ class AgentSettings:
     )
     replay_dir: str = field(default="", metadata={"help": "replay backend: recorded run directory"})
     replay_speed: float = field(default=1.0, metadata={"help": "replay backend: playback speed factor"})
+    summary_buffer: int = field(
+        default=100_000, metadata={"help": "step summaries kept in memory (the delivery resend store)"}
+    )
+    aggregators: str = field(
+        default="",
+        metadata={"help": "aggregator replicas for step summaries: host:port,... or dns:///service:port "
+                  "(headless service, re-resolved); empty: no delivery"},
+    )
+    delivery_batch: int = field(default=512, metadata={"help": "most step summaries per delivered batch"})
+    delivery_interval_s: float = field(
+        default=0.1, metadata={"help": "how often new step summaries are routed and sent, s"}
+    )
+    delivery_resolve_s: float = field(
+        default=30.0, metadata={"help": "how often a dns:/// aggregator name is resolved again, s"}
+    )
     log_level: str = field(default="info", metadata={"help": "debug, info, warning or error"})
 
 
@@ -103,7 +118,8 @@ def _check(s: AgentSettings) -> None:
             raise bad(key, "is not host:port, e.g. 127.0.0.1:9477")
     if not s.metrics_listen:
         raise bad("metrics_listen", "is empty; Prometheus needs an address to scrape")
-    for key, low in (("sample_buffer", 1000), ("marker_buffer", 1000), ("max_message_bytes", 64 * 1024)):
+    for key, low in (("sample_buffer", 1000), ("marker_buffer", 1000), ("summary_buffer", 1000),
+                     ("max_message_bytes", 64 * 1024)):
         if getattr(s, key) < low:
             raise bad(key, f"is too small; use at least {low}")
     if s.peak_flops < 0:
@@ -116,6 +132,19 @@ def _check(s: AgentSettings) -> None:
         raise ConfigError("replay_dir: required with backend replay; pass --replay-dir RUN_DIR")
     if s.replay_speed <= 0:
         raise bad("replay_speed", "must be positive, e.g. 1 for recorded pace or 10 for ten times faster")
+    if s.aggregators:
+        from agent.delivery import parse_targets
+
+        try:
+            parse_targets(s.aggregators)
+        except ValueError as exc:
+            raise bad("aggregators", f"is not valid: {exc}") from None
+    if not 1 <= s.delivery_batch <= 10_000:
+        raise bad("delivery_batch", "is out of range; use 1 to 10000 summaries")
+    if not 0.001 <= s.delivery_interval_s <= 10:
+        raise bad("delivery_interval_s", "is out of range; use 0.001 to 10 seconds")
+    if s.delivery_resolve_s < 1:
+        raise bad("delivery_resolve_s", "is too small; resolve at most once a second")
     if s.log_level not in ("debug", "info", "warning", "error"):
         raise bad("log_level", "is not one of debug, info, warning, error")
 

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from agent.backends.base import Backend, BackendUnavailable, DeviceLost, MarkerObserver
 from agent.buffers import RingBuffer
 from agent.config import AgentSettings
+from agent.delivery import Forwarder
 from agent.markers import ClosedStep, IngestResult, MarkerIngest, RankState
 from agent.sampler import FixedRateTicker
 from agent.steps import RankFigures, SummaryQueue, summarize
@@ -33,7 +34,6 @@ log = logging.getLogger(__name__)
 
 # Samples kept per GPU for step summaries: steps longer than this get partial GPU figures.
 STEP_HISTORY_S = 120.0
-SUMMARY_BUFFER = 100_000
 # Host metrics move slowly and psutil reads several /proc files: sample them at most this often.
 HOST_INTERVAL_NS = 10**9
 # Reopen a failed backend after this many seconds, doubling up to the maximum.
@@ -82,7 +82,7 @@ class Agent:
         self._devices_by_gpu: dict[int, DeviceInfo] = {}
         self.samples: RingBuffer[pb.Sample] = RingBuffer(settings.sample_buffer, notify)
         self.markers: RingBuffer[pb.MarkerRecord] = RingBuffer(settings.marker_buffer, notify)
-        self.summaries: RingBuffer[pb.StepSummary] = RingBuffer(SUMMARY_BUFFER, notify)
+        self.summaries: RingBuffer[pb.StepSummary] = RingBuffer(settings.summary_buffer, notify)
         self.latest: dict[int, Sample] = {}
         self.latest_host: HostSample | None = None
         # Attribution totals per (job, rank), guarded by the state lock.
@@ -101,6 +101,13 @@ class Agent:
         self._ingest = MarkerIngest(settings.node, 0)
         self._marker_lock = threading.Lock()
         self._state_lock = threading.Lock()
+        # Step summaries to the aggregator replicas, from its own threads (never the sampler's).
+        self.delivery: Forwarder | None = None
+        if settings.aggregators:
+            self.delivery = Forwarder(
+                self.summaries, settings.node, settings.aggregators, batch=settings.delivery_batch,
+                interval_s=settings.delivery_interval_s, resolve_s=settings.delivery_resolve_s,
+            )
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -125,9 +132,13 @@ class Agent:
 
     def start(self) -> None:
         self.ticker.start()
+        if self.delivery is not None:
+            self.delivery.start()
 
     def stop(self) -> None:
         self.ticker.stop()
+        if self.delivery is not None:
+            self.delivery.stop()
         try:
             self.backend.close()
         except Exception as exc:  # closing must not turn a clean stop into a crash

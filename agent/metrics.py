@@ -151,3 +151,11 @@ class AgentCollector(Collector):
         fam.add("chopper_agent_marker_streams", (node,), float(agent.open_streams["PushMarkers"]))
         fam.add("chopper_agent_subscribers", (node,), float(agent.open_streams["Subscribe"]))
         fam.add("chopper_agent_step_summaries_total", (node,), float(agent.summaries_total))
+        if agent.delivery is not None:
+            for replica, d in sorted(agent.delivery.snapshot().items()):
+                rl = (node, replica)
+                fam.add("chopper_agent_delivery_sent_total", rl, float(d["sent"]))
+                fam.add("chopper_agent_delivery_acked_total", rl, float(d["acked"]))
+                fam.add("chopper_agent_delivery_lost_total", rl, float(d["lost"]))
+                fam.add("chopper_agent_delivery_connected", rl, d["connected"])
+                fam.add("chopper_agent_delivery_pending_items", rl, float(d["pending"]))
