@@ -108,8 +108,8 @@ def kernel_labels(names: list[str], limit: int = NAME_CHARS) -> list[str]:
     """Display names for a list of kernels, distinct where the kernels are.
 
     Algorithm:
-        1. Drop ``(anonymous namespace)::`` (its parenthesis would end the name at the namespace)
-           and shorten with ``top_kernels.short_name`` (no return type, template or parameter list).
+        1. Shorten with ``top_kernels.short_name`` (no return type, anonymous namespace, template or
+           parameter list).
         2. Where different kernels would share a label (``cutlass::Kernel`` wraps every CUTLASS
            GEMM; ``vectorized_elementwise_kernel`` every elementwise op), append the variant: the
            first non-numeric template argument, shortened (:func:`_variant`).
@@ -118,7 +118,7 @@ def kernel_labels(names: list[str], limit: int = NAME_CHARS) -> list[str]:
     """
     from chopper.trace.analyses.top_kernels import short_name
 
-    plain = [n.replace("(anonymous namespace)::", "") for n in names]
+    plain = list(names)
     base = [short_name(n, limit=10_000) for n in plain]
     counts = Counter(base)
     labels = [f"{b}<{v}>" if counts[b] > 1 and (v := _variant(n)) else b for n, b in zip(plain, base, strict=True)]

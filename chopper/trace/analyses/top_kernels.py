@@ -19,7 +19,8 @@ def short_name(name: str, limit: int = SHORT_NAME_CHARS) -> str:
     """A display name: no return type, template arguments or parameter list, at most ``limit`` chars.
 
     Algorithm:
-        1. Drop a leading ``void`` (C++ kernels are printed with their return type).
+        1. Drop a leading ``void`` (C++ kernels are printed with their return type) and every
+           ``(anonymous namespace)::``, whose parenthesis would otherwise end the name there.
         2. Drop everything inside ``<...>`` (nesting counted) and from the first top-level ``(`` on.
         3. Cut to ``limit`` characters with an ellipsis (ROCm Tensile names run to 200 characters).
 
@@ -30,7 +31,7 @@ def short_name(name: str, limit: int = SHORT_NAME_CHARS) -> str:
     Returns:
         The shortened name; the full name when shortening would leave nothing.
     """
-    text = _RETURN_TYPE.sub("", name.strip())
+    text = _RETURN_TYPE.sub("", name.strip()).replace("(anonymous namespace)::", "")
     out: list[str] = []
     depth = 0
     for ch in text:
