@@ -1,0 +1,474 @@
+"""The job-level view: ranks joined by ``(job, step)``, steps finalized, rolled up over time.
+
+Pure: no I/O, no threads, no clock of its own. Every call takes ``now_ns``, the aggregator's
+receive time (``time.time_ns()`` in the daemon, any integer in tests). Node timestamps
+(``begin_ns``/``end_ns`` of a summary) are carried into the rows but never compared across
+nodes, so a node whose clock is off by ±30 s changes nothing here.
+
+Algorithm (``JobTable.add`` and ``JobTable.expire``):
+
+1. A summary is validated (non-empty job, rank ≥ 0, step ≥ 0; otherwise rejected as
+   ``invalid``). A summary for a job not seen yet opens a new job, unless ``max_jobs`` jobs are
+   live (rejected as ``job_limit``).
+2. The job's *expected ranks* are the distinct ranks that reported so far (the contract carries
+   no world size). A rank first seen after the job's join period is a *rank-set change*
+   (counted); so is a rank dropped from the expected set after missing ``vanish_after_steps``
+   finalized steps in a row (a vanished rank; it rejoins, counted again, if it reports again).
+3. The summary joins the open step ``(job, step)``; the step's clock starts at its first
+   summary's receive time. The same rank twice in an open step is counted
+   (``duplicate_rank_step``) and the first kept. A summary for a step already finalized is
+   *late*: counted per job (``late_total``) and returned as a row flagged ``late`` with the
+   step's job-level figures, without re-finalizing the step (its ``straggler_wait_s`` stays 0).
+4. A step is finalized *complete* when every expected rank reported, once the job is past its
+   join period (``join_s`` after its first summary: until then the rank set is still being
+   discovered, and a step must not complete with only the ranks of the fastest node); or
+   *incomplete* ``step_timeout_s`` after its first summary (counted in ``incomplete_total``,
+   its missing ranks in ``missing_rank_steps_total`` and per rank). More than
+   ``max_open_steps`` open steps in one job finalize the oldest early, as incomplete.
+5. Finalized steps of one call are attributed together, vectorized: ``compute_s = step time −
+   idle − exposed`` (before the split), then ``chopper.attribution.straggler.straggler_wait``
+   and ``slowest_ranks``. Job step time is the largest rank step time; the straggler score is
+   the slowest rank's compute excess over the median compute ÷ the median step time.
+6. Each finalized row adds its seconds by cause to its rank's counters and to the job's
+   rolling-window buckets (one per second of receive time, kept ``WINDOWS_S[-1]``): MFU
+   ``Σ ideal / Σ step time`` over rows whose ideal is known, shares ``seconds by cause ÷
+   Σ step time``, and energy per token ``Σ energy / Σ tokens`` over rows with both known.
+
+Memory: a job holds its open steps (bounded by the timeout and ``max_open_steps``), a bounded
+record of recently finalized step numbers, one bucket per second of the longest window, and a
+fixed-size record per rank. Finalized rows leave in the returned ``Finalized.rows`` (for the
+store); no step history is kept here.
+
+A job that sends nothing for ``job_expiry_s`` and has no open step is forgotten, freeing its
+slot under ``max_jobs``.
+"""
+from __future__ import annotations
+
+import math
+from collections import OrderedDict, deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from chopper.attribution import straggler
+from chopper.attribution.columns import DVFS_CAUSES, STEP_COLUMNS
+from chopper.proto.chopper.v1 import agent_pb2 as pb
+
+NS = 1_000_000_000
+# Seconds by cause; they add up to the step time of every row (``compute_unknown`` holds
+# ``compute_at_clock_s`` of rows whose ideal time is unknown).
+CAUSES: tuple[str, ...] = (
+    "ideal", "matrix_util_loss", *(f"dvfs_{c}" for c in DVFS_CAUSES), "exposed_comm", "straggler_wait", "idle",
+    "compute_unknown",
+)
+WINDOWS_S: tuple[int, ...] = (60, 300)
+# Columns of a stored row beyond the attribution contract.
+JOB_COLUMNS: tuple[str, ...] = ("job_step_time_s", "straggler_score", "slowest", "late", "complete", "received_ns")
+ROW_COLUMNS: tuple[str, ...] = (*STEP_COLUMNS, *JOB_COLUMNS)
+REJECTION_REASONS: dict[str, str] = {
+    "invalid": "empty job name, negative rank or negative step",
+    "job_limit": "a new job while max_jobs jobs are live",
+    "duplicate_rank_step": "the same rank twice in one open step (the first is kept)",
+}
+
+# StepSummary fields copied into float64 columns (``tokens`` too: offline rows carry NaN there).
+_FLOATS = tuple(c for c in STEP_COLUMNS if c not in ("job", "node", "rank", "gpu", "step", "begin_ns", "end_ns",
+                                                     "straggler_wait_s", "flags"))
+_INTS = ("rank", "gpu", "step", "begin_ns", "end_ns")
+# Window vector layout: known ideal, time with known ideal, all time, seconds by cause, energy and
+# tokens of rows with both known.
+_W_IDEAL, _W_TIME_KNOWN, _W_TIME = 0, 1, 2
+_W_CAUSE = 3
+_W_ENERGY = _W_CAUSE + len(CAUSES)
+_W_TOKENS = _W_ENERGY + 1
+_W_SIZE = _W_TOKENS + 1
+# Finalized step numbers remembered per job to tell a late summary from a new step.
+FINALIZED_MEMORY = 4096
+# Top-k ranking of ranks decays compute excess with this time constant.
+EXCESS_TAU_S = 60.0
+
+
+@dataclass
+class RankState:
+    """What ``/metrics`` shows of one rank: counters since it joined, its last step, its excess."""
+
+    node: str
+    gpu: int
+    seconds: np.ndarray = field(default_factory=lambda: np.zeros(len(CAUSES)))
+    last_step_time_s: float = math.nan
+    missing_steps: int = 0
+    miss_streak: int = 0
+    # Compute excess over the step's median, s, decayed with EXCESS_TAU_S; at ``excess_ns``.
+    excess_s: float = 0.0
+    excess_ns: int = 0
+
+    def excess_at(self, now_ns: int) -> float:
+        """The decayed compute excess at ``now_ns``, s."""
+        return self.excess_s * math.exp(-max(0, now_ns - self.excess_ns) / NS / EXCESS_TAU_S)
+
+
+@dataclass
+class _Final:
+    """A finalized step as late summaries need it."""
+
+    job_step_time_s: float
+    straggler_score: float
+    complete: bool
+
+
+@dataclass
+class JobState:
+    """Everything held for one live job."""
+
+    job: str
+    first_ns: int
+    last_ns: int
+    ranks: dict[int, RankState] = field(default_factory=dict)
+    expected: set[int] = field(default_factory=set)
+    open: dict[int, tuple[int, dict[int, pb.StepSummary]]] = field(default_factory=dict)
+    finalized: OrderedDict[int, _Final] = field(default_factory=OrderedDict)
+    forgotten_below: int = -1
+    steps_finalized_total: int = 0
+    incomplete_total: int = 0
+    late_total: int = 0
+    missing_rank_steps_total: int = 0
+    rank_set_changes_total: int = 0
+    duplicate_total: int = 0
+    seconds: np.ndarray = field(default_factory=lambda: np.zeros(len(CAUSES)))
+    buckets: deque[tuple[int, np.ndarray]] = field(default_factory=deque)
+    last_step: int = -1
+    last_step_time_s: float = math.nan
+    last_straggler_score: float = math.nan
+    # (rank, node, gpu, cause) of the slowest rank of the last finalized multi-rank step.
+    last_slowest: tuple[int, str, int, str] | None = None
+
+    def window(self, now_ns: int, seconds: int) -> np.ndarray:
+        """Sum of the buckets received in the last ``seconds`` (window vector layout)."""
+        lo = now_ns // NS - seconds
+        total = np.zeros(_W_SIZE)
+        for sec, vec in reversed(self.buckets):
+            if sec <= lo:
+                break
+            total += vec
+        return total
+
+    def mfu(self, now_ns: int, seconds: int) -> float:
+        """``Σ ideal / Σ step time`` over rows with known ideal time in the window, 0-1 (NaN: none)."""
+        w = self.window(now_ns, seconds)
+        return float(w[_W_IDEAL] / w[_W_TIME_KNOWN]) if w[_W_TIME_KNOWN] > 0 else math.nan
+
+    def shares(self, now_ns: int, seconds: int) -> dict[str, float]:
+        """Seconds by cause ÷ all step seconds in the window, 0-1 each (empty: no step)."""
+        w = self.window(now_ns, seconds)
+        if w[_W_TIME] <= 0:
+            return {}
+        return {c: float(w[_W_CAUSE + i] / w[_W_TIME]) for i, c in enumerate(CAUSES)}
+
+    def energy_per_token(self, now_ns: int, seconds: int) -> float:
+        """``Σ energy / Σ tokens`` over rows with both known in the window, J (NaN: none)."""
+        w = self.window(now_ns, seconds)
+        return float(w[_W_ENERGY] / w[_W_TOKENS]) if w[_W_TOKENS] > 0 else math.nan
+
+
+@dataclass
+class StepResult:
+    """One finalized step at job level (becomes a ``chopper.v1.JobStep``)."""
+
+    job: str
+    step: int
+    complete: bool
+    ranks_reported: int
+    ranks_expected: int
+    job_step_time_s: float
+    slowest_rank: int
+    straggler_score: float
+    slowest_cause: str
+    # Positions of this step's rows in ``Finalized.rows``.
+    index: np.ndarray
+
+
+@dataclass
+class Finalized:
+    """What one ``add``/``expire``/``close`` call finalized.
+
+    Attributes:
+        rows: One row per rank of each finalized step, plus late rows, with ``ROW_COLUMNS``.
+        steps: The finalized steps (late rows belong to none).
+    """
+
+    rows: pd.DataFrame
+    steps: list[StepResult]
+
+
+def _empty_rows() -> pd.DataFrame:
+    return pd.DataFrame({c: pd.Series(dtype=object if c in ("job", "node", "flags") else float) for c in ROW_COLUMNS})
+
+
+class JobTable:
+    """Joins step summaries of many jobs by ``(job, step)`` (module docstring, steps 1-6).
+
+    Args:
+        step_timeout_s: A step still missing ranks this long after its first summary is
+            finalized as incomplete, s.
+        max_jobs: Live jobs held at most; summaries of further new jobs are rejected.
+        join_s: Rank-discovery period after a job's first summary, s; None: ``step_timeout_s``.
+        vanish_after_steps: A rank missing this many finalized steps in a row leaves the
+            expected set.
+        max_open_steps: Open steps held per job at most.
+        job_expiry_s: A job silent this long with no open step is forgotten, s.
+    """
+
+    def __init__(
+        self,
+        step_timeout_s: float,
+        max_jobs: int = 10_000,
+        join_s: float | None = None,
+        vanish_after_steps: int = 3,
+        max_open_steps: int = 256,
+        job_expiry_s: float = 900.0,
+    ) -> None:
+        self.step_timeout_ns = int(step_timeout_s * NS)
+        self.join_ns = self.step_timeout_ns if join_s is None else int(join_s * NS)
+        self.max_jobs = max_jobs
+        self.vanish_after_steps = vanish_after_steps
+        self.max_open_steps = max_open_steps
+        self.job_expiry_ns = int(job_expiry_s * NS)
+        self.jobs: dict[str, JobState] = {}
+        self.rejected: dict[str, int] = dict.fromkeys(REJECTION_REASONS, 0)
+        self.jobs_expired_total = 0
+
+    # Ingest ---------------------------------------------------------------------------------
+
+    def add(self, summaries: Iterable[pb.StepSummary], now_ns: int) -> Finalized:
+        """Join summaries received at ``now_ns``; return the steps this completed and late rows."""
+        late: list[tuple[JobState, pb.StepSummary]] = []
+        touched: dict[str, JobState] = {}
+        for s in summaries:
+            if not s.job or s.rank < 0 or s.step < 0:
+                self.rejected["invalid"] += 1
+                continue
+            job = self.jobs.get(s.job)
+            if job is None:
+                if len(self.jobs) >= self.max_jobs:
+                    self.rejected["job_limit"] += 1
+                    continue
+                job = self.jobs[s.job] = JobState(s.job, now_ns, now_ns)
+            job.last_ns = now_ns
+            touched[job.job] = job
+            self._join_rank(job, s, now_ns)
+            opened = job.open.get(s.step)
+            if opened is None:
+                if s.step in job.finalized or s.step <= job.forgotten_below:
+                    job.late_total += 1
+                    late.append((job, s))
+                    continue
+                opened = job.open[s.step] = (now_ns, {})
+            rows = opened[1]
+            if s.rank in rows:
+                job.duplicate_total += 1
+                self.rejected["duplicate_rank_step"] += 1
+                continue
+            rows[s.rank] = s
+        ready = [r for job in touched.values() for r in self._ready(job, now_ns)]
+        return self._finalize(ready, late, now_ns)
+
+    def expire(self, now_ns: int) -> Finalized:
+        """Finalize steps that timed out or completed (a rank vanished); forget silent jobs."""
+        ready = [r for job in self.jobs.values() for r in self._ready(job, now_ns)]
+        out = self._finalize(ready, [], now_ns)
+        for name in [n for n, j in self.jobs.items() if not j.open and now_ns - j.last_ns >= self.job_expiry_ns]:
+            del self.jobs[name]
+            self.jobs_expired_total += 1
+        return out
+
+    def close(self, now_ns: int) -> Finalized:
+        """Finalize every open step (shutdown): complete ones as such, the rest as incomplete."""
+        ready = [(job, step, len(job.open[step][1]) >= len(job.expected))
+                 for job in self.jobs.values() for step in sorted(job.open)]
+        return self._finalize(ready, [], now_ns)
+
+    def _join_rank(self, job: JobState, s: pb.StepSummary, now_ns: int) -> None:
+        state = job.ranks.get(s.rank)
+        if state is None:
+            state = job.ranks[s.rank] = RankState(s.node, s.gpu, excess_ns=now_ns)
+        else:
+            # A rank moved to another node/GPU (restarted elsewhere): its series follow it.
+            state.node, state.gpu = s.node, s.gpu
+        state.miss_streak = 0
+        if s.rank not in job.expected:
+            # Strictly after: with join_s=0 the ranks of the job's first batch are its rank set.
+            if now_ns - job.first_ns > self.join_ns:
+                job.rank_set_changes_total += 1
+            job.expected.add(s.rank)
+
+    def _ready(self, job: JobState, now_ns: int) -> list[tuple[JobState, int, bool]]:
+        """Open steps of ``job`` to finalize now, each with whether it is complete."""
+        joined = now_ns - job.first_ns >= self.join_ns
+        want = len(job.expected)
+        out = []
+        for step, (first_ns, rows) in job.open.items():
+            if joined and len(rows) >= want:
+                out.append((job, step, True))
+            elif now_ns - first_ns >= self.step_timeout_ns:
+                out.append((job, step, False))
+        excess = len(job.open) - len(out) - self.max_open_steps
+        if excess > 0:
+            chosen = {s for _, s, _ in out}
+            oldest = sorted((first_ns, step) for step, (first_ns, _) in job.open.items() if step not in chosen)
+            out += [(job, step, False) for _, step in oldest[:excess]]
+        return out
+
+    # Finalize -------------------------------------------------------------------------------
+
+    def _finalize(
+        self, ready: list[tuple[JobState, int, bool]], late: list[tuple[JobState, pb.StepSummary]], now_ns: int
+    ) -> Finalized:
+        if not ready and not late:
+            return Finalized(_empty_rows(), [])
+        # Oldest steps first so that per-job "last" figures end on the newest step.
+        ready.sort(key=lambda r: (r[0].job, r[1]))
+        summaries: list[pb.StepSummary] = []
+        meta: list[tuple[JobState, int, bool, int, int, int]] = []
+        for job, step, complete in ready:
+            _, rows = job.open.pop(step)
+            meta.append((job, step, complete, len(summaries), len(rows), max(len(job.expected), len(rows))))
+            summaries.extend(rows[r] for r in sorted(rows))
+            self._account_missing(job, rows, complete)
+        frame = _frame(summaries)
+        frame["compute_s"] = frame["step_time_s"] - frame["idle_s"] - frame["exposed_comm_s"]
+        frame = straggler.straggler_wait(frame)
+        slow = straggler.slowest_ranks(frame)
+        keys = frame.groupby(["job", "step"], sort=False)
+        frame["job_step_time_s"] = keys["step_time_s"].transform("max")
+        median_step = keys["step_time_s"].transform("median").to_numpy()
+        excess = frame["compute_s"].to_numpy() - keys["compute_s"].transform("median").to_numpy()
+        slow_at = {(r.job, int(r.step)): r for r in slow.itertuples(index=False)}
+        slowest = np.zeros(len(frame), dtype=bool)
+        score = np.full(len(frame), math.nan)
+        results: list[StepResult] = []
+        for job, step, complete, start, n, expected in meta:
+            index = np.arange(start, start + n)
+            s = slow_at.get((job.job, step))
+            med = median_step[start]
+            if s is not None:
+                pos = start + int(np.flatnonzero(frame["rank"].to_numpy()[index] == s.rank)[0])
+                slowest[pos] = True
+                step_score = float(s.compute_excess_s / med) if med > 0 else math.nan
+                slowest_rank, cause = int(s.rank), str(s.cause)
+                job.last_slowest = (slowest_rank, str(s.node), int(s.gpu), cause)
+            else:
+                step_score, slowest_rank, cause = 0.0, -1, "none"
+            score[index] = step_score
+            job_time = float(frame["job_step_time_s"].iat[start])
+            results.append(StepResult(job.job, step, complete, n, expected, job_time,
+                                      slowest_rank, step_score, cause, index))
+            self._remember(job, step, _Final(job_time, step_score, complete))
+            job.steps_finalized_total += 1
+            if not complete:
+                job.incomplete_total += 1
+            if step >= job.last_step:
+                job.last_step, job.last_step_time_s, job.last_straggler_score = step, job_time, step_score
+        frame["straggler_score"] = score
+        frame["slowest"] = slowest
+        frame["late"] = False
+        frame["complete"] = np.repeat([m[2] for m in meta], [m[4] for m in meta]).astype(bool)
+        frame["flags"] = [(*f, "slowest_rank") if sl else f for f, sl in zip(frame["flags"], slowest, strict=True)]
+        if late:
+            frame = pd.concat([frame, self._late_frame(late)], ignore_index=True) if len(frame) else (
+                self._late_frame(late))
+            excess = np.concatenate([excess, np.zeros(len(late))])
+        frame["received_ns"] = np.int64(now_ns)
+        self._account_rows(frame, excess, now_ns)
+        return Finalized(frame[list(ROW_COLUMNS)], results)
+
+    def _late_frame(self, late: list[tuple[JobState, pb.StepSummary]]) -> pd.DataFrame:
+        frame = _frame([s for _, s in late])
+        frame["compute_s"] = frame["step_time_s"] - frame["idle_s"] - frame["exposed_comm_s"]
+        frame["straggler_wait_s"] = 0.0
+        finals = [job.finalized.get(s.step) for job, s in late]
+        frame["job_step_time_s"] = [f.job_step_time_s if f else math.nan for f in finals]
+        frame["straggler_score"] = [f.straggler_score if f else math.nan for f in finals]
+        frame["complete"] = [f.complete if f else False for f in finals]
+        frame["slowest"] = False
+        frame["late"] = True
+        return frame
+
+    def _remember(self, job: JobState, step: int, final: _Final) -> None:
+        job.finalized[step] = final
+        while len(job.finalized) > FINALIZED_MEMORY:
+            old, _ = job.finalized.popitem(last=False)
+            job.forgotten_below = max(job.forgotten_below, old)
+
+    def _account_missing(self, job: JobState, rows: dict[int, pb.StepSummary], complete: bool) -> None:
+        """Count the ranks missing from an incomplete step; drop ranks that keep missing."""
+        if complete:
+            return
+        for rank in [r for r in job.expected if r not in rows]:
+            state = job.ranks[rank]
+            state.missing_steps += 1
+            state.miss_streak += 1
+            job.missing_rank_steps_total += 1
+            if state.miss_streak >= self.vanish_after_steps:
+                job.expected.discard(rank)
+                job.rank_set_changes_total += 1
+
+    def _account_rows(self, frame: pd.DataFrame, excess: np.ndarray, now_ns: int) -> None:
+        """Rank counters, job counters and this second's window bucket (module step 6)."""
+        ideal = frame["ideal_s"].to_numpy(dtype=float)
+        known = ~np.isnan(ideal)
+        step_s = frame["step_time_s"].to_numpy(dtype=float)
+        cause = np.column_stack([
+            np.nan_to_num(ideal),
+            np.nan_to_num(frame["matrix_util_loss_s"].to_numpy(dtype=float)),
+            *(np.nan_to_num(frame[f"dvfs_{c}_s"].to_numpy(dtype=float)) for c in DVFS_CAUSES),
+            frame["exposed_comm_s"].to_numpy(dtype=float),
+            frame["straggler_wait_s"].to_numpy(dtype=float),
+            np.nan_to_num(frame["idle_s"].to_numpy(dtype=float)),
+            np.where(known, 0.0, np.nan_to_num(frame["compute_at_clock_s"].to_numpy(dtype=float))),
+        ])
+        energy = frame["energy_j"].to_numpy(dtype=float)
+        tokens = frame["tokens"].to_numpy(dtype=float)
+        both = ~np.isnan(energy) & (tokens > 0)
+        jobs = frame["job"].to_numpy()
+        ranks = frame["rank"].to_numpy()
+        second = now_ns // NS
+        for name, idx in pd.Series(np.arange(len(frame))).groupby(jobs, sort=False).groups.items():
+            job = self.jobs[str(name)]
+            rows = np.asarray(idx)
+            vec = np.zeros(_W_SIZE)
+            vec[_W_IDEAL] = ideal[rows][known[rows]].sum()
+            vec[_W_TIME_KNOWN] = step_s[rows][known[rows]].sum()
+            vec[_W_TIME] = step_s[rows].sum()
+            vec[_W_CAUSE:_W_ENERGY] = cause[rows].sum(axis=0)
+            vec[_W_ENERGY] = energy[rows][both[rows]].sum()
+            vec[_W_TOKENS] = tokens[rows][both[rows]].sum()
+            job.seconds += vec[_W_CAUSE:_W_ENERGY]
+            if job.buckets and job.buckets[-1][0] == second:
+                job.buckets[-1][1][:] += vec
+            else:
+                job.buckets.append((second, vec))
+            while job.buckets and job.buckets[0][0] <= second - WINDOWS_S[-1]:
+                job.buckets.popleft()
+            for i in rows:
+                state = job.ranks[int(ranks[i])]
+                state.seconds += cause[i]
+                state.last_step_time_s = float(step_s[i])
+                state.excess_s = state.excess_at(now_ns) + max(0.0, float(excess[i]))
+                state.excess_ns = now_ns
+
+
+def _frame(summaries: list[pb.StepSummary]) -> pd.DataFrame:
+    """Rank rows of ``summaries`` with the attribution columns (straggler wait still 0)."""
+    data: dict[str, Any] = {
+        "job": [s.job for s in summaries],
+        "node": [s.node for s in summaries],
+        **{c: np.fromiter((getattr(s, c) for s in summaries), dtype=np.int64, count=len(summaries)) for c in _INTS},
+        **{c: np.fromiter((getattr(s, c) for s in summaries), dtype=np.float64, count=len(summaries))
+           for c in _FLOATS},
+        "straggler_wait_s": np.zeros(len(summaries)),
+        "flags": [tuple(s.flags) for s in summaries],
+    }
+    return pd.DataFrame(data)
