@@ -6,7 +6,11 @@ that the collective is visible (the framework integrations make this automatic l
 step is marked: ``step`` (with FLOPs = 6 × parameters × tokens and the token count), phases
 ``forward``, ``backward``, ``optimizer`` and the collective ``all_reduce`` with its bytes.
 
-Run as ``python -m chopper.demo.train --agent unix:///path.sock --duration 60 --ranks 2``.
+Run as ``python -m chopper.demo.train --agent unix:///path.sock --duration 60 --ranks 2``, or with
+``--agents A,B`` to spread the ranks over several agents (several simulated nodes on one machine):
+rank ``r`` of ``R`` reports to ``agents[r * len(agents) // R]`` and drives the local GPU numbered
+from 0 on that agent. ``--slow-rank R --slow-ms M`` makes rank R's forward phase M ms longer, which
+is what a thermally throttled GPU does to a real job (CPU ranks have no clock to throttle).
 """
 from __future__ import annotations
 
@@ -62,6 +66,8 @@ class DemoTrainer:
         self.flops_per_step = 6.0 * n_params * self.tokens_per_step
         self.grad_bytes = n_params * 4
 
+    slow_s = 0.0
+
     def step(self, i: int, marks: Any = chopper) -> None:
         """Train one step, marked through ``marks`` (``chopper``, or anything with its API)."""
         batch = torch.randint(0, VOCAB, (BATCH, SEQ + 1))
@@ -69,6 +75,8 @@ class DemoTrainer:
             with marks.phase("forward"):
                 logits = self.model(batch[:, :-1])
                 loss = self.loss_fn(logits.reshape(-1, VOCAB), batch[:, 1:].reshape(-1))
+                if self.slow_s:
+                    time.sleep(self.slow_s)
             with marks.phase("backward"):
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
@@ -85,14 +93,23 @@ class DemoTrainer:
                 self.optimizer.step()
 
 
-def train(rank: int, world: int, agent: str, job: str, duration_s: float, max_steps: int, port: int) -> dict:
+def placement(rank: int, world: int, agents: Sequence[str]) -> tuple[str, int]:
+    """The agent rank ``rank`` of ``world`` reports to, and its GPU index on that agent's node."""
+    k = rank * len(agents) // world
+    first = next(r for r in range(world) if r * len(agents) // world == k)
+    return agents[k], rank - first
+
+
+def train(rank: int, world: int, agent: str, job: str, duration_s: float, max_steps: int, port: int,
+          gpu: int | None = None, slow_s: float = 0.0) -> dict:
     """Train until ``duration_s`` or ``max_steps``; returns this rank's counts of what it marked."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.manual_seed(rank)
     torch.set_num_threads(1)
-    chopper.init(job=job, rank=rank, agent=agent, gpu=rank)
+    chopper.init(job=job, rank=rank, agent=agent, gpu=rank if gpu is None else gpu)
     trainer = DemoTrainer(world)
+    trainer.slow_s = slow_s
     counts: dict[str, Any] = {"steps": 0, "phases": 0, "collectives": 0}
     deadline = time.monotonic() + duration_s
     step = 0
@@ -115,18 +132,29 @@ def train(rank: int, world: int, agent: str, job: str, duration_s: float, max_st
 
 
 def _worker(rank: int, args: argparse.Namespace, results: dict) -> None:
-    results[rank] = train(rank, args.ranks, args.agent, args.job, args.duration, args.max_steps, args.port)
+    if args.agents:
+        agent, gpu = placement(rank, args.ranks, args.agents.split(","))
+    else:
+        agent, gpu = args.agent, rank
+    slow_s = args.slow_ms / 1000 if rank == args.slow_rank else 0.0
+    results[rank] = train(rank, args.ranks, agent, args.job, args.duration, args.max_steps, args.port, gpu, slow_s)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--agent", required=True, help="agent gRPC target, e.g. unix:///run/chopper/agent.sock")
+    target = parser.add_mutually_exclusive_group(required=True)
+    target.add_argument("--agent", help="agent gRPC target of every rank, e.g. unix:///run/chopper/agent.sock")
+    target.add_argument("--agents", help="comma-separated agent targets; rank r goes to agents[r * len // ranks]")
     parser.add_argument("--job", default="demo", help="job name")
     parser.add_argument("--ranks", type=int, default=2, help="number of CPU ranks (gloo)")
     parser.add_argument("--duration", type=float, default=60.0, help="seconds of training")
     parser.add_argument("--max-steps", type=int, default=10**9, help="stop after this many steps")
     parser.add_argument("--port", type=int, default=29533, help="torch.distributed rendezvous port")
+    parser.add_argument("--slow-rank", type=int, default=-1, help="rank whose forward phase is slowed (-1: none)")
+    parser.add_argument("--slow-ms", type=float, default=0.0, help="extra forward time of --slow-rank per step, ms")
     args = parser.parse_args(argv)
+    if args.agents is not None and not all(a.strip() for a in args.agents.split(",")):
+        parser.error("--agents needs comma-separated targets")
     if args.ranks < 1 or args.duration <= 0 or args.max_steps < 1:
         parser.error("--ranks, --duration and --max-steps must be positive")
     with mp.Manager() as manager:
