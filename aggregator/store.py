@@ -1,0 +1,145 @@
+"""Parquet store of finalized per-step rank rows, partitioned by job and day.
+
+Layout (Hive partitioning, readable by ``pd.read_parquet(root)``, DuckDB's
+``read_parquet('root/**/*.parquet', hive_partitioning = true)`` and ``chopper attribute root``)::
+
+    root/job=<job, URI-encoded>/date=<YYYY-MM-DD>/part-<n>.parquet
+
+Each file holds ``aggregator.jobs.ROW_COLUMNS`` except the partition columns ``job`` and ``date``
+(the directory names carry them, as pyarrow's ``write_to_dataset`` does). ``date`` is the UTC day
+of the aggregator's receive time (``received_ns``), so every rank of a step lands in the same
+partition whatever its node's clock says.
+
+Algorithm of ``Store``:
+
+1. ``append`` buffers rows in memory.
+2. The buffer is written when it holds ``flush_rows`` rows, when ``flush_interval_s`` passed since
+   the last write (checked on ``append`` and ``maybe_flush``, which the daemon calls every tick),
+   and on ``close``.
+3. A write groups the buffer by (job, date) and writes one new file per group: to a dot-file
+   first, then renamed, so a reader never sees half a file (readers skip dot-files). ``n`` is one
+   more than the largest part number already in the directory, so a restarted aggregator appends.
+4. A failed write is counted (``flush_errors_total``), logged, and its rows stay buffered for the
+   next try, up to ``max_buffered_rows``; beyond that the oldest rows are dropped and counted
+   (``rows_dropped_total``) so a full disk cannot exhaust memory.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+import urllib.parse
+from collections.abc import Callable
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+log = logging.getLogger(__name__)
+
+PARTITIONS = ("job", "date")
+_PART = re.compile(r"part-(\d+)\.parquet")
+
+
+def partition_dir(root: Path, job: str, date: str) -> Path:
+    """Directory of one (job, date) partition; the job name is URI-encoded (``/`` → ``%2F``)."""
+    return root / f"job={urllib.parse.quote(job, safe='')}" / f"date={date}"
+
+
+class Store:
+    """Buffered Parquet writer of step rows (module docstring).
+
+    Args:
+        root: Store directory; created on first write.
+        flush_rows: Write once this many rows are buffered.
+        flush_interval_s: Write buffered rows at least this often, s.
+        clock: Monotonic seconds, for the flush interval; injected in tests.
+        max_buffered_rows: Rows held while writes fail, at most.
+    """
+
+    def __init__(
+        self,
+        root: str | Path,
+        flush_rows: int = 50_000,
+        flush_interval_s: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+        max_buffered_rows: int = 2_000_000,
+    ) -> None:
+        self.root = Path(root)
+        self.flush_rows = flush_rows
+        self.flush_interval_s = flush_interval_s
+        self.clock = clock
+        self.max_buffered_rows = max_buffered_rows
+        self._buffer: list[pd.DataFrame] = []
+        self.buffered_rows = 0
+        self._last_flush = clock()
+        self._next_part: dict[Path, int] = {}
+        self.rows_written_total = 0
+        self.files_written_total = 0
+        self.flush_errors_total = 0
+        self.rows_dropped_total = 0
+
+    def append(self, rows: pd.DataFrame) -> None:
+        """Buffer rows (``jobs.ROW_COLUMNS``); write when a threshold is reached."""
+        if len(rows):
+            self._buffer.append(rows)
+            self.buffered_rows += len(rows)
+        self.maybe_flush()
+
+    def maybe_flush(self) -> None:
+        """Write when ``flush_rows`` rows wait or ``flush_interval_s`` passed."""
+        due = self.clock() - self._last_flush >= self.flush_interval_s
+        if self.buffered_rows >= self.flush_rows or (due and self.buffered_rows):
+            self.flush()
+        elif due:
+            self._last_flush = self.clock()
+
+    def flush(self) -> bool:
+        """Write every buffered row now; False (counted, rows kept) when the write failed."""
+        self._last_flush = self.clock()
+        if not self._buffer:
+            return True
+        frame = pd.concat(self._buffer, ignore_index=True) if len(self._buffer) > 1 else self._buffer[0]
+        try:
+            written = self._write(frame)
+        except (OSError, pa.ArrowException) as exc:
+            self.flush_errors_total += 1
+            log.error("event=store_flush_failed root=%s rows=%d error=%r", self.root, len(frame), str(exc))
+            if len(frame) > self.max_buffered_rows:
+                drop = len(frame) - self.max_buffered_rows
+                self.rows_dropped_total += drop
+                frame = frame.iloc[drop:].reset_index(drop=True)
+            self._buffer, self.buffered_rows = [frame], len(frame)
+            return False
+        self._buffer, self.buffered_rows = [], 0
+        self.rows_written_total += written
+        return True
+
+    def close(self) -> bool:
+        """Write what is buffered (shutdown)."""
+        return self.flush()
+
+    def _write(self, frame: pd.DataFrame) -> int:
+        dates = pd.to_datetime(frame["received_ns"].astype("int64"), unit="ns", utc=True).dt.strftime("%Y-%m-%d")
+        written = 0
+        for (job, date), part in frame.groupby([frame["job"], dates], sort=True):
+            directory = partition_dir(self.root, str(job), str(date))
+            directory.mkdir(parents=True, exist_ok=True)
+            n = self._part_number(directory)
+            table = pa.Table.from_pandas(part.drop(columns=["job"]).reset_index(drop=True), preserve_index=False)
+            tmp = directory / f".part-{n}.parquet.tmp"
+            pq.write_table(table, tmp)
+            os.replace(tmp, directory / f"part-{n}.parquet")
+            self._next_part[directory] = n + 1
+            self.files_written_total += 1
+            written += len(part)
+        return written
+
+    def _part_number(self, directory: Path) -> int:
+        n = self._next_part.get(directory)
+        if n is None:
+            found = [int(m.group(1)) for p in directory.iterdir() if (m := _PART.fullmatch(p.name))]
+            n = max(found, default=-1) + 1
+        return n

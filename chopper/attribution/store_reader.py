@@ -1,0 +1,63 @@
+"""Read the aggregator's Parquet step store back as an ``Attribution`` (``chopper attribute STORE_DIR``).
+
+The store (``aggregator/store.py``) is ``root/job=<job>/date=<YYYY-MM-DD>/part-<n>.parquet``,
+one row per (job, rank, step) with the attribution columns already split at job level
+(``straggler_wait_s`` moved out of ``exposed_comm_s``), plus the aggregator's job columns.
+
+Algorithm of ``read_step_store``:
+
+1. Read every part file as one Hive-partitioned dataset, ``job`` and ``date`` as text (a job
+   named ``123`` stays text), keeping only ``job`` when one is asked for.
+2. Order rows by job, step, rank, and turn ``flags`` back into tuples.
+3. Name the slowest rank of each step again with ``straggler.slowest_ranks`` on the rows that
+   took part in the step's finalization (``late`` rows did not), with compute time before the
+   split: ``step − idle − exposed − straggler wait``. This is what the aggregator computed live.
+
+pandas and pyarrow are imported inside the functions, because ``import chopper`` must stay light.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from chopper.attribution.columns import STEP_COLUMNS
+from chopper.attribution.model import Attribution, AttributionError
+
+
+def is_step_store(path: str | Path) -> bool:
+    """True when ``path`` is a directory laid out as the aggregator's step store."""
+    root = Path(path)
+    return root.is_dir() and any(p.is_dir() for p in root.glob("job=*"))
+
+
+def read_step_store(path: str | Path, job: str | None = None) -> Attribution:
+    """Stored rows of every job (or of ``job``) as an ``Attribution`` (module docstring).
+
+    Raises:
+        AttributionError: The store cannot be read, lacks attribution columns, has no rows, or
+            has no rows of ``job``.
+    """
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+
+    from chopper.attribution import straggler
+
+    root = Path(path)
+    try:
+        partitioning = ds.partitioning(pa.schema([("job", pa.string()), ("date", pa.string())]), flavor="hive")
+        dataset = ds.dataset(root, format="parquet", partitioning=partitioning)
+        table = dataset.to_table(filter=ds.field("job") == job) if job is not None else dataset.to_table()
+    except (OSError, pa.ArrowException) as exc:
+        raise AttributionError(f"step store {root}: cannot be read ({exc}); is it an aggregator store_dir?") from None
+    missing = [c for c in (*STEP_COLUMNS, "late") if c not in table.column_names]
+    if missing:
+        raise AttributionError(f"step store {root}: rows lack column(s) {', '.join(missing)}; written by an "
+                               "aggregator of another version?")
+    if table.num_rows == 0:
+        where = f"job {job!r}" if job is not None else "any job"
+        raise AttributionError(f"step store {root}: no rows of {where}; check --job and the store_dir")
+    steps = table.to_pandas().sort_values(["job", "step", "rank"], kind="stable").reset_index(drop=True)
+    steps["flags"] = [tuple(f) if f is not None else () for f in steps["flags"]]
+    steps["job"] = steps["job"].astype(str)
+    taken = steps[~steps["late"].astype(bool)].copy()
+    taken["compute_s"] = taken["step_time_s"] - taken["idle_s"] - taken["exposed_comm_s"] - taken["straggler_wait_s"]
+    return Attribution(steps[list(STEP_COLUMNS)], straggler.slowest_ranks(taken), [])
