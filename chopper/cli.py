@@ -99,10 +99,12 @@ def _attribute(args: argparse.Namespace) -> int:
 
     from chopper.attribution import AttributionError, attribute_run
     from chopper.attribution.report import format_table, to_json
+    from chopper.attribution.store_reader import is_step_store, read_step_store
     from chopper.rundir import RunDirError
 
     try:
-        result = attribute_run(args.run_dir, job=args.job)
+        reader = read_step_store if is_step_store(args.run_dir) else attribute_run  # aggregator store or run
+        result = reader(args.run_dir, job=args.job)
     except (RunDirError, AttributionError) as exc:
         print(f"chopper attribute: {exc}", file=sys.stderr)
         return 2
