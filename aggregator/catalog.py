@@ -1,0 +1,112 @@
+"""The aggregator's metric catalog: every name it exports, with type, help and labels.
+
+The single source of the aggregator's metric names: the collector builds families from it and
+``docs/AGGREGATOR_METRICS.md`` is generated from it (a test keeps them equal). Names follow
+``chopper_<subsystem>_<name>_<unit>`` with base units; counters end in ``_total``; step numbers
+are never labels. Cardinality is bounded: per job a fixed set of series (the slowest rank is one
+info series per job, its labels change as it moves), per rank a fixed set per rank, and with
+``rank_series_top_k`` only the k worst ranks of a larger job have per-rank series.
+"""
+from __future__ import annotations
+
+from agent.catalog import MetricSpec
+from aggregator.jobs import CAUSES, REJECTION_REASONS
+
+JOB = ("job",)
+RANK = ("job", "rank", "node", "gpu")
+WINDOW = "window"
+
+METRICS: tuple[MetricSpec, ...] = (
+    # Per job.
+    MetricSpec("chopper_job_steps_finalized_total", "counter", "Steps finalized (complete or timed out).", JOB),
+    MetricSpec("chopper_job_steps_incomplete_total", "counter",
+               "Steps finalized with ranks missing, after step_timeout_s.", JOB),
+    MetricSpec("chopper_job_late_summaries_total", "counter",
+               "Summaries that arrived after their step was finalized (stored flagged late).", JOB),
+    MetricSpec("chopper_job_missing_rank_steps_total", "counter", "Ranks missing from incomplete steps, summed.", JOB),
+    MetricSpec("chopper_job_rank_set_changes_total", "counter",
+               "Ranks that joined after the join period or vanished (missed steps in a row).", JOB),
+    MetricSpec("chopper_job_ranks", "gauge", "Ranks expected at each step (distinct ranks seen, less vanished).", JOB),
+    MetricSpec("chopper_job_open_steps", "gauge", "Steps waiting for ranks.", JOB),
+    MetricSpec("chopper_job_last_step", "gauge", "Number of the last finalized step.", JOB),
+    MetricSpec("chopper_job_step_time_seconds", "gauge", "Step time of the last finalized step (slowest rank), s.",
+               JOB),
+    MetricSpec("chopper_job_straggler_score_ratio", "gauge",
+               "Last step's slowest-rank compute excess over the median compute, over the median step time.", JOB),
+    MetricSpec("chopper_job_slowest_rank_info", "info",
+               "The slowest rank of the last finalized multi-rank step and its throttle cause; value is 1.",
+               (*JOB, "rank", "node", "gpu", "cause")),
+    MetricSpec("chopper_job_mfu_ratio", "gauge",
+               "Model FLOPs utilisation over the window (sum ideal / sum step time of all ranks), 0-1.",
+               (*JOB, WINDOW)),
+    MetricSpec("chopper_job_step_time_share_ratio", "gauge",
+               "Share of all ranks' step time by cause over the window, 0-1.", (*JOB, WINDOW, "cause")),
+    MetricSpec("chopper_job_energy_per_token_joules", "gauge", "Energy per token over the window, J.",
+               (*JOB, WINDOW)),
+    MetricSpec("chopper_job_step_seconds_total", "counter", "Step time of all ranks by cause, s.", (*JOB, "cause")),
+    # Per rank (the k worst of larger jobs with rank_series_top_k).
+    MetricSpec("chopper_job_rank_step_seconds_total", "counter",
+               "A rank's step time by cause (straggler_wait is its straggler wait), s.", (*RANK, "cause")),
+    MetricSpec("chopper_job_rank_step_time_seconds", "gauge", "A rank's last finalized step time, s.", RANK),
+    MetricSpec("chopper_job_rank_compute_excess_seconds", "gauge",
+               "A rank's compute excess over its steps' median compute, decayed with a 60 s time constant, s.", RANK),
+    MetricSpec("chopper_job_rank_missing_steps_total", "counter", "Steps finalized without this rank.", RANK),
+    # The aggregator itself.
+    MetricSpec("chopper_aggregator_info", "info", "Aggregator identity; value is always 1.", ("version",)),
+    MetricSpec("chopper_aggregator_summaries_received_total", "counter",
+               "Step summaries received from agents (ledger).", ()),
+    MetricSpec("chopper_aggregator_summaries_duplicate_total", "counter",
+               "Step summaries received again and ignored (ledger).", ()),
+    MetricSpec("chopper_aggregator_summaries_lost_total", "counter",
+               "Step summaries agents could not deliver: overwritten in their buffers (ledger).", ()),
+    MetricSpec("chopper_aggregator_incarnations", "gauge", "Agent incarnations the ledger tracks.", ()),
+    MetricSpec("chopper_aggregator_summaries_rejected_total", "counter",
+               "Summaries not joined, by reason (see below).", ("reason",)),
+    MetricSpec("chopper_aggregator_jobs", "gauge", "Live jobs.", ()),
+    MetricSpec("chopper_aggregator_jobs_expired_total", "counter", "Jobs forgotten after job_expiry_s of silence.", ()),
+    MetricSpec("chopper_aggregator_rank_series_omitted", "gauge",
+               "Ranks whose per-rank series are left out by rank_series_top_k.", ()),
+    MetricSpec("chopper_aggregator_store_rows_written_total", "counter", "Rows written to the Parquet store.", ()),
+    MetricSpec("chopper_aggregator_store_flush_errors_total", "counter", "Failed Parquet store writes.", ()),
+    MetricSpec("chopper_aggregator_store_rows_dropped_total", "counter",
+               "Rows dropped because store writes kept failing and the buffer was full.", ()),
+    MetricSpec("chopper_aggregator_store_buffered_rows", "gauge", "Rows waiting to be written to the store.", ()),
+    MetricSpec("chopper_aggregator_messages_undecodable_total", "counter",
+               "gRPC messages that were not valid protobuf.", ("method",)),
+    MetricSpec("chopper_aggregator_batches_invalid_total", "counter",
+               "Summary batches refused: no agent or incarnation, or seq and summaries of different length.", ()),
+    MetricSpec("chopper_aggregator_delivery_streams", "gauge", "Open Deliver streams from agents.", ()),
+)
+
+BY_NAME: dict[str, MetricSpec] = {m.name: m for m in METRICS}
+
+
+def markdown() -> str:
+    """``docs/AGGREGATOR_METRICS.md``: the catalog as tables (``python -m aggregator.catalog``)."""
+    lines = [
+        "# Aggregator metric catalog",
+        "",
+        "Generated from `aggregator/catalog.py` by `python -m aggregator.catalog > docs/AGGREGATOR_METRICS.md`; a test",
+        "fails when this file and the catalog disagree. Names follow `chopper_<subsystem>_<name>_<unit>` in base",
+        "units; counters end in `_total`; step numbers are never labels. `window` is `1m` or `5m` of finalized steps",
+        "by the aggregator's receive time. With `rank_series_top_k` = k > 0, jobs of more than k ranks export",
+        "`chopper_job_rank_*` only for the k ranks with the largest decayed compute excess. A value that is not",
+        "known (no step in the window, no FLOPs) is left out of the scrape rather than exported as NaN.",
+        "",
+        "| name | type | labels | help |",
+        "|---|---|---|---|",
+    ]
+    lines += [f"| `{m.name}` | {m.kind} | {', '.join(m.labels)} | {m.help} |" for m in METRICS]
+    lines += ["", "## Causes (`cause` label of the step-time metrics)", "",
+              "They add up to the step time: `ideal`, `matrix_util_loss`, `dvfs_<cause>` (DVFS loss by throttle",
+              "cause), `exposed_comm` (after the straggler split), `straggler_wait`, `idle`, and `compute_unknown`",
+              "(compute time at the observed clock of steps without FLOPs). See docs/ATTRIBUTION.md.", "",
+              " ".join(f"`{c}`" for c in CAUSES)]
+    lines += ["", "## Rejection reasons (`chopper_aggregator_summaries_rejected_total{reason}`)", "",
+              "| reason | meaning |", "|---|---|"]
+    lines += [f"| `{reason}` | {meaning} |" for reason, meaning in REJECTION_REASONS.items()]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(markdown(), end="")

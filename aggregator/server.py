@@ -1,0 +1,140 @@
+"""The aggregator's gRPC surface: a thin ``chopper.v1.Aggregator`` servicer over ``Aggregator``, plus health.
+
+Servicers only decode and encode; logic lives in ``aggregator.service.Aggregator``. Messages are
+decoded by our own deserializers so that a garbled message is counted
+(``chopper_aggregator_messages_undecodable_total{method}``) and answered with a clear
+``INVALID_ARGUMENT`` instead of gRPC's generic internal error. A batch whose ``seq`` and
+``summaries`` differ in length, or without agent or incarnation, is answered the same way
+(``chopper_aggregator_batches_invalid_total``).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from aggregator.service import Aggregator
+from chopper.proto.chopper.v1 import aggregator_pb2 as apb
+
+SERVICE = "chopper.v1.Aggregator"
+# Every agent (and replica) holds one Deliver stream, and each stream holds a worker thread.
+MAX_WORKERS = 1024
+
+
+class Garbled:
+    """Stands in for a request that did not decode, so the handler can answer it clearly."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+
+class AggregatorServicer:
+    """Implements ``chopper.v1.Aggregator`` over an ``Aggregator``."""
+
+    def __init__(self, core: Aggregator) -> None:
+        self.core = core
+
+    def Deliver(self, requests: Iterator[Any], context: grpc.ServicerContext) -> Iterator[apb.DeliveryAck]:
+        core = self.core
+        with core.lock:
+            core.delivery_streams += 1
+        try:
+            for batch in requests:
+                if isinstance(batch, Garbled):
+                    core.count(core.undecodable, "Deliver")
+                    context.abort(
+                        grpc.StatusCode.INVALID_ARGUMENT,
+                        f"message is not a chopper.v1.SummaryBatch ({batch.error}); deliver with a chopper-agent of "
+                        "a matching version",
+                    )
+                problem = _batch_problem(batch)
+                if problem:
+                    with core.lock:
+                        core.invalid_batches_total += 1
+                    context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
+                acked = core.deliver(batch)
+                yield apb.DeliveryAck(incarnation=batch.incarnation, acked_seq=acked)
+        finally:
+            with core.lock:
+                core.delivery_streams -= 1
+
+    def QuerySteps(self, request: Any, context: grpc.ServicerContext) -> apb.QueryStepsResponse:
+        if isinstance(request, Garbled):
+            self.core.count(self.core.undecodable, "QuerySteps")
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"message is not a chopper.v1.QueryStepsRequest ({request.error})")
+        if not request.job:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "job is empty; name the job whose steps you want")
+        return apb.QueryStepsResponse(steps=self.core.query(request.job, request.last))
+
+
+def _batch_problem(batch: apb.SummaryBatch) -> str:
+    """Why a decoded batch cannot be taken in, or ''."""
+    if not batch.agent or not batch.incarnation:
+        return "SummaryBatch needs agent and incarnation; they make delivery idempotent"
+    if len(batch.seq) != len(batch.summaries):
+        return (f"SummaryBatch has {len(batch.seq)} sequence numbers for {len(batch.summaries)} summaries; "
+                "send one per summary")
+    return ""
+
+
+def _decoder(parse: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+    """Wrap a protobuf parser so that garbage yields ``Garbled`` instead of raising in gRPC."""
+
+    def decode(data: bytes) -> Any:
+        try:
+            return parse(data)
+        except Exception as exc:  # protobuf raises DecodeError and others on garbage
+            return Garbled(exc)
+
+    return decode
+
+
+def _handlers(servicer: AggregatorServicer) -> grpc.GenericRpcHandler:
+    return grpc.method_handlers_generic_handler(
+        SERVICE,
+        {
+            "Deliver": grpc.stream_stream_rpc_method_handler(
+                servicer.Deliver, _decoder(apb.SummaryBatch.FromString), apb.DeliveryAck.SerializeToString
+            ),
+            "QuerySteps": grpc.unary_unary_rpc_method_handler(
+                servicer.QuerySteps, _decoder(apb.QueryStepsRequest.FromString),
+                apb.QueryStepsResponse.SerializeToString,
+            ),
+        },
+    )
+
+
+def build_server(core: Aggregator, listen: str, max_message_bytes: int = 64 * 1024 * 1024) -> tuple[grpc.Server, int]:
+    """A started gRPC server on ``listen`` (``host:port``; port 0 picks one), with health.
+
+    Returns:
+        The server and the bound port.
+
+    Raises:
+        OSError: The address cannot be bound.
+    """
+    options = [
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.so_reuseport", 0),
+    ]
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=MAX_WORKERS, thread_name_prefix="grpc"),
+                         options=options)
+    server.add_generic_rpc_handlers((_handlers(AggregatorServicer(core)),))
+    health_servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    try:
+        port = server.add_insecure_port(listen)
+    except RuntimeError:
+        port = 0
+    if port == 0:
+        raise OSError(f"listen: cannot bind {listen}; is the port in use?")
+    server.start()
+    for name in ("", SERVICE):
+        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    server.health_servicer = health_servicer  # type: ignore[attr-defined]
+    return server, port
