@@ -1,5 +1,7 @@
-"""The Chopper cluster aggregator (job-level attribution, stragglers, Parquet store).
+"""The Chopper cluster aggregator: job-level attribution, stragglers, Prometheus and a Parquet store.
 
-Not built yet: it arrives with the aggregator issue. The package and its console script exist
-so that the distribution's layout and entry points are stable from the start.
+Agents deliver step summaries over ``chopper.v1.Aggregator/Deliver`` (``server.py``); the delivery
+ledger (``ledger.py``) drops resends; ``jobs.py`` joins the ranks of each job by ``(job, step)``,
+finalizes steps and rolls them up; ``store.py`` writes the finalized rows; ``metrics.py`` exports
+``catalog.py``'s metrics; ``config.py`` and ``main.py`` make the ``chopper-aggregator`` daemon.
 """

@@ -1,18 +1,88 @@
-"""``chopper-aggregator``: placeholder entry point until the aggregator issue lands."""
+"""``chopper-aggregator``: the cluster service. Runs until SIGTERM or SIGINT, then stops cleanly.
+
+Shutdown order: stop accepting (gRPC server stops, in-flight batches get a short grace), stop the
+ticker, finalize every open step (complete ones as complete, the rest as incomplete, so nothing
+the ledger acknowledged is lost), write the store, stop serving /metrics; exit 0.
+"""
 from __future__ import annotations
 
+import logging
+import signal
 import sys
+import threading
 from collections.abc import Sequence
+
+from prometheus_client import CollectorRegistry, start_http_server
+
+from aggregator.config import ConfigError, load_settings
+from aggregator.jobs import JobTable
+from aggregator.metrics import AggregatorCollector
+from aggregator.server import build_server
+from aggregator.service import Aggregator
+from aggregator.store import Store
+from chopper import logs
+
+log = logging.getLogger("aggregator")
+TICK_S = 1.0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Say plainly that the aggregator is not available yet; exit status 2."""
-    print(
-        "chopper-aggregator: not available in this release yet; per-node data is on each agent's "
-        "/metrics and `chopper record` streams (see docs/ARCHITECTURE.md)",
-        file=sys.stderr,
-    )
-    return 2
+    """Start the aggregator; returns 0 after a clean stop, 2 on a configuration or startup error."""
+    try:
+        settings = load_settings(argv)
+    except ConfigError as exc:
+        print(f"chopper-aggregator: bad configuration: {exc}", file=sys.stderr)
+        return 2
+    logs.configure(settings.log_level)
+    from aggregator.ledger import Ledger  # the delivery side's module; imported once settings are good
+
+    store = None
+    if settings.store_dir:
+        store = Store(settings.store_dir, settings.flush_rows, settings.flush_interval_s)
+    else:
+        log.warning("event=no_store reason='store_dir is empty: finalized rows are not kept'")
+    jobs = JobTable(settings.step_timeout_s, max_jobs=settings.max_jobs, job_expiry_s=settings.job_expiry_s)
+    core = Aggregator(Ledger(), jobs, store, settings.recent_steps_per_job)
+    try:
+        server, port = build_server(core, settings.listen, settings.max_message_bytes)
+    except OSError as exc:
+        print(f"chopper-aggregator: {exc}", file=sys.stderr)
+        return 2
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(AggregatorCollector(core, settings.rank_series_top_k))
+    host, _, mport = settings.metrics_listen.rpartition(":")
+    try:
+        httpd, _thread = start_http_server(int(mport), addr=host.strip("[]"), registry=registry)
+    except OSError as exc:
+        print(f"chopper-aggregator: metrics_listen: cannot bind {settings.metrics_listen}: {exc.strerror}",
+              file=sys.stderr)
+        server.stop(0)
+        return 2
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    ticker = threading.Thread(target=_tick, args=(core, stop), name="tick", daemon=True)
+    ticker.start()
+    log.info("event=started grpc=%s port=%d metrics=http://%s/metrics store=%s step_timeout_s=%g",
+             settings.listen, port, settings.metrics_listen, settings.store_dir or "-", settings.step_timeout_s)
+    stop.wait()
+    log.info("event=stopping")
+    server.stop(grace=2.0).wait(5.0)
+    ticker.join(5.0)
+    core.close()
+    httpd.shutdown()
+    written = store.rows_written_total if store else 0
+    log.info("event=stopped rows_written=%d store_errors=%d", written, store.flush_errors_total if store else 0)
+    return 0
+
+
+def _tick(core: Aggregator, stop: threading.Event) -> None:
+    """Finalize timed-out steps and flush the store on time, until ``stop``."""
+    while not stop.wait(TICK_S):
+        try:
+            core.tick()
+        except Exception:  # a bug here must not stop ingest; it is logged with its traceback
+            log.exception("event=tick_failed")
 
 
 if __name__ == "__main__":
