@@ -24,7 +24,9 @@ Algorithm (``JobTable.add`` and ``JobTable.expire``):
    discovered, and a step must not complete with only the ranks of the fastest node); or
    *incomplete* ``step_timeout_s`` after its first summary (counted in ``incomplete_total``,
    its missing ranks in ``missing_rank_steps_total`` and per rank). More than
-   ``max_open_steps`` open steps in one job finalize the oldest early, as incomplete.
+   ``max_open_steps`` open steps in one job finalize the oldest early, as incomplete. With
+   ``finalize_every_s`` > 0, ``add`` gathers ready steps and finalizes them together at most that
+   often (``expire`` always does), so step 5 runs once for many small steps.
 5. Finalized steps of one call are attributed together, vectorized: ``compute_s = step time −
    idle − exposed`` (before the split), then ``chopper.attribution.straggler.straggler_wait``
    and ``slowest_ranks``. Job step time is the largest rank step time; the straggler score is
@@ -207,6 +209,10 @@ def _empty_rows() -> pd.DataFrame:
     return pd.DataFrame({c: pd.Series(dtype=object if c in ("job", "node", "flags") else float) for c in ROW_COLUMNS})
 
 
+# Returned, read-only, by every call that finalized nothing: building an empty frame costs ~1 ms.
+_NOTHING = _empty_rows()
+
+
 class JobTable:
     """Joins step summaries of many jobs by ``(job, step)`` (module docstring, steps 1-6).
 
@@ -219,6 +225,10 @@ class JobTable:
             expected set.
         max_open_steps: Open steps held per job at most.
         job_expiry_s: A job silent this long with no open step is forgotten, s.
+        finalize_every_s: ``add`` finalizes the steps it completed at most this often (they
+            wait, still open, for the next ``add`` or ``expire``), s: attributing many steps in
+            one vectorized pass costs about what one step does, so many small batches of small
+            jobs need this. 0: at once.
     """
 
     def __init__(
@@ -229,6 +239,7 @@ class JobTable:
         vanish_after_steps: int = 3,
         max_open_steps: int = 256,
         job_expiry_s: float = 900.0,
+        finalize_every_s: float = 0.0,
     ) -> None:
         self.step_timeout_ns = int(step_timeout_s * NS)
         self.join_ns = self.step_timeout_ns if join_s is None else int(join_s * NS)
@@ -239,6 +250,10 @@ class JobTable:
         self.jobs: dict[str, JobState] = {}
         self.rejected: dict[str, int] = dict.fromkeys(REJECTION_REASONS, 0)
         self.jobs_expired_total = 0
+        self.finalize_every_ns = int(finalize_every_s * NS)
+        self._last_finalize_ns: int | None = None
+        # Steps found ready by ``add`` and not finalized yet: (job, step) -> complete.
+        self._pending: dict[tuple[str, int], bool] = {}
 
     # Ingest ---------------------------------------------------------------------------------
 
@@ -272,13 +287,25 @@ class JobTable:
                 self.rejected["duplicate_rank_step"] += 1
                 continue
             rows[s.rank] = s
-        ready = [r for job in touched.values() for r in self._ready(job, now_ns)]
-        return self._finalize(ready, late, now_ns)
+        for job in touched.values():
+            for _, step, complete in self._ready(job, now_ns):
+                self._pending[(job.job, step)] = complete
+        last = self._last_finalize_ns
+        if late or last is None or now_ns - last >= self.finalize_every_ns:
+            return self._finalize(self._take_pending(), late, now_ns)
+        return Finalized(_NOTHING, [])
+
+    def _take_pending(self) -> list[tuple[JobState, int, bool]]:
+        out = [(self.jobs[job], step, complete) for (job, step), complete in self._pending.items()]
+        self._pending.clear()
+        return out
 
     def expire(self, now_ns: int) -> Finalized:
         """Finalize steps that timed out or completed (a rank vanished); forget silent jobs."""
-        ready = [r for job in self.jobs.values() for r in self._ready(job, now_ns)]
-        out = self._finalize(ready, [], now_ns)
+        for job in self.jobs.values():
+            for _, step, complete in self._ready(job, now_ns):
+                self._pending[(job.job, step)] = complete
+        out = self._finalize(self._take_pending(), [], now_ns)
         for name in [n for n, j in self.jobs.items() if not j.open and now_ns - j.last_ns >= self.job_expiry_ns]:
             del self.jobs[name]
             self.jobs_expired_total += 1
@@ -286,6 +313,7 @@ class JobTable:
 
     def close(self, now_ns: int) -> Finalized:
         """Finalize every open step (shutdown): complete ones as such, the rest as incomplete."""
+        self._pending.clear()
         ready = [(job, step, len(job.open[step][1]) >= len(job.expected))
                  for job in self.jobs.values() for step in sorted(job.open)]
         return self._finalize(ready, [], now_ns)
@@ -326,8 +354,9 @@ class JobTable:
     def _finalize(
         self, ready: list[tuple[JobState, int, bool]], late: list[tuple[JobState, pb.StepSummary]], now_ns: int
     ) -> Finalized:
+        self._last_finalize_ns = now_ns
         if not ready and not late:
-            return Finalized(_empty_rows(), [])
+            return Finalized(_NOTHING, [])
         # Oldest steps first so that per-job "last" figures end on the newest step.
         ready.sort(key=lambda r: (r[0].job, r[1]))
         summaries: list[pb.StepSummary] = []

@@ -24,6 +24,8 @@ from chopper import logs
 
 log = logging.getLogger("aggregator")
 TICK_S = 1.0
+# Many agents' small batches: attribute the steps they complete together, ten times a second.
+FINALIZE_EVERY_S = 0.1
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -41,7 +43,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         store = Store(settings.store_dir, settings.flush_rows, settings.flush_interval_s)
     else:
         log.warning("event=no_store reason='store_dir is empty: finalized rows are not kept'")
-    jobs = JobTable(settings.step_timeout_s, max_jobs=settings.max_jobs, job_expiry_s=settings.job_expiry_s)
+    jobs = JobTable(settings.step_timeout_s, max_jobs=settings.max_jobs, job_expiry_s=settings.job_expiry_s,
+                    finalize_every_s=FINALIZE_EVERY_S)
     core = Aggregator(Ledger(), jobs, store, settings.recent_steps_per_job)
     try:
         server, port = build_server(core, settings.listen, settings.max_message_bytes)

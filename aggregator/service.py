@@ -114,8 +114,9 @@ class Aggregator:
                 recent = self.recent[step.job] = deque(maxlen=self.recent_steps_per_job)
             recent.append(step)
         # Recent steps of forgotten jobs go with them.
-        for name in [n for n in self.recent if n not in self.jobs.jobs]:
-            del self.recent[name]
+        if len(self.recent) > len(self.jobs.jobs):
+            for name in [n for n in self.recent if n not in self.jobs.jobs]:
+                del self.recent[name]
 
 
 def job_steps(done: Finalized) -> list[apb.JobStep]:

@@ -173,3 +173,15 @@ def test_memory_per_rank_is_bounded_for_a_large_job() -> None:
     job = table.jobs["big"]
     # Nothing of finalized steps is held but one record per step number and per-second buckets.
     assert not job.open and len(job.finalized) == 5 and len(job.buckets) == 5 and len(job.ranks) == ranks
+
+
+def test_finalize_every_gathers_steps_of_many_small_batches() -> None:
+    table = joined_table(finalize_every_s=1.0)
+    assert [s.job for s in table.add([summary("a", 0, 0)], T0).steps] == ["a"]  # the first call finalizes
+    assert table.add([summary("b", 0, 0)], T0 + NS // 2).steps == []
+    assert table.add([summary("c", 0, 0)], T0 + NS // 2).steps == []
+    assert table.jobs["b"].open  # still open: a summary for it joins, it is not late
+    done = table.add([summary("d", 0, 0)], T0 + NS)
+    assert sorted(s.job for s in done.steps) == ["b", "c", "d"] and len(done.rows) == 3
+    assert table.add([summary("e", 0, 0)], T0 + NS + 1).steps == []
+    assert [s.job for s in table.expire(T0 + NS + 2).steps] == ["e"]
