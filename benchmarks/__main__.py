@@ -21,7 +21,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks import bench_agent_cpu, bench_agent_kill, bench_attribution, bench_marker_cost, bench_trace_vs_hta
+from benchmarks import (
+    bench_agent_cpu,
+    bench_agent_kill,
+    bench_aggregator,
+    bench_attribution,
+    bench_marker_cost,
+    bench_trace_vs_hta,
+)
 
 
 @dataclass(frozen=True)
@@ -60,6 +67,18 @@ BENCHES = (
         "real agent process killed with SIGKILL and restarted under a real 2-rank gloo training job; "
         "medians of per-step wall time over interleaved alive / killed / markers-off segments "
         "(`benchmarks/bench_agent_kill.py`).",
+    ),
+    Bench(
+        "aggregator", bench_aggregator.run,
+        f"aggregator ingest from {bench_aggregator.STREAMS} Deliver streams, a {bench_aggregator.RANKS:,}-rank job; "
+        "step end to /metrics latency",
+        lambda r: (f"{r['summaries_per_s']:,} summaries/s ({r['ratio_to_transport']:g}x a decode-and-ack floor), "
+                   f"latency p99 {r['latency']['p99_s']:g} s, {r['rss_per_rank_kib']:g} KiB/rank"),
+        f">= {bench_aggregator.GOAL_SUMMARIES_PER_S:,} summaries/s, p99 < {bench_aggregator.GOAL_P99_S:g} s",
+        "real `chopper-aggregator` process; 64 concurrent streams of pre-serialized batches (512 summaries) of a "
+        "10,000-rank job, rate to the last ack, against a Ledger-only decode-and-ack server in the same run; RSS "
+        "growth per rank; the agent's Forwarder delivering 64 ranks at 10 steps/s while /metrics is scraped every "
+        "20 ms (`benchmarks/bench_aggregator.py`).",
     ),
     Bench(
         "attribution", bench_attribution.run,
