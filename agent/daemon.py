@@ -173,8 +173,8 @@ class Agent:
         if summaries:
             self.summaries_total += len(summaries)
             with self._state_lock:
-                for s in summaries:
-                    self.rank_figures.setdefault((s.job, s.rank), RankFigures()).add(s)
+                for summary in summaries:
+                    self.rank_figures.setdefault((summary.job, summary.rank), RankFigures()).add(summary)
             self.summaries.extend(summaries)
 
     def _sample_backend(self, now_ns: int) -> list[Sample]:
