@@ -7,21 +7,15 @@ came from and what is accepted, and ``chopper-agent`` exits non-zero with that m
 """
 from __future__ import annotations
 
-import argparse
-import dataclasses
-import os
 import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+
+from chopper import settings as _settings
+from chopper.settings import ConfigError, is_host_port
 
 BACKENDS = ("auto", "amd", "nvidia", "simulated", "replay")
 ENV_PREFIX = "CHOPPER_AGENT_"
-
-
-class ConfigError(ValueError):
-    """A setting is invalid; the message names the key, its source and the fix."""
 
 
 @dataclass(frozen=True)
@@ -68,33 +62,6 @@ class AgentSettings:
     log_level: str = field(default="info", metadata={"help": "debug, info, warning or error"})
 
 
-_FIELDS = {f.name: f for f in dataclasses.fields(AgentSettings)}
-
-
-def _parse(name: str, raw: Any, source: str) -> Any:
-    """Convert one raw value (YAML scalar or string) to the field's type."""
-    kind = _FIELDS[name].type
-    try:
-        if kind == "tuple[int, ...]":
-            if isinstance(raw, list | tuple):
-                return tuple(int(v) for v in raw)
-            text = str(raw).strip()
-            return tuple(int(v) for v in text.split(",") if v.strip()) if text else ()
-        if kind == "int":
-            if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):
-                raise ValueError
-            return int(raw)
-        if kind == "float":
-            if isinstance(raw, bool):
-                raise ValueError
-            return float(raw)
-        if isinstance(raw, list | dict):
-            raise ValueError
-        return str(raw)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{name}: {raw!r} (from {source}) is not a valid {kind}") from None
-
-
 def _check(s: AgentSettings) -> None:
     """Range and consistency checks that a type alone does not express."""
 
@@ -114,7 +81,7 @@ def _check(s: AgentSettings) -> None:
         raise bad("socket_mode", "is not octal permission bits such as 0660") from None
     for key in ("metrics_listen", "grpc_listen"):
         value = getattr(s, key)
-        if value and not _is_host_port(value):
+        if value and not is_host_port(value):
             raise bad(key, "is not host:port, e.g. 127.0.0.1:9477")
     if not s.metrics_listen:
         raise bad("metrics_listen", "is empty; Prometheus needs an address to scrape")
@@ -149,47 +116,11 @@ def _check(s: AgentSettings) -> None:
         raise bad("log_level", "is not one of debug, info, warning, error")
 
 
-def _is_host_port(value: str) -> bool:
-    host, sep, port = value.rpartition(":")
-    return bool(sep and host and port.isdigit() and 0 < int(port) < 65536)
-
-
-def _read_yaml(path: Path) -> dict[str, Any]:
-    import yaml
-
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise ConfigError(f"config file {path}: cannot be read ({exc.strerror}); check the --config path") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path}: is not valid YAML ({exc}); fix the syntax") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"config file {path}: must be a mapping of setting: value, got {type(data).__name__}")
-    unknown = sorted(set(data) - set(_FIELDS))
-    if unknown:
-        raise ConfigError(
-            f"config file {path}: unknown setting(s) {', '.join(map(str, unknown))}; "
-            f"known settings are {', '.join(_FIELDS)}"
-        )
-    return data
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The ``chopper-agent`` flags: one per setting, plus ``--config``."""
-    parser = argparse.ArgumentParser(
-        prog="chopper-agent",
-        description="Chopper node agent: samples GPUs, receives training markers, serves gRPC and /metrics. "
-        f"Every flag also reads {ENV_PREFIX}<NAME> from the environment.",
-    )
-    parser.add_argument("--config", type=Path, help=f"YAML settings file (env {ENV_PREFIX}CONFIG)")
-    for f in dataclasses.fields(AgentSettings):
-        parser.add_argument(
-            "--" + f.name.replace("_", "-"), dest=f.name, default=None, metavar=f.name.upper(),
-            help=f"{f.metadata['help']} (env {ENV_PREFIX}{f.name.upper()})",
-        )
-    return parser
+DAEMON = _settings.Daemon(
+    prog="chopper-agent",
+    description="Chopper node agent: samples GPUs, receives training markers, serves gRPC and /metrics.",
+    env_prefix=ENV_PREFIX, module="agent.config", doc="docs/CONFIG.md", title="Agent settings",
+)
 
 
 def load_settings(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> AgentSettings:
@@ -202,44 +133,15 @@ def load_settings(argv: Sequence[str] | None = None, env: Mapping[str, str] | No
     Raises:
         ConfigError: A value is malformed or out of range.
     """
-    env = os.environ if env is None else env
-    args = build_parser().parse_args(argv)
-    values: dict[str, Any] = {}
-    config_path = args.config or (Path(env[ENV_PREFIX + "CONFIG"]) if env.get(ENV_PREFIX + "CONFIG") else None)
-    if config_path is not None:
-        for key, raw in _read_yaml(config_path).items():
-            values[key] = _parse(key, raw, f"config file {config_path}")
-    for name in _FIELDS:
-        raw = env.get(ENV_PREFIX + name.upper())
-        if raw is not None:
-            values[name] = _parse(name, raw, f"env {ENV_PREFIX}{name.upper()}")
-    for name in _FIELDS:
-        raw = getattr(args, name)
-        if raw is not None:
-            values[name] = _parse(name, raw, "--" + name.replace("_", "-"))
-    settings = AgentSettings(**values)
-    _check(settings)
-    return settings
+    return _settings.load(AgentSettings, DAEMON, _check, argv, env)
 
 
 def markdown() -> str:
     """``docs/CONFIG.md``: every setting with its flag, variable and default (``python -m agent.config``)."""
-    lines = [
-        "# Agent settings",
-        "",
-        "Generated from `agent/config.py` by `python -m agent.config > docs/CONFIG.md`; a test keeps it current.",
-        "Precedence: code defaults < YAML file (`--config`, keys as in the first column) < environment < flags.",
-        "",
-        "| setting | flag | environment | default | meaning |",
-        "|---|---|---|---|---|",
-    ]
-    for f in dataclasses.fields(AgentSettings):
-        default = "(hostname)" if f.name == "node" else repr(f.default)
-        lines.append(
-            f"| `{f.name}` | `--{f.name.replace('_', '-')}` | `{ENV_PREFIX}{f.name.upper()}` | `{default}` "
-            f"| {f.metadata['help']} |"
-        )
-    return "\n".join(lines) + "\n"
+    return _settings.markdown(AgentSettings, DAEMON, {"node": "(hostname)"})
+
+
+__all__ = ["AgentSettings", "ConfigError", "load_settings", "markdown"]
 
 
 if __name__ == "__main__":
