@@ -2,8 +2,9 @@
 
 A multi-GB trace is never held as Python event dicts: ``ijson`` (C backend when present) yields
 one event at a time, the reader keeps only the fields the analyses need in typed ``array``
-columns (8 bytes a value), interns repeated names, and builds the frames of
-:mod:`chopper.trace.frames` once at the end.
+columns (8 bytes a value), interns repeated names, and builds the numpy columns of
+:mod:`chopper.trace.frames` once at the end. pandas is imported only when a caller first asks
+for a frame as a DataFrame (``Trace.kernels`` and siblings).
 """
 from __future__ import annotations
 
@@ -14,12 +15,12 @@ import re
 import zlib
 from array import array
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import ijson as _ijson
 import numpy as np
-import pandas as pd
 from ijson.common import IncompleteJSONError, JSONError, ObjectBuilder
 
 from chopper.trace.frames import (
@@ -28,7 +29,11 @@ from chopper.trace.frames import (
     GPU_ANNOTATION_COLUMNS,
     KERNEL_COLUMNS,
     RUNTIME_COLUMNS,
+    Columns,
 )
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 try:  # the C backend is ~10x faster than the pure-Python one; fall back to whatever ijson picked
     ijson: Any = _ijson.get_backend("yajl2_c")
@@ -55,17 +60,21 @@ class TraceError(ValueError):
 class Trace:
     """One rank's parsed trace.
 
+    The frames are held as numpy :class:`~chopper.trace.frames.Columns` (``*_columns``); the
+    same-named properties without the suffix (``kernels``, ``runtime``, ...) build the pandas
+    DataFrame of each on first use and keep it, so one trace hands out one DataFrame per frame.
+
     Attributes:
         path: The file it was read from.
         rank: ``distributedInfo.rank``, else ``rank<N>`` in the file name, else 0.
         world_size: ``distributedInfo.world_size``, or None when the trace does not say.
         device_type: ``"cuda"`` or ``"rocm"``.
-        kernels: GPU kernels, memcpys and memsets (``frames.KERNEL_COLUMNS``).
-        runtime: CUDA/HIP runtime and driver calls (``frames.RUNTIME_COLUMNS``).
-        cpu_ops: CPU ranges: cpu_op, user_annotation, python_function (``frames.CPU_OP_COLUMNS``).
-        gpu_annotations: ``gpu_user_annotation`` ranges (``frames.GPU_ANNOTATION_COLUMNS``).
-        flows: flow endpoints, fwdbwd and ac2g (``frames.FLOW_COLUMNS``).
-        gpu_syncs: ``cuda_sync`` events on the GPU timeline (``frames.KERNEL_COLUMNS``); not
+        kernel_columns: GPU kernels, memcpys and memsets (``frames.KERNEL_COLUMNS``).
+        runtime_columns: CUDA/HIP runtime and driver calls (``frames.RUNTIME_COLUMNS``).
+        cpu_op_columns: CPU ranges: cpu_op, user_annotation, python_function (``frames.CPU_OP_COLUMNS``).
+        gpu_annotation_columns: ``gpu_user_annotation`` ranges (``frames.GPU_ANNOTATION_COLUMNS``).
+        flow_columns: flow endpoints, fwdbwd and ac2g (``frames.FLOW_COLUMNS``).
+        gpu_sync_columns: ``cuda_sync`` events on the GPU timeline (``frames.KERNEL_COLUMNS``); not
             kernels, but counted as GPU activity by Holistic Trace Analysis.
         fractional_ts: True when the trace writes timestamps as floats (sub-µs, ROCm and newer
             PyTorch); HTA then rounds starts up and ends down to whole µs.
@@ -78,15 +87,46 @@ class Trace:
     rank: int
     world_size: int | None
     device_type: str
-    kernels: pd.DataFrame
-    runtime: pd.DataFrame
-    cpu_ops: pd.DataFrame
-    gpu_annotations: pd.DataFrame
-    flows: pd.DataFrame
-    gpu_syncs: pd.DataFrame
+    kernel_columns: Columns
+    runtime_columns: Columns
+    cpu_op_columns: Columns
+    gpu_annotation_columns: Columns
+    flow_columns: Columns
+    gpu_sync_columns: Columns
     fractional_ts: bool = False
     metadata: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+
+    # cached_property, not fields: dataclasses.replace() with new columns starts with no stale frames.
+    @cached_property
+    def kernels(self) -> pd.DataFrame:
+        """``kernel_columns`` as a DataFrame."""
+        return self.kernel_columns.to_pandas()
+
+    @cached_property
+    def runtime(self) -> pd.DataFrame:
+        """``runtime_columns`` as a DataFrame."""
+        return self.runtime_columns.to_pandas()
+
+    @cached_property
+    def cpu_ops(self) -> pd.DataFrame:
+        """``cpu_op_columns`` as a DataFrame."""
+        return self.cpu_op_columns.to_pandas()
+
+    @cached_property
+    def gpu_annotations(self) -> pd.DataFrame:
+        """``gpu_annotation_columns`` as a DataFrame."""
+        return self.gpu_annotation_columns.to_pandas()
+
+    @cached_property
+    def flows(self) -> pd.DataFrame:
+        """``flow_columns`` as a DataFrame."""
+        return self.flow_columns.to_pandas()
+
+    @cached_property
+    def gpu_syncs(self) -> pd.DataFrame:
+        """``gpu_sync_columns`` as a DataFrame."""
+        return self.gpu_sync_columns.to_pandas()
 
 
 class _Interner:
@@ -105,10 +145,9 @@ class _Interner:
             self.values.append(s)
         return c
 
-    def decode(self, codes: array) -> np.ndarray:
-        # One shared str object per distinct name: the column is an array of pointers.
-        table = np.array([*self.values, ""], dtype=object)
-        return table[np.frombuffer(codes, dtype=np.int32)] if len(codes) else np.array([], dtype=object)
+    def vocab(self) -> np.ndarray:
+        """The strings by code; decoding indexes it, so a column shares one str object per name."""
+        return np.array(self.values, dtype=object)
 
 
 class _Columns:
@@ -357,33 +396,38 @@ def _read_events(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     return _read_tail(tail), parsed
 
 
-def _frame(buf: _Columns, columns: tuple[str, ...], names: _Interner, cats: _Interner) -> pd.DataFrame:
-    data: dict[str, Any] = {}
+def _columns(buf: _Columns, columns: tuple[str, ...], names: np.ndarray, cats: np.ndarray) -> Columns:
+    data: dict[str, np.ndarray] = {}
+    vocab: dict[str, np.ndarray] = {}
     n = len(buf)
     for col in columns:
         if col == "end_ns":
             continue
         src = {"ts_ns": "ts", "dur_ns": "dur"}.get(col, col)
         values = buf.cols[src]
-        if col == "name":
-            data[col] = names.decode(values)
-        elif col in ("cat", "phase"):
-            data[col] = cats.decode(values)
+        # A view of the array buffer, not a copy: the buffers are not appended to after reading,
+        # and copying would double the frames' share of peak memory.
+        if col == "name" or col in ("cat", "phase"):
+            data[col] = np.frombuffer(values, dtype=np.int32) if n else np.array([], dtype=np.int32)
+            vocab[col] = names if col == "name" else cats
         else:
-            data[col] = np.frombuffer(values, dtype=np.int64).copy() if n else np.array([], dtype=np.int64)
+            data[col] = np.frombuffer(values, dtype=np.int64) if n else np.array([], dtype=np.int64)
     if "end_ns" in columns:
         data["end_ns"] = data["ts_ns"] + data["dur_ns"]
-    return pd.DataFrame(data, columns=list(columns))
+    return Columns(columns, data, vocab)
 
 
-def _detect_device_type(meta: dict[str, Any], runtime: pd.DataFrame, kernels: pd.DataFrame) -> str:
+def _any_name_starts(frame: Columns, prefix: str) -> bool:
+    uniques, _ = frame.factorize("name")
+    return any(str(n).startswith(prefix) for n in uniques)
+
+
+def _detect_device_type(meta: dict[str, Any], runtime: Columns, kernels: Columns) -> str:
     props = meta.get("deviceProperties") or []
     gpu_names = " ".join(str(p.get("name", "")) for p in props if isinstance(p, dict))
     if re.search(r"AMD|Radeon|Instinct|MI\d{3}", gpu_names):
         return "rocm"
-    if len(runtime) and runtime["name"].str.startswith("hip").any():
-        return "rocm"
-    if len(kernels) and kernels["name"].str.startswith("Cijk_").any():
+    if _any_name_starts(runtime, "hip") or _any_name_starts(kernels, "Cijk_"):
         return "rocm"
     return "cuda"
 
@@ -402,17 +446,17 @@ def _detect_rank(path: Path, meta: dict[str, Any]) -> tuple[int, int | None]:
 
 
 def _assemble(path: Path, meta: dict[str, Any], p: dict[str, Any]) -> Trace:
-    names, cats = p["names"], p["cats"]
-    kernels = _frame(p["kernels"], KERNEL_COLUMNS, names, cats)
-    if kernels.empty:
+    names, cats = p["names"].vocab(), p["cats"].vocab()
+    kernels = _columns(p["kernels"], KERNEL_COLUMNS, names, cats)
+    if not len(kernels):
         raise _bad(path, "no GPU kernels (no events with cat kernel / gpu_memcpy / gpu_memset): a CPU-only profile",
                    "Record with torch.profiler activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA] "
                    "(CUDA also covers ROCm) so GPU activity is traced")
-    runtime = _frame(p["runtime"], RUNTIME_COLUMNS, names, cats)
-    cpu_ops = _frame(p["cpu_ops"], CPU_OP_COLUMNS, names, cats)
-    gpu_annotations = _frame(p["gpu_annotations"], GPU_ANNOTATION_COLUMNS, names, cats)
-    flows = _frame(p["flows"], FLOW_COLUMNS, names, cats)
-    syncs = _frame(p["syncs"], KERNEL_COLUMNS, names, cats)
+    runtime = _columns(p["runtime"], RUNTIME_COLUMNS, names, cats)
+    cpu_ops = _columns(p["cpu_ops"], CPU_OP_COLUMNS, names, cats)
+    gpu_annotations = _columns(p["gpu_annotations"], GPU_ANNOTATION_COLUMNS, names, cats)
+    flows = _columns(p["flows"], FLOW_COLUMNS, names, cats)
+    syncs = _columns(p["syncs"], KERNEL_COLUMNS, names, cats)
     rank, world = _detect_rank(path, meta)
     warnings: list[str] = []
     missing = p["kernels_without_corr"]
@@ -424,6 +468,7 @@ def _assemble(path: Path, meta: dict[str, Any], p: dict[str, Any]) -> Trace:
             "kernel-type analyses keeps them unfiltered")
     return Trace(
         path=path, rank=rank, world_size=world, device_type=_detect_device_type(meta, runtime, kernels),
-        kernels=kernels, runtime=runtime, cpu_ops=cpu_ops, gpu_annotations=gpu_annotations, flows=flows,
-        gpu_syncs=syncs, fractional_ts=p["fractional"], metadata=meta, warnings=warnings,
+        kernel_columns=kernels, runtime_columns=runtime, cpu_op_columns=cpu_ops,
+        gpu_annotation_columns=gpu_annotations, flow_columns=flows, gpu_sync_columns=syncs,
+        fractional_ts=p["fractional"], metadata=meta, warnings=warnings,
     )

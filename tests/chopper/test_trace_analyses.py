@@ -14,6 +14,7 @@ import pytest
 
 from chopper.trace import Trace, load_trace, load_traces
 from chopper.trace.analyses import host, idle, launch, straggler, tables, temporal, top_kernels
+from chopper.trace.frames import Columns
 from chopper.trace.hierarchy import PHASES, build
 from chopper.trace.report import analyze
 
@@ -239,16 +240,13 @@ def test_straggler_lead_ignores_clock_offsets_between_ranks() -> None:
     t0, t1 = (load_trace(DATA / n) for n in NCCL)
     shift = 3_600_000_000_000  # one hour, ns
 
-    def shifted(frame: pd.DataFrame) -> pd.DataFrame:
-        f = frame.copy()
-        for col in ("ts_ns", "end_ns"):
-            if col in f:
-                f[col] += shift
-        return f
+    def shifted(frame: Columns) -> Columns:
+        return frame.with_values(**{c: frame[c] + shift for c in ("ts_ns", "end_ns") if c in frame.columns})
 
-    t1s = dataclasses.replace(t1, kernels=shifted(t1.kernels), runtime=shifted(t1.runtime),
-                              cpu_ops=shifted(t1.cpu_ops), flows=shifted(t1.flows),
-                              gpu_syncs=shifted(t1.gpu_syncs), gpu_annotations=shifted(t1.gpu_annotations))
+    t1s = dataclasses.replace(
+        t1, kernel_columns=shifted(t1.kernel_columns), runtime_columns=shifted(t1.runtime_columns),
+        cpu_op_columns=shifted(t1.cpu_op_columns), flow_columns=shifted(t1.flow_columns),
+        gpu_sync_columns=shifted(t1.gpu_sync_columns), gpu_annotation_columns=shifted(t1.gpu_annotation_columns))
     moved = straggler.leads([t0, t1s], [build(t0), build(t1s)])
     pd.testing.assert_frame_equal(moved, _nccl_leads())
 
