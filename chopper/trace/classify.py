@@ -10,15 +10,23 @@ Two levels:
 
 GPU-timeline *sync* events (``cat`` ``cuda_sync``: "Stream Sync", "Context Sync", "Stream Wait
 Event") are not kernels, but HTA counts them as GPU activity: names matching ``.*Sync`` fall in its
-``OTHER`` class (busy, not compute) and the rest fall through to COMPUTATION. ``sync_class`` applies
+``OTHER`` class (busy, not compute) and the rest fall through to COMPUTATION. ``sync_class_unique`` applies
 that rule so the reference figures reproduce exactly.
+
+The per-name functions work on arrays of *distinct* names (``classify_unique``, ``sync_class_unique``)
+and need only numpy; callers map the results back to rows with the names' inverse indices. The
+pandas wrapper ``classify_names`` serves the DataFrame analyses.
 """
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 COMMUNICATION = "COMMUNICATION"
 MEMORY = "MEMORY"
@@ -67,12 +75,43 @@ def classify_name(name: str) -> tuple[str, str]:
     return COMPUTATION, COMPUTATION_DEFAULT_TYPE
 
 
+def classify_unique(names: Sequence[str] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Classify distinct kernel names (one regex pass each), as object arrays aligned with ``names``.
+
+    Args:
+        names: Distinct kernel names (e.g. from ``Columns.factorize`` or ``Series.factorize``).
+
+    Returns:
+        ``(kernel_class, kernel_type)``, one entry per name.
+    """
+    pairs = [classify_name(str(n)) for n in names]
+    cls = np.array([c for c, _ in pairs], dtype=object)
+    typ = np.array([t for _, t in pairs], dtype=object)
+    return cls, typ
+
+
+def sync_class_unique(names: Sequence[str] | np.ndarray) -> np.ndarray:
+    """HTA class of distinct GPU sync event names: the kernel table, then ``.*Sync`` → OTHER.
+
+    Args:
+        names: Distinct names of ``cuda_sync`` events.
+
+    Returns:
+        One class per name (object array): the kernel table's class, except that a COMPUTATION
+        name matching ``.*Sync`` is OTHER (busy, not compute).
+    """
+    cls, _ = classify_unique(names)
+    is_sync = np.array([_SYNC_OTHER.match(str(n)) is not None for n in names], dtype=bool)
+    return np.where((cls == COMPUTATION) & is_sync, OTHER, cls).astype(object)
+
+
 def classify_names(names: pd.Series) -> tuple[pd.Series, pd.Series]:
     """Classify a column of kernel names.
 
     Algorithm:
-        1. Classify each *distinct* name once (traces repeat a few hundred names millions of times).
-        2. Map the results back onto the column.
+        1. Factorize the column: its distinct names and each row's index among them.
+        2. Classify each *distinct* name once (traces repeat a few hundred names millions of times).
+        3. Map the results back onto the rows through the indices.
 
     Args:
         names: Kernel names, one per row.
@@ -80,23 +119,9 @@ def classify_names(names: pd.Series) -> tuple[pd.Series, pd.Series]:
     Returns:
         ``(kernel_class, kernel_type)`` Series aligned with ``names``.
     """
-    uniq = pd.unique(names.to_numpy(dtype=object))
-    table = {n: classify_name(str(n)) for n in uniq}
-    cls = names.map({n: c for n, (c, _) in table.items()})
-    typ = names.map({n: t for n, (_, t) in table.items()})
-    return cls.astype(object), typ.astype(object)
+    import pandas as pd  # deferred: callers of the numpy functions above never load pandas
 
-
-def sync_class(names: pd.Series) -> pd.Series:
-    """HTA class of GPU sync events: the kernel table, then ``.*Sync`` → OTHER, else COMPUTATION.
-
-    Args:
-        names: Names of ``cuda_sync`` events.
-
-    Returns:
-        One class per row.
-    """
-    cls, _ = classify_names(names)
-    is_sync = names.map(lambda n: _SYNC_OTHER.match(str(n)) is not None).to_numpy(dtype=bool)
-    out = np.where((cls == COMPUTATION).to_numpy() & is_sync, OTHER, cls.to_numpy())
-    return pd.Series(out, index=names.index, dtype=object)
+    codes, uniq = names.factorize(use_na_sentinel=False)
+    cls, typ = classify_unique(np.asarray(uniq, dtype=object))
+    return (pd.Series(cls[codes], index=names.index, dtype=object),
+            pd.Series(typ[codes], index=names.index, dtype=object))

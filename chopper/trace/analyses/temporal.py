@@ -1,19 +1,30 @@
 """Temporal breakdown of one rank's GPU time: idle, compute, non-compute (HTA definitions).
 
 Also holds the GPU-activity selection and the interval union shared by the overlap and
-kernel-type analyses, so all three apply Holistic Trace Analysis's rules identically.
+kernel-type analyses, so all three apply Holistic Trace Analysis's rules identically. They work
+on numpy arrays only (:func:`activity`), so parsing a trace and running them never loads pandas;
+:func:`gpu_activity` gives the same selection as a DataFrame for the pandas analyses.
 """
 from __future__ import annotations
 
-import numpy as np
-import pandas as pd
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from chopper.trace.classify import COMMUNICATION, COMPUTATION, classify_names, sync_class
+import numpy as np
+
+from chopper.trace.classify import COMMUNICATION, COMPUTATION, MEMORY, OTHER, classify_unique, sync_class_unique
+from chopper.trace.frames import Columns
 from chopper.trace.reader import Trace
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 _US = 1000  # ns per µs
 
-
+# HTA classes by small-int code: Activity.class_code indexes this, so selections compare ints, not strings.
+ACTIVITY_CLASSES: tuple[str, ...] = (COMMUNICATION, MEMORY, COMPUTATION, OTHER)
+_CLASS_CODE = {c: i for i, c in enumerate(ACTIVITY_CLASSES)}
 def merge_intervals(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Union of intervals as disjoint, sorted intervals.
 
@@ -49,21 +60,64 @@ def union_ns(start: np.ndarray, end: np.ndarray) -> int:
     return int((me - ms).sum())
 
 
-def gpu_activity(trace: Trace, *, hta_rounding: bool = True, include_syncs: bool = True,
-                 drop_last_step: bool = True) -> pd.DataFrame:
+@dataclass(frozen=True)
+class Activity:
+    """GPU busy intervals of one rank as numpy arrays (one entry per kept kernel or sync event).
+
+    Attributes:
+        start_ns: Starts (ns, HTA-rounded when asked).
+        end_ns: Ends (ns).
+        class_code: HTA class, an index into :data:`ACTIVITY_CLASSES` (int8).
+        row: Source row: ``i < len(kernels)`` is kernel ``i``, else sync event ``i - len(kernels)``.
+    """
+
+    start_ns: np.ndarray
+    end_ns: np.ndarray
+    class_code: np.ndarray
+    row: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.start_ns)
+
+    def of(self, *classes: str) -> np.ndarray:
+        """Boolean mask of the entries in any of ``classes``."""
+        return np.isin(self.class_code, [_CLASS_CODE[c] for c in classes])
+
+    def union_ns(self, *classes: str) -> int:
+        """Length (ns) of the union of the intervals of ``classes``."""
+        sel = self.of(*classes)
+        return union_ns(self.start_ns[sel], self.end_ns[sel])
+
+
+def _class_codes(frame: Columns, classify: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    """HTA class code per row: ``classify`` runs on the distinct names only, then maps back."""
+    uniques, inverse = frame.factorize("name")
+    per_name = np.array([_CLASS_CODE[c] for c in classify(uniques)], dtype=np.int8)
+    return per_name[inverse]
+
+
+def _ceil_us(ns: np.ndarray, rounding: bool) -> np.ndarray:
+    """Round ns times up to whole µs when ``rounding`` (HTA's parser on float timestamps)."""
+    v = np.asarray(ns, dtype=np.int64)
+    return -((-v) // _US) * _US if rounding else v
+
+
+def activity(trace: Trace, *, hta_rounding: bool = True, include_syncs: bool = True,
+             drop_last_step: bool = True) -> Activity:
     """GPU busy intervals of one rank, classed as Holistic Trace Analysis classes them.
 
     Algorithm:
         1. Take kernels, memcpys and memsets (and, as HTA does, ``cuda_sync`` events) on every
            stream and device of the rank.
         2. Class kernels with the HTA three-way table; sync events as "OTHER" when their name matches
-           ``.*Sync`` (busy, not compute), else COMPUTATION (HTA's fall-through).
+           ``.*Sync`` (busy, not compute), else COMPUTATION (HTA's fall-through). Each distinct name
+           is classed once and the class mapped back to its rows.
         3. When the trace writes float timestamps, round starts up and ends down to whole µs, as
            HTA's parser does (an end that falls before its start is clamped to the start).
         4. With two or more distinct ``ProfilerStep#N`` names, keep only events whose launching
            runtime call (joined by ``correlation``) starts before the last ProfilerStep starts;
            events without a correlation id are kept (HTA joins them to the CPU side's -1), those
-           whose correlation matches no runtime call are dropped.
+           whose correlation matches no runtime call are dropped (:func:`last_step_mask`).
 
     Args:
         trace: One rank's trace.
@@ -72,51 +126,97 @@ def gpu_activity(trace: Trace, *, hta_rounding: bool = True, include_syncs: bool
         drop_last_step: Apply step 4.
 
     Returns:
-        Columns ``start_ns``, ``end_ns``, ``kernel_class``, ``name``.
+        The kept events, kernels first, then sync events, each in trace order.
     """
-    k = trace.kernels
-    cls, _ = classify_names(k["name"])
-    parts = [pd.DataFrame({"start_ns": k["ts_ns"], "end_ns": k["end_ns"], "kernel_class": cls,
-                           "name": k["name"], "correlation": k["correlation"]})]
-    if include_syncs and len(trace.gpu_syncs):
-        s = trace.gpu_syncs
-        parts.append(pd.DataFrame({"start_ns": s["ts_ns"], "end_ns": s["end_ns"], "kernel_class": sync_class(s["name"]),
-                                   "name": s["name"], "correlation": s["correlation"]}))
-    act = pd.concat(parts, ignore_index=True)
+    k = trace.kernel_columns
+    parts = [(k, lambda names: classify_unique(names)[0])]
+    if include_syncs and len(trace.gpu_sync_columns):
+        parts.append((trace.gpu_sync_columns, sync_class_unique))
+    start = np.concatenate([p["ts_ns"] for p, _ in parts])
+    end = np.concatenate([p["end_ns"] for p, _ in parts])
+    code = np.concatenate([_class_codes(p, classify) for p, classify in parts])
     rounding = hta_rounding and trace.fractional_ts
-
-    def up(ns: pd.Series | np.ndarray) -> np.ndarray:
-        v = np.asarray(ns, dtype=np.int64)
-        return -((-v) // _US) * _US if rounding else v
-
-    act["start_ns"] = up(act["start_ns"])
+    start = _ceil_us(start, rounding)
     if rounding:
-        act["end_ns"] = np.maximum((act["end_ns"].to_numpy() // _US) * _US, act["start_ns"].to_numpy())
+        end = np.maximum((end // _US) * _US, start)
+    row = np.arange(len(start))
     if drop_last_step:
-        act = without_last_step(trace, act, up)
-    return act.drop(columns="correlation").reset_index(drop=True)
+        correlation = np.concatenate([p["correlation"] for p, _ in parts])
+        keep = last_step_mask(trace, correlation, lambda ns: _ceil_us(ns, rounding))
+        start, end, code, row = start[keep], end[keep], code[keep], row[keep]
+    return Activity(start_ns=start, end_ns=end, class_code=code, row=row)
 
 
-def without_last_step(trace: Trace, act: pd.DataFrame, up: object) -> pd.DataFrame:
-    ops = trace.cpu_ops
-    is_step = ops["name"].str.contains("ProfilerStep", regex=False)
-    names = set(ops.loc[is_step, "name"]) | set(
-        trace.gpu_annotations.loc[trace.gpu_annotations["name"].str.contains("ProfilerStep", regex=False), "name"])
-    if len(names) < 2 or not is_step.any():
-        return act
-    last_start = int(up(ops.loc[is_step, "ts_ns"]).max())  # type: ignore[operator]
-    rt = trace.runtime.drop_duplicates("correlation")
-    launch = pd.Series(up(rt["ts_ns"]), index=rt["correlation"].to_numpy())  # type: ignore[operator]
-    launch_ts = act["correlation"].map(launch)
-    keep = act["correlation"].eq(-1) | (launch_ts < last_start)
-    return act[keep.to_numpy()]
+def gpu_activity(trace: Trace, **options: bool) -> pd.DataFrame:
+    """:func:`activity` as a DataFrame: ``start_ns``, ``end_ns``, ``kernel_class``, ``name``.
+
+    Args:
+        trace: One rank's trace.
+        **options: Passed to :func:`activity`.
+    """
+    import pandas as pd  # deferred: only the DataFrame analyses call this
+
+    act = activity(trace, **options)
+    names = np.concatenate([trace.kernel_columns["name"], trace.gpu_sync_columns["name"]])
+    # kernel_class stays object dtype (as the pandas analyses have always seen it), not pandas 3's str.
+    kernel_class = pd.Series(np.array(ACTIVITY_CLASSES, dtype=object)[act.class_code], dtype=object)
+    return pd.DataFrame({"start_ns": act.start_ns, "end_ns": act.end_ns, "kernel_class": kernel_class,
+                         "name": names[act.row]})
+
+
+def _step_names(frame: Columns) -> tuple[set[str], np.ndarray]:
+    """Distinct ``ProfilerStep`` names of a frame and the mask of its rows that carry one."""
+    uniques, inverse = frame.factorize("name")
+    is_step = np.array(["ProfilerStep" in str(n) for n in uniques], dtype=bool)
+    return {str(n) for n in uniques[is_step]}, is_step[inverse]
+
+
+def last_step_mask(trace: Trace, correlation: np.ndarray,
+                   up: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    """Which GPU events HTA keeps when it drops the last profiled step (step 4 of :func:`activity`).
+
+    Algorithm:
+        1. Collect the distinct ``ProfilerStep`` names of the CPU ops and GPU annotations; with fewer
+           than two, or none among the CPU ops, keep everything.
+        2. Last step start = the latest (``up``-rounded) start of a ProfilerStep CPU op.
+        3. Launch time of a correlation id = ``up``-rounded start of the first runtime call with it
+           (looked up by binary search in the runtime calls' sorted distinct ids).
+        4. Keep events with correlation -1, and those whose launch starts before the last step.
+
+    Args:
+        trace: One rank's trace.
+        correlation: Correlation id of each GPU event.
+        up: Rounding applied to CPU-side times (µs ceiling when HTA rounds, else identity).
+
+    Returns:
+        Boolean mask aligned with ``correlation``.
+    """
+    correlation = np.asarray(correlation, dtype=np.int64)
+    ops = trace.cpu_op_columns
+    op_steps, is_step = _step_names(ops)
+    ann_steps, _ = _step_names(trace.gpu_annotation_columns)
+    if len(op_steps | ann_steps) < 2 or not is_step.any():
+        return np.ones(len(correlation), dtype=bool)
+    last_start = int(up(ops["ts_ns"][is_step]).max())
+    rt = trace.runtime_columns
+    ids, first = np.unique(rt["correlation"], return_index=True)  # first call of each id, as drop_duplicates
+    launch = up(rt["ts_ns"][first])
+    pos = np.minimum(np.searchsorted(ids, correlation), max(len(ids) - 1, 0))
+    found = (ids[pos] == correlation) if len(ids) else np.zeros(len(correlation), dtype=bool)
+    before = found & (launch[pos] < last_start) if len(ids) else found
+    return (correlation == -1) | before
+
+
+def without_last_step(trace: Trace, act: pd.DataFrame, up: Callable[[np.ndarray], np.ndarray]) -> pd.DataFrame:
+    """Rows of a GPU-event frame with a ``correlation`` column that :func:`last_step_mask` keeps."""
+    return act[last_step_mask(trace, act["correlation"].to_numpy(np.int64), up)]
 
 
 def breakdown(trace: Trace, **options: bool) -> dict[str, float]:
     """Idle, compute and non-compute time over the rank's kernel span (HTA's temporal breakdown).
 
     Algorithm:
-        1. Select GPU activity with :func:`gpu_activity` (HTA's classes, rounding and ProfilerStep rule).
+        1. Select GPU activity with :func:`activity` (HTA's classes, rounding and ProfilerStep rule).
         2. Span = last end − first start, all streams merged.
         3. Idle = span − length of the union of all activity.
         4. Compute = length of the union of COMPUTATION intervals.
@@ -124,18 +224,17 @@ def breakdown(trace: Trace, **options: bool) -> dict[str, float]:
 
     Args:
         trace: One rank's trace.
-        **options: Passed to :func:`gpu_activity`.
+        **options: Passed to :func:`activity`.
 
     Returns:
         ``idle_time_us``, ``compute_time_us``, ``non_compute_time_us``, ``kernel_time_us`` (µs),
         and the shares ``idle_pct``, ``compute_pct``, ``non_compute_pct`` (% of the span).
     """
-    act = gpu_activity(trace, **options)
-    start, end = act["start_ns"].to_numpy(), act["end_ns"].to_numpy()
+    act = activity(trace, **options)
+    start, end = act.start_ns, act.end_ns
     span = int(end.max() - start.min()) if len(act) else 0
     busy = union_ns(start, end)
-    comp = act["kernel_class"].eq(COMPUTATION).to_numpy()
-    compute = union_ns(start[comp], end[comp])
+    compute = act.union_ns(COMPUTATION)
     idle = span - busy
     non_compute = span - idle - compute
 
@@ -149,4 +248,5 @@ def breakdown(trace: Trace, **options: bool) -> dict[str, float]:
     }
 
 
-__all__ = ["COMMUNICATION", "breakdown", "gpu_activity", "merge_intervals", "union_ns"]
+__all__ = ["ACTIVITY_CLASSES", "COMMUNICATION", "Activity", "activity", "breakdown", "gpu_activity", "last_step_mask",
+           "merge_intervals", "union_ns", "without_last_step"]
