@@ -113,7 +113,7 @@ figures = {
     "idle_time_us": tb["idle_time_us"], "compute_time_us": tb["compute_time_us"],
     "non_compute_time_us": tb["non_compute_time_us"], "kernel_time_us": tb["kernel_time_us"],
     "overlap_pct": ov,
-    "kernel_types_us": {str(k): float(v) for k, v in zip(kt["kernel_type"], kt["time_us"])},
+    "kernel_types_us": kt.times(),
 }
 """ + _EPILOGUE
 

@@ -192,7 +192,7 @@ def analyze_traces(traces: Sequence[Trace], stage: Stage) -> TraceSet:
         counts[t.rank] = len(k)
         r = t.rank
         parts["temporal"].append(pd.DataFrame([{"rank": r, **temporal.breakdown(t)}]))
-        parts["kernel_types"].append(_with_rank(kernel_types.breakdown(t), r))
+        parts["kernel_types"].append(_with_rank(kernel_types.breakdown(t).to_frame(), r))
         parts["top_kernels"].append(_with_rank(top_kernels.top_kernels(k, None), r))
         overlap_pct[r] = overlap.comm_comp_overlap_pct(t)
         parts["comm_overlap"].append(_with_rank(comm_overlap_fractions(gpu_activity(t)), r))

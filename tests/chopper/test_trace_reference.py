@@ -6,6 +6,9 @@ every kernel-type time 0 and every kernel-type share 0 (to the one decimal given
 """
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -74,7 +77,7 @@ def test_comm_comp_overlap_matches_hta(name: str) -> None:
 
 @pytest.mark.parametrize("name", sorted(KERNEL_TYPES))
 def test_kernel_type_breakdown_matches_hta(name: str) -> None:
-    got = kernel_types.breakdown(load_trace(DATA / name)).set_index("kernel_type")
+    got = kernel_types.breakdown(load_trace(DATA / name)).to_frame().set_index("kernel_type")
     for combo, (time_us, pct) in KERNEL_TYPES[name].items():
         _close(got.loc[combo, "time_us"], time_us)
         assert got.loc[combo, "time_us"] == time_us
@@ -91,3 +94,33 @@ def test_without_hta_rounding_rocm_figures_move_by_sub_microsecond_parts() -> No
     trace = load_trace(DATA / "rocm_mi250_toy_train.json.gz")
     exact = temporal.breakdown(trace, hta_rounding=False)
     assert exact["compute_time_us"] > 96 * 1.1
+
+
+_WITHOUT_PANDAS = r"""
+import json, sys
+from chopper.trace import load_trace
+from chopper.trace.analyses import kernel_types, overlap, temporal
+trace = load_trace(sys.argv[1])
+figures = {"temporal": temporal.breakdown(trace), "overlap": overlap.comm_comp_overlap_pct(trace),
+           "kernel_types": kernel_types.breakdown(trace).times()}
+loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("pandas", "pyarrow"))
+print(json.dumps({"figures": figures, "loaded": loaded}))
+"""
+
+
+@pytest.mark.parametrize("name", ["nccl_128ranks_rank0.json.gz", "rocm_mi250_toy_train.json.gz"])
+def test_hta_analyses_run_without_pandas(name: str) -> None:
+    # Why: pandas 3 + pyarrow cost ~100 MB and ~0.3 s at import, more than parsing a small trace and
+    # the three HTA analyses together; the benchmark against HTA runs exactly this work in a fresh process.
+    out = subprocess.run([sys.executable, "-c", _WITHOUT_PANDAS, str(DATA / name)], capture_output=True,
+                         text=True, check=True, cwd=Path(__file__).resolve().parents[2])
+    got = json.loads(out.stdout)
+    assert got["loaded"] == []
+    _, idle, compute, non_compute, span, ov = TEMPORAL[name]
+    t = got["figures"]["temporal"]
+    assert (t["idle_time_us"], t["compute_time_us"], t["non_compute_time_us"], t["kernel_time_us"]) == (
+        idle, compute, non_compute, span)
+    got_ov = got["figures"]["overlap"]
+    assert got_ov is None if ov is None else round(got_ov, 2) == ov
+    for combo, (time_us, _) in KERNEL_TYPES[name].items():
+        assert got["figures"]["kernel_types"][combo] == time_us
