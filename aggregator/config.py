@@ -35,6 +35,13 @@ class AggregatorSettings:
     )
     flush_rows: int = field(default=50_000, metadata={"help": "write the store once this many rows are buffered"})
     flush_interval_s: float = field(default=10.0, metadata={"help": "write buffered rows at least this often, s"})
+    wal_commit_interval_s: float = field(
+        default=0.02, metadata={"help": "write-ahead log (in store_dir/_wal): fsync at most this often; acks wait "
+                                        "for it, s"}
+    )
+    wal_segment_bytes: int = field(
+        default=64 * 1024 * 1024, metadata={"help": "start a new write-ahead log segment at this size"}
+    )
     step_timeout_s: float = field(
         default=30.0, metadata={"help": "finalize a step missing ranks this long after its first summary, s"}
     )
@@ -92,6 +99,10 @@ def _check(s: AggregatorSettings) -> None:
         raise bad("flush_rows", "must be at least 1")
     if not 0 < s.flush_interval_s <= 3600:
         raise bad("flush_interval_s", "is out of range; use more than 0 and at most 3600 seconds")
+    if not 0 <= s.wal_commit_interval_s <= 1:
+        raise bad("wal_commit_interval_s", "is out of range; use 0 to 1 seconds (acks wait up to this long)")
+    if s.wal_segment_bytes < 1024 * 1024:
+        raise bad("wal_segment_bytes", f"is too small; use at least {1024 * 1024}")
     if not 0 < s.step_timeout_s <= 3600:
         raise bad("step_timeout_s", "is out of range; use more than 0 and at most 3600 seconds")
     if s.rank_series_top_k < 0:

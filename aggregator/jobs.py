@@ -68,7 +68,11 @@ CAUSES: tuple[str, ...] = (
 )
 WINDOWS_S: tuple[int, ...] = (60, 300)
 # Columns of a stored row beyond the attribution contract.
-JOB_COLUMNS: tuple[str, ...] = ("job_step_time_s", "straggler_score", "slowest", "late", "complete", "received_ns")
+# ``wal_id`` is the summary's id in the aggregator's write-ahead log (``aggregator.wal.summary_id``; -1
+# without a log): recovery reads it back to skip summaries already stored.
+JOB_COLUMNS: tuple[str, ...] = (
+    "job_step_time_s", "straggler_score", "slowest", "late", "complete", "received_ns", "wal_id",
+)
 ROW_COLUMNS: tuple[str, ...] = (*STEP_COLUMNS, *JOB_COLUMNS)
 REJECTION_REASONS: dict[str, str] = {
     "invalid": "empty job name, negative rank or negative step",
@@ -131,6 +135,8 @@ class JobState:
     ranks: dict[int, RankState] = field(default_factory=dict)
     expected: set[int] = field(default_factory=set)
     open: dict[int, tuple[int, dict[int, pb.StepSummary]]] = field(default_factory=dict)
+    # Write-ahead-log ids of the open steps' summaries, step -> rank -> id, in arrival order.
+    open_ids: dict[int, dict[int, int]] = field(default_factory=dict)
     finalized: OrderedDict[int, _Final] = field(default_factory=OrderedDict)
     forgotten_below: int = -1
     steps_finalized_total: int = 0
@@ -257,11 +263,18 @@ class JobTable:
 
     # Ingest ---------------------------------------------------------------------------------
 
-    def add(self, summaries: Iterable[pb.StepSummary], now_ns: int) -> Finalized:
-        """Join summaries received at ``now_ns``; return the steps this completed and late rows."""
-        late: list[tuple[JobState, pb.StepSummary]] = []
+    def add(self, summaries: Iterable[pb.StepSummary], now_ns: int, ids: Iterable[int] | None = None) -> Finalized:
+        """Join summaries received at ``now_ns``; return the steps this completed and late rows.
+
+        Args:
+            summaries: The summaries, in arrival order.
+            now_ns: Receive time, ns since the epoch.
+            ids: An opaque, increasing id per summary (its write-ahead-log id), carried into the
+                ``wal_id`` column of its row and reported by ``oldest_open_id``; None: -1.
+        """
+        late: list[tuple[JobState, pb.StepSummary, int]] = []
         touched: dict[str, JobState] = {}
-        for s in summaries:
+        for s, sid in zip(summaries, ids, strict=True) if ids is not None else ((s, -1) for s in summaries):
             if not s.job or s.rank < 0 or s.step < 0:
                 self.rejected["invalid"] += 1
                 continue
@@ -278,7 +291,7 @@ class JobTable:
             if opened is None:
                 if s.step in job.finalized or s.step <= job.forgotten_below:
                     job.late_total += 1
-                    late.append((job, s))
+                    late.append((job, s, sid))
                     continue
                 opened = job.open[s.step] = (now_ns, {})
             rows = opened[1]
@@ -287,6 +300,8 @@ class JobTable:
                 self.rejected["duplicate_rank_step"] += 1
                 continue
             rows[s.rank] = s
+            if sid >= 0:
+                job.open_ids.setdefault(s.step, {})[s.rank] = sid
         for job in touched.values():
             for _, step, complete in self._ready(job, now_ns):
                 self._pending[(job.job, step)] = complete
@@ -294,6 +309,15 @@ class JobTable:
         if late or last is None or now_ns - last >= self.finalize_every_ns:
             return self._finalize(self._take_pending(), late, now_ns)
         return Finalized(_NOTHING, [])
+
+    def oldest_open_id(self) -> int | None:
+        """The smallest id of a summary in an open step (None: none has one).
+
+        Ids increase in arrival order and a step's ids are kept in arrival order, so each open
+        step's first id is its smallest: this costs one look per open step, not per rank.
+        """
+        return min((next(iter(ids.values())) for job in self.jobs.values() for ids in job.open_ids.values() if ids),
+                   default=None)
 
     def _take_pending(self) -> list[tuple[JobState, int, bool]]:
         out = [(self.jobs[job], step, complete) for (job, step), complete in self._pending.items()]
@@ -352,7 +376,7 @@ class JobTable:
     # Finalize -------------------------------------------------------------------------------
 
     def _finalize(
-        self, ready: list[tuple[JobState, int, bool]], late: list[tuple[JobState, pb.StepSummary]], now_ns: int
+        self, ready: list[tuple[JobState, int, bool]], late: list[tuple[JobState, pb.StepSummary, int]], now_ns: int
     ) -> Finalized:
         self._last_finalize_ns = now_ns
         if not ready and not late:
@@ -360,11 +384,15 @@ class JobTable:
         # Oldest steps first so that per-job "last" figures end on the newest step.
         ready.sort(key=lambda r: (r[0].job, r[1]))
         summaries: list[pb.StepSummary] = []
+        wal_ids: list[int] = []
         meta: list[tuple[JobState, int, bool, int, int, int]] = []
         for job, step, complete in ready:
             _, rows = job.open.pop(step)
+            ids = job.open_ids.pop(step, {})
             meta.append((job, step, complete, len(summaries), len(rows), max(len(job.expected), len(rows))))
-            summaries.extend(rows[r] for r in sorted(rows))
+            order = sorted(rows)
+            summaries.extend(rows[r] for r in order)
+            wal_ids.extend(ids.get(r, -1) for r in order)
             self._account_missing(job, rows, complete)
         frame = _frame(summaries)
         frame["compute_s"] = frame["step_time_s"] - frame["idle_s"] - frame["exposed_comm_s"]
@@ -405,6 +433,7 @@ class JobTable:
         frame["late"] = False
         frame["complete"] = np.repeat([m[2] for m in meta], [m[4] for m in meta]).astype(bool)
         frame["flags"] = [(*f, "slowest_rank") if sl else f for f, sl in zip(frame["flags"], slowest, strict=True)]
+        frame["wal_id"] = np.asarray(wal_ids, dtype=np.int64)
         if late:
             frame = pd.concat([frame, self._late_frame(late)], ignore_index=True) if len(frame) else (
                 self._late_frame(late))
@@ -413,16 +442,17 @@ class JobTable:
         self._account_rows(frame, excess, now_ns)
         return Finalized(frame[list(ROW_COLUMNS)], results)
 
-    def _late_frame(self, late: list[tuple[JobState, pb.StepSummary]]) -> pd.DataFrame:
-        frame = _frame([s for _, s in late])
+    def _late_frame(self, late: list[tuple[JobState, pb.StepSummary, int]]) -> pd.DataFrame:
+        frame = _frame([s for _, s, _ in late])
         frame["compute_s"] = frame["step_time_s"] - frame["idle_s"] - frame["exposed_comm_s"]
         frame["straggler_wait_s"] = 0.0
-        finals = [job.finalized.get(s.step) for job, s in late]
+        finals = [job.finalized.get(s.step) for job, s, _ in late]
         frame["job_step_time_s"] = [f.job_step_time_s if f else math.nan for f in finals]
         frame["straggler_score"] = [f.straggler_score if f else math.nan for f in finals]
         frame["complete"] = [f.complete if f else False for f in finals]
         frame["slowest"] = False
         frame["late"] = True
+        frame["wal_id"] = np.asarray([sid for _, _, sid in late], dtype=np.int64)
         return frame
 
     def _remember(self, job: JobState, step: int, final: _Final) -> None:

@@ -108,6 +108,32 @@ class Ledger:
             self._duplicates += len(seqs) - len(new)
             return new, top
 
+    def restore(self, agent: str, incarnation: str, max_seq: int, lost_total: int) -> None:
+        """Merge a remembered state (write-ahead log replay) without counting it as received.
+
+        An empty ``agent`` carries the declared loss of incarnations forgotten before.
+        """
+        with self._lock:
+            if not agent:
+                self._forgotten_lost = max(self._forgotten_lost, lost_total)
+                return
+            key = (agent, incarnation)
+            inc = self._incarnations.get(key)
+            if inc is None:
+                inc = self._add(key)
+            else:
+                self._incarnations.move_to_end(key)
+            inc.max_seq = max(inc.max_seq, max_seq)
+            inc.lost_total = max(inc.lost_total, lost_total)
+
+    def snapshot(self) -> list[tuple[str, str, int, int]]:
+        """``(agent, incarnation, max_seq, lost_total)`` of every incarnation, least recently used first,
+        then ``("", "", 0, forgotten loss)``: ``restore`` of each rebuilds this ledger."""
+        with self._lock:
+            out = [(k[0], k[1], i.max_seq, i.lost_total) for k, i in self._incarnations.items()]
+            out.append(("", "", 0, self._forgotten_lost))
+            return out
+
     def acked(self, agent: str, incarnation: str) -> int:
         """The acknowledgement for an incarnation (0 when unknown)."""
         with self._lock:

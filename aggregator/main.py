@@ -1,8 +1,15 @@
 """``chopper-aggregator``: the cluster service. Runs until SIGTERM or SIGINT, then stops cleanly.
 
+With ``store_dir``, acknowledgements are durable: accepted summaries go to a write-ahead log in
+``store_dir/_wal`` and are acknowledged once fsynced; at start the log is replayed (ledger and open
+steps rebuilt, rows already stored skipped), so a kill -9 loses and doubles nothing
+(``aggregator/service.py``). Without ``store_dir`` there is no log: acknowledgements mean "in
+memory", and a crash loses open steps.
+
 Shutdown order: stop accepting (gRPC server stops, in-flight batches get a short grace), stop the
 ticker, finalize every open step (complete ones as complete, the rest as incomplete, so nothing
-the ledger acknowledged is lost), write the store, stop serving /metrics; exit 0.
+the ledger acknowledged is lost), write the store, trim the log to the ledger, stop serving
+/metrics; exit 0.
 """
 from __future__ import annotations
 
@@ -11,6 +18,7 @@ import signal
 import sys
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 
 from prometheus_client import CollectorRegistry, start_http_server
 
@@ -20,6 +28,7 @@ from aggregator.metrics import AggregatorCollector
 from aggregator.server import build_server
 from aggregator.service import Aggregator
 from aggregator.store import Store
+from aggregator.wal import Wal
 from chopper import logs
 
 log = logging.getLogger("aggregator")
@@ -38,14 +47,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     logs.configure(settings.log_level)
     from aggregator.ledger import Ledger  # the delivery side's module; imported once settings are good
 
-    store = None
+    store = wal = None
     if settings.store_dir:
         store = Store(settings.store_dir, settings.flush_rows, settings.flush_interval_s)
+        wal = Wal(Path(settings.store_dir) / "_wal", settings.wal_commit_interval_s,
+                  segment_bytes=settings.wal_segment_bytes)
     else:
-        log.warning("event=no_store reason='store_dir is empty: finalized rows are not kept'")
+        log.warning("event=no_store reason='store_dir is empty: finalized rows are not kept, and acknowledgements "
+                    "are not durable (no write-ahead log): a crash loses open steps'")
     jobs = JobTable(settings.step_timeout_s, max_jobs=settings.max_jobs, job_expiry_s=settings.job_expiry_s,
                     finalize_every_s=FINALIZE_EVERY_S)
-    core = Aggregator(Ledger(), jobs, store, settings.recent_steps_per_job)
+    core = Aggregator(Ledger(), jobs, store, settings.recent_steps_per_job, wal=wal)
+    try:
+        core.recover()
+    except OSError as exc:
+        print(f"chopper-aggregator: store_dir: cannot recover the write-ahead log: {exc}", file=sys.stderr)
+        return 2
     try:
         server, port = build_server(core, settings.listen, settings.max_message_bytes)
     except OSError as exc:

@@ -137,6 +137,12 @@ class AggregatorCollector(Collector):
         fam.add("chopper_aggregator_store_flush_errors_total", (), float(store.flush_errors_total if store else 0))
         fam.add("chopper_aggregator_store_rows_dropped_total", (), float(store.rows_dropped_total if store else 0))
         fam.add("chopper_aggregator_store_buffered_rows", (), float(store.buffered_rows if store else 0))
+        if core.wal is not None:
+            wal = core.wal.stats()
+            fam.add("chopper_aggregator_wal_up", (), 1.0 - wal["failed"])
+            for key in ("bytes", "segments", "records_total", "torn_records_total", "replayed_records_total",
+                        "fsyncs_total", "fsync_seconds_total"):
+                fam.add(f"chopper_aggregator_wal_{key}", (), wal[key])
         for method in ("Deliver", "QuerySteps"):
             fam.add("chopper_aggregator_messages_undecodable_total", (method,),
                     float(core.undecodable.get(method, 0)))

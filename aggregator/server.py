@@ -6,6 +6,11 @@ decoded by our own deserializers so that a garbled message is counted
 ``INVALID_ARGUMENT`` instead of gRPC's generic internal error. A batch whose ``seq`` and
 ``summaries`` differ in length, or without agent or incarnation, is answered the same way
 (``chopper_aggregator_batches_invalid_total``).
+
+With a write-ahead log, ``Aggregator.deliver`` returns only once the batch is fsynced, so the
+acknowledgement is yielded after the commit; the stream's worker thread waits, not the others
+(one group commit releases every waiting stream). A log that cannot write ends the stream with
+``UNAVAILABLE``: the agent keeps the batch and resends it after reconnecting.
 """
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from aggregator.service import Aggregator
+from aggregator.wal import WalError
 from chopper.proto.chopper.v1 import aggregator_pb2 as apb
 
 SERVICE = "chopper.v1.Aggregator"
@@ -55,7 +61,10 @@ class AggregatorServicer:
                     with core.lock:
                         core.invalid_batches_total += 1
                     context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
-                acked = core.deliver(batch)
+                try:
+                    acked = core.deliver(batch)
+                except WalError as exc:
+                    context.abort(grpc.StatusCode.UNAVAILABLE, f"aggregator cannot make deliveries durable: {exc}")
                 yield apb.DeliveryAck(incarnation=batch.incarnation, acked_seq=acked)
         finally:
             with core.lock:

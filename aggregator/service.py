@@ -13,11 +13,38 @@ Algorithm of ``Aggregator.deliver`` (one ``SummaryBatch``):
    the job's bounded deque of recent steps (``QuerySteps``).
 4. The acknowledged number is returned for the ``DeliveryAck``.
 
+Durability (with a write-ahead log, ``aggregator/wal.py``; the daemon has one whenever it has a
+store). Between steps 1 and 2 the new summaries are appended to the log as one record, and each
+gets the id ``summary_id(lsn, index)`` that its row carries to the store (``wal_id``). After
+step 3, outside the lock, ``deliver`` waits until the log has fsynced everything appended so far
+(one group commit serves every stream), so an acknowledgement always means "on disk": a
+handshake too waits, because the number it acknowledges may belong to a record still pending.
+Without a log, acknowledgements mean "in memory" and a crash loses open steps and unwritten rows.
+
 ``tick`` (every second from the daemon) finalizes timed-out steps and flushes the store on time;
-``close`` finalizes every open step and flushes the store (shutdown).
+then it rotates the log when the active segment is big or old, and deletes the segments whose
+every summary is finalized and written to the store (the oldest id still in an open step or the
+store's buffer bounds what is kept). ``close`` finalizes every open step, flushes the store, and
+leaves only a fresh segment holding the ledger snapshot.
+
+Recovery (``recover``, before serving):
+
+1. The ``FILES`` records name the store files that flushes wrote (or were about to write) while
+   the remaining segments were live; the ``wal_id`` column of those that exist is the set of
+   logged summaries already stored.
+2. The records are replayed in order: ``LEDGER`` records and the sequence numbers of ``BATCH``
+   records rebuild the ledger (so the agents' resends are recognised as duplicates), and each
+   ``BATCH`` summary not already stored joins the job table at the replay time, with its id.
+3. The log starts a new segment headed by the ledger snapshot; the replayed segments are deleted
+   by ``tick`` once their summaries are stored again.
+
+Since a flush writes every row of a finalized step at once, a step is either wholly stored
+(skipped) or wholly replayed. What restarts from empty: steps finalized before the crash are not
+remembered, so a summary arriving for one opens it again instead of being flagged late.
 """
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
@@ -25,10 +52,14 @@ from collections.abc import Callable
 from typing import Protocol
 
 import numpy as np
+import pyarrow.parquet as pq
 
 from aggregator.jobs import Finalized, JobTable
 from aggregator.store import Store
+from aggregator.wal import BATCH, FILES, ID_BITS, LEDGER, Wal, summary_id
 from chopper.proto.chopper.v1 import aggregator_pb2 as apb
+
+log = logging.getLogger(__name__)
 
 _RANK_FIELDS = ("step_time_s", "ideal_s", "matrix_util_loss_s", "dvfs_loss_s", "exposed_comm_s", "straggler_wait_s",
                 "idle_s", "mfu", "mean_gfx_clock_mhz", "max_temp_c")
@@ -41,6 +72,10 @@ class LedgerLike(Protocol):
 
     def stats(self) -> dict[str, int]: ...
 
+    def restore(self, agent: str, incarnation: str, max_seq: int, lost_total: int) -> None: ...
+
+    def snapshot(self) -> list[tuple[str, str, int, int]]: ...
+
 
 class Aggregator:
     """Ledger, job table, optional store and recent steps, behind one lock.
@@ -51,6 +86,8 @@ class Aggregator:
         store: Parquet store of finalized rows; None keeps no rows.
         recent_steps_per_job: Finalized steps kept per job for ``QuerySteps``.
         clock: Receive time, ns since the epoch; injected in tests.
+        wal: Write-ahead log (module docstring, durability); None: acknowledgements are not
+            durable. With one, call ``recover`` before ``deliver``.
     """
 
     def __init__(
@@ -60,6 +97,7 @@ class Aggregator:
         store: Store | None = None,
         recent_steps_per_job: int = 16,
         clock: Callable[[], int] = time.time_ns,
+        wal: Wal | None = None,
     ) -> None:
         self.ledger = ledger
         self.jobs = jobs
@@ -71,14 +109,82 @@ class Aggregator:
         self.undecodable: dict[str, int] = {}
         self.invalid_batches_total = 0
         self.delivery_streams = 0
+        self.wal = wal
+        if wal is not None and store is not None:
+            store.durable = True
+            store.before_write = self._log_files
 
     def deliver(self, batch: apb.SummaryBatch) -> int:
-        """Take in one batch (module docstring); returns the sequence number to acknowledge."""
+        """Take in one batch (module docstring); returns the sequence number to acknowledge.
+
+        Raises:
+            WalError: The write-ahead log cannot make the batch durable: do not acknowledge.
+        """
         with self.lock:
             new, acked = self.ledger.accept(batch.agent, batch.incarnation, list(batch.seq), batch.lost_total)
             summaries = batch.summaries
-            self._take(self.jobs.add([summaries[i] for i in new], self.clock()))
-            return acked
+            ids = None
+            wal = self.wal
+            if wal is not None:
+                if new:
+                    record = batch if len(new) == len(batch.seq) else apb.SummaryBatch(
+                        agent=batch.agent, incarnation=batch.incarnation, seq=[batch.seq[i] for i in new],
+                        summaries=[summaries[i] for i in new], lost_total=batch.lost_total)
+                    lsn = wal.append(BATCH, record.SerializeToString())
+                    ids = [summary_id(lsn, i) for i in range(len(new))]
+                # Everything the ledger knows may rest on records still pending: wait for all of them.
+                upto = wal.appended_lsn
+            self._take(self.jobs.add([summaries[i] for i in new], self.clock(), ids))
+        if wal is not None:
+            wal.wait(upto)
+        return acked
+
+    def recover(self) -> dict[str, int]:
+        """Rebuild the ledger and open steps from the write-ahead log and start it (module docstring).
+
+        Returns:
+            ``records``, ``summaries`` (replayed into the job table), ``stored`` (skipped: already
+            in the store) and ``torn`` (records cut short).
+        """
+        wal = self.wal
+        if wal is None:
+            return {}
+        stored: set[int] = set()
+        if self.store is not None:
+            root = self.store.root
+            for record in wal.replay(count=False):
+                if record.kind == FILES:
+                    for rel in record.payload.decode().splitlines():
+                        path = root / rel
+                        if path.exists():
+                            ids = pq.read_table(path, columns=["wal_id"]).column("wal_id").to_numpy()
+                            stored.update(int(i) for i in ids if i >= 0)
+        records = summaries = skipped = 0
+        with self.lock:
+            # The ledger first, so that the new segment starts with its snapshot before replayed
+            # steps can finalize and flush (a flush logs its files in the new segment).
+            for record in wal.replay(count=False):
+                if record.kind in (LEDGER, BATCH):
+                    msg = apb.SummaryBatch.FromString(record.payload)
+                    if msg.seq or record.kind == LEDGER:
+                        self.ledger.restore(msg.agent, msg.incarnation, max(msg.seq, default=0), msg.lost_total)
+            wal.start(self._ledger_head())
+            now = self.clock()
+            for record in wal.replay():
+                records += 1
+                if record.kind != BATCH:
+                    continue
+                msg = apb.SummaryBatch.FromString(record.payload)
+                keep = [i for i in range(len(msg.summaries)) if summary_id(record.lsn, i) not in stored]
+                skipped += len(msg.summaries) - len(keep)
+                summaries += len(keep)
+                if keep:
+                    self._take(self.jobs.add([msg.summaries[i] for i in keep], now,
+                                             [summary_id(record.lsn, i) for i in keep]))
+        torn = int(wal.stats()["torn_records_total"])
+        log.info("event=wal_recovered directory=%s records=%d summaries=%d already_stored=%d torn=%d",
+                 wal.directory, records, summaries, skipped, torn)
+        return {"records": records, "summaries": summaries, "stored": skipped, "torn": torn}
 
     def tick(self) -> None:
         """Finalize timed-out steps, forget silent jobs, flush the store when due."""
@@ -86,13 +192,38 @@ class Aggregator:
             self._take(self.jobs.expire(self.clock()))
             if self.store is not None:
                 self.store.maybe_flush()
+            if self.wal is not None:
+                if self.wal.rotate_due():
+                    self.wal.rotate(self._ledger_head())
+                self.wal.truncate(self._oldest_needed_lsn())
 
     def close(self) -> None:
-        """Finalize every open step and write the store (shutdown)."""
+        """Finalize every open step and write the store (shutdown); the log keeps only the ledger."""
         with self.lock:
             self._take(self.jobs.close(self.clock()))
-            if self.store is not None:
-                self.store.close()
+            written = self.store.close() if self.store is not None else True
+            if self.wal is not None:
+                if written:
+                    self.wal.rotate(self._ledger_head())
+                    self.wal.truncate(self._oldest_needed_lsn())
+                self.wal.close()
+
+    def _ledger_head(self) -> list[tuple[int, bytes]]:
+        """The ledger snapshot as ``LEDGER`` records (head of every segment)."""
+        return [(LEDGER, apb.SummaryBatch(agent=a, incarnation=i, seq=[m], lost_total=lost).SerializeToString())
+                for a, i, m, lost in self.ledger.snapshot()]
+
+    def _oldest_needed_lsn(self) -> int:
+        """The lowest lsn whose summaries are not yet in the store: open steps and unwritten rows."""
+        assert self.wal is not None
+        found = [i for i in (self.jobs.oldest_open_id(),
+                             self.store.oldest_buffered_id() if self.store is not None else None) if i is not None]
+        return min(found) >> ID_BITS if found else self.wal.appended_lsn + 1
+
+    def _log_files(self, paths: list[str]) -> None:
+        """``Store.before_write``: make the names of the files about to be written durable first."""
+        assert self.wal is not None
+        self.wal.sync(self.wal.append(FILES, "\n".join(paths).encode()))
 
     def query(self, job: str, last: int) -> list[apb.JobStep]:
         """The last ``last`` finalized steps of ``job`` (all kept when 0), oldest first."""

@@ -19,7 +19,11 @@ Algorithm of ``Store``:
 3. A write groups the buffer by (job, date) and writes one new file per group: to a dot-file
    first, then renamed, so a reader never sees half a file (readers skip dot-files). ``n`` is one
    more than the largest part number already in the directory, so a restarted aggregator appends.
-4. A failed write is counted (``flush_errors_total``), logged, and its rows stay buffered for the
+4. With a write-ahead log (``durable=True``), ``before_write`` is told the paths of a write before
+   any file is created (the log records them, so its recovery knows which files to read back),
+   and each file is fsynced before its rename and its directory after, so rows the log then
+   forgets survive a power loss.
+5. A failed write is counted (``flush_errors_total``), logged, and its rows stay buffered for the
    next try, up to ``max_buffered_rows``; beyond that the oldest rows are dropped and counted
    (``rows_dropped_total``) so a full disk cannot exhaust memory.
 """
@@ -57,6 +61,8 @@ class Store:
         flush_interval_s: Write buffered rows at least this often, s.
         clock: Monotonic seconds, for the flush interval; injected in tests.
         max_buffered_rows: Rows held while writes fail, at most.
+        durable: Fsync every file and its directory (module step 4).
+        before_write: Called with the files a write is about to create, relative to ``root``.
     """
 
     def __init__(
@@ -66,12 +72,16 @@ class Store:
         flush_interval_s: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
         max_buffered_rows: int = 2_000_000,
+        durable: bool = False,
+        before_write: Callable[[list[str]], None] | None = None,
     ) -> None:
         self.root = Path(root)
         self.flush_rows = flush_rows
         self.flush_interval_s = flush_interval_s
         self.clock = clock
         self.max_buffered_rows = max_buffered_rows
+        self.durable = durable
+        self.before_write = before_write
         self._buffer: list[pd.DataFrame] = []
         self.buffered_rows = 0
         self._last_flush = clock()
@@ -117,6 +127,12 @@ class Store:
         self.rows_written_total += written
         return True
 
+    def oldest_buffered_id(self) -> int | None:
+        """The smallest non-negative ``wal_id`` of a buffered row (None: none)."""
+        found = [int(ids[ids >= 0].min()) for f in self._buffer
+                 if len(f) and "wal_id" in f and (ids := f["wal_id"].to_numpy()).max() >= 0]
+        return min(found, default=None)
+
     def close(self) -> bool:
         """Write what is buffered (shutdown)."""
         return self.flush()
@@ -124,22 +140,39 @@ class Store:
     def _write(self, frame: pd.DataFrame) -> int:
         dates = pd.to_datetime(frame["received_ns"].astype("int64"), unit="ns", utc=True).dt.strftime("%Y-%m-%d")
         written = 0
+        plan = []
         for (job, date), part in frame.groupby([frame["job"], dates], sort=True):
             directory = partition_dir(self.root, str(job), str(date))
             directory.mkdir(parents=True, exist_ok=True)
-            n = self._part_number(directory)
+            plan.append((directory, self._part_number(directory), part))
+        if self.before_write is not None:
+            self.before_write([(d / f"part-{n}.parquet").relative_to(self.root).as_posix() for d, n, _ in plan])
+        for directory, n, part in plan:
             table = pa.Table.from_pandas(part.drop(columns=["job"]).reset_index(drop=True), preserve_index=False)
             tmp = directory / f".part-{n}.parquet.tmp"
             pq.write_table(table, tmp)
+            if self.durable:
+                _fsync(tmp)
             os.replace(tmp, directory / f"part-{n}.parquet")
+            if self.durable:
+                _fsync(directory)
             self._next_part[directory] = n + 1
             self.files_written_total += 1
             written += len(part)
         return written
 
     def _part_number(self, directory: Path) -> int:
+        # Part numbers are only taken by a successful write: a failed or cut one leaves the name free.
         n = self._next_part.get(directory)
         if n is None:
             found = [int(m.group(1)) for p in directory.iterdir() if (m := _PART.fullmatch(p.name))]
             n = max(found, default=-1) + 1
         return n
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
