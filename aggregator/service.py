@@ -205,6 +205,8 @@ class Aggregator:
             if self.wal is not None:
                 if written:
                     self.wal.rotate(self._ledger_head())
+                    # The old segments close once the flusher has moved to the new one.
+                    self.wal.sync(self.wal.appended_lsn)
                     self.wal.truncate(self._oldest_needed_lsn())
                 self.wal.close()
 
