@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from chopper.trace import Trace, TraceError, load_trace
+from chopper.trace import Trace, check_one_job, load_trace
 from chopper.trace.analyses import host, idle, kernel_types, launch, overlap, straggler, tables, temporal, top_kernels
 from chopper.trace.analyses.temporal import gpu_activity, merge_intervals
 from chopper.trace.classify import COMMUNICATION, COMPUTATION
@@ -32,30 +32,6 @@ OVERLAP_COLUMNS: tuple[str, ...] = ("rank", "name", "start_ns", "end_ns", "dur_u
 
 # (stage name): called before each stage; the caller counts the stages.
 Stage = Callable[[str], None]
-
-
-def check_one_job(traces: Sequence[Trace]) -> None:
-    """Refuse a set that mixes jobs: two files of one rank, or different world sizes.
-
-    The same rule as ``chopper.trace.load_traces``; repeated here because the report reads the
-    files one by one to report progress per file.
-
-    Raises:
-        TraceError: naming both files.
-    """
-    by_rank: dict[int, Trace] = {}
-    for t in traces:
-        if t.rank in by_rank:
-            raise TraceError(
-                f"{by_rank[t.rank].path} and {t.path} both hold rank {t.rank}: two runs of the same job "
-                "mixed in one set. Keep one trace per rank")
-        by_rank[t.rank] = t
-    worlds = [t for t in traces if t.world_size is not None]
-    for t in worlds[1:]:
-        if t.world_size != worlds[0].world_size:
-            raise TraceError(
-                f"{worlds[0].path} (world size {worlds[0].world_size}) and {t.path} (world size {t.world_size}) "
-                "come from different jobs. Report on the traces of one job together")
 
 
 def comm_overlap_fractions(activity: pd.DataFrame) -> pd.DataFrame:

@@ -5,12 +5,12 @@ hierarchy lives in :mod:`chopper.trace.hierarchy`, analyses in :mod:`chopper.tra
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from chopper.trace.reader import Trace, TraceError, read_trace
 
-__all__ = ["Trace", "TraceError", "load_trace", "load_traces"]
+__all__ = ["Trace", "TraceError", "check_one_job", "load_trace", "load_traces"]
 
 
 def load_trace(path: str | Path) -> Trace:
@@ -20,6 +20,27 @@ def load_trace(path: str | Path) -> Trace:
         TraceError: the file is missing, truncated, not a trace, or has no GPU kernels.
     """
     return read_trace(path)
+
+
+def check_one_job(traces: Sequence[Trace]) -> None:
+    """Refuse a set that mixes jobs: two files of one rank, or different world sizes.
+
+    Raises:
+        TraceError: naming both files.
+    """
+    by_rank: dict[int, Trace] = {}
+    for t in traces:
+        if t.rank in by_rank:
+            raise TraceError(
+                f"{by_rank[t.rank].path} and {t.path} both hold rank {t.rank}: two runs of the same job "
+                "mixed in one set. Keep one trace per rank")
+        by_rank[t.rank] = t
+    worlds = [t for t in traces if t.world_size is not None]
+    for t in worlds[1:]:
+        if t.world_size != worlds[0].world_size:
+            raise TraceError(
+                f"{worlds[0].path} (world size {worlds[0].world_size}) and {t.path} (world size {t.world_size}) "
+                "come from different jobs. Analyze the traces of one job together")
 
 
 def load_traces(paths: Iterable[str | Path] | str | Path) -> list[Trace]:
@@ -45,17 +66,5 @@ def load_traces(paths: Iterable[str | Path] | str | Path) -> list[Trace]:
     else:
         files = [Path(p) for p in paths]
     traces = sorted((read_trace(f) for f in files), key=lambda t: t.rank)
-    by_rank: dict[int, Trace] = {}
-    for t in traces:
-        if t.rank in by_rank:
-            raise TraceError(
-                f"{by_rank[t.rank].path} and {t.path} both hold rank {t.rank}: two runs of the same job "
-                "mixed in one set. Keep one trace per rank")
-        by_rank[t.rank] = t
-    worlds = [t for t in traces if t.world_size is not None]
-    for t in worlds[1:]:
-        if t.world_size != worlds[0].world_size:
-            raise TraceError(
-                f"{worlds[0].path} (world size {worlds[0].world_size}) and {t.path} (world size {t.world_size}) "
-                "come from different jobs. Analyze the traces of one job together")
+    check_one_job(traces)
     return traces
