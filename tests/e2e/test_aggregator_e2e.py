@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
+import pandas as pd
 import pytest
 
 from agent.delivery import route
@@ -34,9 +35,10 @@ pytestmark = [
 class AggregatorProcess:
     """``chopper-aggregator`` on private ports; restartable on the same ports."""
 
-    def __init__(self, workdir: Path, name: str = "agg") -> None:
+    def __init__(self, workdir: Path, name: str = "agg", *extra: str) -> None:
         self.workdir = workdir
         self.name = name
+        self.extra = extra
         self.address = f"127.0.0.1:{free_port()}"
         self.metrics_addr = f"127.0.0.1:{free_port()}"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -47,7 +49,7 @@ class AggregatorProcess:
         log = open(self.workdir / f"{self.name}-{self.starts}.log", "wb")  # noqa: SIM115 (lives with the process)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "aggregator.main", "--listen", self.address, "--metrics-listen", self.metrics_addr,
-             "--step-timeout-s", "10"],
+             "--step-timeout-s", "10", *self.extra],
             stderr=log,
         )
         assert wait_until(self._up, timeout_s=30), f"aggregator did not start:\n{self.log()}"
@@ -114,7 +116,8 @@ def drained(agents: list[AgentProcess]) -> bool:
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[tuple[AggregatorProcess, list[AgentProcess]]]:
-    agg = AggregatorProcess(tmp_path).start()
+    # A store, so acknowledgements are durable (write-ahead log in store/_wal).
+    agg = AggregatorProcess(tmp_path, "agg", "--store-dir", str(tmp_path / "store"), "--flush-interval-s", "1").start()
     agents = []
     for node, extra in (("e2e-a", ()), ("e2e-b", ("--sim-hot-gpus", "1"))):
         workdir = tmp_path / node
@@ -158,43 +161,48 @@ def test_hot_gpu_rank_is_named_and_job_totals_equal_the_agents(
 
 
 def test_aggregator_kill_and_restart_loses_and_duplicates_nothing(
-    cluster: tuple[AggregatorProcess, list[AgentProcess]],
+    cluster: tuple[AggregatorProcess, list[AgentProcess]], tmp_path: Path,
 ) -> None:
-    """SIGKILL of the aggregator mid-run: the agents resend everything it had not acknowledged.
+    """SIGKILL of the aggregator while the agents keep delivering, restart on the same store: each row once.
 
-    The aggregator keeps its ledger in memory, so what a killed aggregator took in but had not yet
-    acknowledged would be taken in again by its successor (the in-process tests cover that case
-    with a ledger that survives). To count exactly across the two lives, the agents are paused
-    (SIGSTOP) for the kill, so the first life's count is final when it is read.
+    Acknowledged summaries are fsynced in the write-ahead log, so the killed process's open steps
+    and unwritten rows are replayed by its successor, and the agents' resends of what was not
+    acknowledged are recognised by the rebuilt ledger. The proof is the Parquet store itself, read
+    after a graceful stop: every (rank, step) the training job's ranks marked is there exactly
+    once, and neither side counted a loss.
     """
     agg, agents = cluster
     job = start_job(agents, "e2e", 4, 20.0)
     assert wait_until(lambda: agg.value("chopper_aggregator_summaries_received_total") > 40, timeout_s=60)
-    for a in agents:
-        assert a.proc is not None
-        a.proc.send_signal(signal.SIGSTOP)
-    try:
-        time.sleep(1.0)
-        first_life = agg.value("chopper_aggregator_summaries_received_total")
-        agg.kill()
-    finally:
-        for a in agents:
-            assert a.proc is not None
-            a.proc.send_signal(signal.SIGCONT)
-    time.sleep(2.0)  # summaries pile up in the agents while no aggregator listens
+    assert wait_until(lambda: agg.value("chopper_aggregator_store_rows_written_total") > 0, timeout_s=30)
+    first_life = agg.value("chopper_aggregator_summaries_received_total")
+    agg.kill()  # the agents keep training and delivering into a dead address
+    time.sleep(2.0)
     agg.start()
-    finish_training(job)
+    replayed = agg.value("chopper_aggregator_wal_replayed_records_total")
+    sent = finish_training(job)
     assert wait_until(lambda: drained(agents), timeout_s=30), "the agents did not deliver everything"
     total = produced(agents)
-    second_life = agg.value("chopper_aggregator_summaries_received_total")
-    assert first_life > 0 and second_life > 0
+    assert total == sum(c["steps"] for c in sent.values()), "one summary per rank per step"
     assert delivery(agents, "lost_total") == 0 and agg.value("chopper_aggregator_summaries_lost_total") == 0
-    # Every summary taken in exactly once over the two lives: none lost, none doubled.
-    assert first_life + second_life == total, (first_life, second_life, total)
     assert delivery(agents, "acked_total") == total
-    print(f"kill -9: produced={total:.0f} first_life={first_life:.0f} second_life={second_life:.0f} "
-          f"resent={delivery(agents, 'sent_total') - total:.0f} "
-          f"duplicates_dropped={agg.value('chopper_aggregator_summaries_duplicate_total'):.0f}")
+    resent = delivery(agents, "sent_total") - total
+    duplicates = agg.value("chopper_aggregator_summaries_duplicate_total")
+    second_life = agg.value("chopper_aggregator_summaries_received_total")
+    agg.stop()
+    assert agg.proc is not None and agg.proc.returncode == 0, agg.log()
+    rows = pd.read_parquet(tmp_path / "store", columns=["job", "rank", "step", "wal_id"])
+    rows["job"] = rows["job"].astype(str)
+    assert set(rows["job"]) == {"e2e"}
+    counts = rows.groupby(["rank", "step"]).size()
+    assert counts.max() == 1, f"stored twice: {counts[counts > 1].head()}"
+    assert len(rows) == total, (len(rows), total)
+    for rank, c in sent.items():
+        assert (rows["rank"] == int(rank)).sum() == c["steps"], f"rank {rank}: rows lost"
+    assert replayed > 0 and first_life > 0
+    print(f"kill -9: produced={total:.0f} stored={len(rows)} first_life_received={first_life:.0f} "
+          f"second_life_received={second_life:.0f} wal_replayed_records={replayed:.0f} resent={resent:.0f} "
+          f"duplicates_dropped={duplicates:.0f}")
 
 
 def test_two_replicas_each_job_on_exactly_one(tmp_path: Path) -> None:
