@@ -73,6 +73,7 @@ BENCHES = (
         f"aggregator ingest from {bench_aggregator.STREAMS} Deliver streams, a {bench_aggregator.RANKS:,}-rank job; "
         "step end to /metrics latency",
         lambda r: (f"{r['summaries_per_s']:,} summaries/s ({r['ratio_to_transport']:g}x a decode-and-ack floor), "
+                   f"{r['durable_summaries_per_s']:,}/s with --store-dir (acks after WAL fsync), "
                    f"latency p99 {r['latency']['p99_s']:g} s, {r['rss_per_rank_kib']:g} KiB/rank"),
         f">= {bench_aggregator.GOAL_SUMMARIES_PER_S:,} summaries/s, p99 < {bench_aggregator.GOAL_P99_S:g} s",
         "real `chopper-aggregator` process; 64 concurrent streams of pre-serialized batches (512 summaries) of a "

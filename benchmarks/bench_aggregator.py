@@ -18,6 +18,10 @@ Method.
 2. **Baseline, same run.** The same load against a process that only decodes and acknowledges
    through ``aggregator.ledger.Ledger`` (the transport and protobuf floor): ``ratio_to_transport``
    says what share of that ceiling the whole aggregator (job join, attribution, metrics) keeps.
+   **Durable, same run.** The same load against a fresh aggregator with ``--store-dir``: every
+   acknowledgement then waits for the write-ahead log's group commit (fsync) and rows go to
+   Parquet; ``durable_summaries_per_s`` and ``durable_ratio`` (to the in-memory aggregator) say
+   what durability costs.
 3. **Memory.** The aggregator's resident set (``VmRSS``) after start-up and after the ingest
    holds the 10,000-rank job: the difference / ranks. It includes everything the ingest left
    behind: rank state, open steps, the recent steps kept per job for ``QuerySteps`` (16 steps ×
@@ -168,12 +172,12 @@ def _wait_up(proc: subprocess.Popen[bytes], probe: Any, what: str) -> None:
     raise RuntimeError(f"{what} did not start")
 
 
-def _start_aggregator(workdir: str) -> tuple[subprocess.Popen[bytes], str, str]:
+def _start_aggregator(workdir: str, *extra: str) -> tuple[subprocess.Popen[bytes], str, str]:
     address, maddr = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
     proc = subprocess.Popen(
         [sys.executable, "-m", "aggregator.main", "--listen", address, "--metrics-listen", maddr,
-         "--step-timeout-s", "60", "--rank-series-top-k", "20", "--log-level", "warning"],
-        cwd=ROOT, stderr=open(os.path.join(workdir, "aggregator.log"), "wb"),  # noqa: SIM115
+         "--step-timeout-s", "60", "--rank-series-top-k", "20", "--log-level", "warning", *extra],
+        cwd=ROOT, stderr=open(os.path.join(workdir, f"aggregator{len(extra)}.log"), "wb"),  # noqa: SIM115
     )
     _wait_up(proc, lambda: _scrape(maddr), "chopper-aggregator")
     return proc, address, maddr
@@ -282,14 +286,22 @@ def run() -> dict[str, Any]:
         finally:
             proc.terminate()
             proc.wait(30)
-    if received != total:
-        raise RuntimeError(f"the aggregator counted {received} of {total} summaries")
+        proc, address, maddr = _start_aggregator(workdir, "--store-dir", os.path.join(workdir, "store"))
+        try:
+            durable_s = deliver_all(address, load)
+            durable_received = _scrape_count(maddr)
+        finally:
+            proc.terminate()
+            proc.wait(60)
+    if received != total or durable_received != total:
+        raise RuntimeError(f"the aggregator counted {received} (durable: {durable_received}) of {total} summaries")
     rate = total / ingest_s
     floor_rate = total / floor_s
     return {
         "streams": STREAMS, "ranks": RANKS, "steps": STEPS, "summaries": total,
         "summaries_per_s": round(rate), "transport_floor_summaries_per_s": round(floor_rate),
         "ratio_to_transport": round(rate / floor_rate, 3),
+        "durable_summaries_per_s": round(total / durable_s), "durable_ratio": round(ingest_s / durable_s, 3),
         "rss_before_mib": round(rss_before / 2**20, 1), "rss_after_mib": round(rss_after / 2**20, 1),
         "rss_per_rank_kib": round((rss_after - rss_before) / RANKS / 1024, 2),
         "latency": latency,
