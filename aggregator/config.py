@@ -8,20 +8,15 @@ Every setting has a flag (``--step-timeout-s``) and an environment variable
 """
 from __future__ import annotations
 
-import argparse
-import dataclasses
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+
+from chopper import settings as _settings
+from chopper.settings import ConfigError, is_host_port
 
 ENV_PREFIX = "CHOPPER_AGGREGATOR_"
 LOG_LEVELS = ("debug", "info", "warning", "error")
-
-
-class ConfigError(ValueError):
-    """A setting is invalid; the message names the key, its source and the fix."""
 
 
 @dataclass(frozen=True)
@@ -55,33 +50,6 @@ class AggregatorSettings:
     log_level: str = field(default="info", metadata={"help": "debug, info, warning or error"})
 
 
-_FIELDS = {f.name: f for f in dataclasses.fields(AggregatorSettings)}
-
-
-def _parse(name: str, raw: Any, source: str) -> Any:
-    """Convert one raw value (YAML scalar or string) to the field's type."""
-    kind = _FIELDS[name].type
-    try:
-        if kind == "int":
-            if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):
-                raise ValueError
-            return int(raw)
-        if kind == "float":
-            if isinstance(raw, bool):
-                raise ValueError
-            return float(raw)
-        if isinstance(raw, list | dict):
-            raise ValueError
-        return str(raw)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{name}: {raw!r} (from {source}) is not a valid {kind}") from None
-
-
-def _is_host_port(value: str) -> bool:
-    host, sep, port = value.rpartition(":")
-    return bool(sep and host and port.isdigit() and 0 < int(port) < 65536)
-
-
 def _check(s: AggregatorSettings) -> None:
     """Range and consistency checks that a type alone does not express."""
 
@@ -89,7 +57,7 @@ def _check(s: AggregatorSettings) -> None:
         return ConfigError(f"{key}: {getattr(s, key)!r} {why}")
 
     for key in ("listen", "metrics_listen"):
-        if not _is_host_port(getattr(s, key)):
+        if not is_host_port(getattr(s, key)):
             raise bad(key, "is not host:port, e.g. 127.0.0.1:9480")
     if s.listen == s.metrics_listen:
         raise bad("metrics_listen", "is the same address as listen; give /metrics its own port")
@@ -119,41 +87,12 @@ def _check(s: AggregatorSettings) -> None:
         raise bad("log_level", "is not one of " + ", ".join(LOG_LEVELS))
 
 
-def _read_yaml(path: Path) -> dict[str, Any]:
-    import yaml
-
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise ConfigError(f"config file {path}: cannot be read ({exc.strerror}); check the --config path") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path}: is not valid YAML ({exc}); fix the syntax") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"config file {path}: must be a mapping of setting: value, got {type(data).__name__}")
-    unknown = sorted(set(map(str, data)) - set(_FIELDS))
-    if unknown:
-        raise ConfigError(
-            f"config file {path}: unknown setting(s) {', '.join(unknown)}; known settings are {', '.join(_FIELDS)}"
-        )
-    return data
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The ``chopper-aggregator`` flags: one per setting, plus ``--config``."""
-    parser = argparse.ArgumentParser(
-        prog="chopper-aggregator",
-        description="Chopper cluster aggregator: joins agents' step summaries by (job, step), names stragglers, "
-        f"serves gRPC and /metrics, writes Parquet. Every flag also reads {ENV_PREFIX}<NAME> from the environment.",
-    )
-    parser.add_argument("--config", type=Path, help=f"YAML settings file (env {ENV_PREFIX}CONFIG)")
-    for f in dataclasses.fields(AggregatorSettings):
-        parser.add_argument(
-            "--" + f.name.replace("_", "-"), dest=f.name, default=None, metavar=f.name.upper(),
-            help=f"{f.metadata['help']} (env {ENV_PREFIX}{f.name.upper()})",
-        )
-    return parser
+DAEMON = _settings.Daemon(
+    prog="chopper-aggregator",
+    description="Chopper cluster aggregator: joins agents' step summaries by (job, step), names stragglers, "
+    "serves gRPC and /metrics, writes Parquet.",
+    env_prefix=ENV_PREFIX, module="aggregator.config", doc="docs/AGGREGATOR_CONFIG.md", title="Aggregator settings",
+)
 
 
 def load_settings(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> AggregatorSettings:
@@ -166,44 +105,15 @@ def load_settings(argv: Sequence[str] | None = None, env: Mapping[str, str] | No
     Raises:
         ConfigError: A value is malformed or out of range.
     """
-    env = os.environ if env is None else env
-    args = build_parser().parse_args(argv)
-    values: dict[str, Any] = {}
-    config_path = args.config or (Path(env[ENV_PREFIX + "CONFIG"]) if env.get(ENV_PREFIX + "CONFIG") else None)
-    if config_path is not None:
-        for key, raw in _read_yaml(config_path).items():
-            values[key] = _parse(key, raw, f"config file {config_path}")
-    for name in _FIELDS:
-        raw = env.get(ENV_PREFIX + name.upper())
-        if raw is not None:
-            values[name] = _parse(name, raw, f"env {ENV_PREFIX}{name.upper()}")
-    for name in _FIELDS:
-        raw = getattr(args, name)
-        if raw is not None:
-            values[name] = _parse(name, raw, "--" + name.replace("_", "-"))
-    settings = AggregatorSettings(**values)
-    _check(settings)
-    return settings
+    return _settings.load(AggregatorSettings, DAEMON, _check, argv, env)
 
 
 def markdown() -> str:
     """``docs/AGGREGATOR_CONFIG.md``: every setting (``python -m aggregator.config``)."""
-    lines = [
-        "# Aggregator settings",
-        "",
-        "Generated from `aggregator/config.py` by `python -m aggregator.config > docs/AGGREGATOR_CONFIG.md`; a test",
-        "keeps it current. Precedence: code defaults < YAML file (`--config`, keys as in the first column) <",
-        "environment < flags. A bad value exits with status 2 and a message naming the key and the fix.",
-        "",
-        "| setting | flag | environment | default | meaning |",
-        "|---|---|---|---|---|",
-    ]
-    for f in dataclasses.fields(AggregatorSettings):
-        lines.append(
-            f"| `{f.name}` | `--{f.name.replace('_', '-')}` | `{ENV_PREFIX}{f.name.upper()}` | `{f.default!r}` "
-            f"| {f.metadata['help']} |"
-        )
-    return "\n".join(lines) + "\n"
+    return _settings.markdown(AggregatorSettings, DAEMON)
+
+
+__all__ = ["AggregatorSettings", "ConfigError", "load_settings", "markdown"]
 
 
 if __name__ == "__main__":
