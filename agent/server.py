@@ -13,7 +13,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent import futures
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from agent.config import AgentSettings, ConfigError
 from agent.daemon import Agent
+from chopper.grpc_decode import Garbled, decoder
 from chopper.proto.chopper.v1 import agent_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -36,13 +37,6 @@ IDLE_WAIT_S = 0.5
 # far apart (adds at most this much latency).
 BATCH_INTERVAL_S = 0.05
 REJECTION_LOG_INTERVAL_S = 10.0
-
-
-class Garbled:
-    """Stands in for a request that did not decode, so the handler can answer it clearly."""
-
-    def __init__(self, error: Exception) -> None:
-        self.error = error
 
 
 class TelemetryHub:
@@ -150,30 +144,18 @@ class AgentServicer:
             agent.count(agent.open_streams, "Subscribe", -1)
 
 
-def _decoder(parse: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
-    """Wrap a protobuf parser so that garbage yields ``Garbled`` instead of raising in gRPC."""
-
-    def decode(data: bytes) -> Any:
-        try:
-            return parse(data)
-        except Exception as exc:  # protobuf raises DecodeError and others on garbage
-            return Garbled(exc)
-
-    return decode
-
-
 def _handlers(servicer: AgentServicer) -> grpc.GenericRpcHandler:
     return grpc.method_handlers_generic_handler(
         SERVICE,
         {
             "PushMarkers": grpc.stream_unary_rpc_method_handler(
-                servicer.PushMarkers, _decoder(pb.MarkerBatch.FromString), pb.PushMarkersResponse.SerializeToString
+                servicer.PushMarkers, decoder(pb.MarkerBatch.FromString), pb.PushMarkersResponse.SerializeToString
             ),
             "GetInfo": grpc.unary_unary_rpc_method_handler(
-                servicer.GetInfo, _decoder(pb.GetInfoRequest.FromString), pb.AgentInfo.SerializeToString
+                servicer.GetInfo, decoder(pb.GetInfoRequest.FromString), pb.AgentInfo.SerializeToString
             ),
             "Subscribe": grpc.unary_stream_rpc_method_handler(
-                servicer.Subscribe, _decoder(pb.SubscribeRequest.FromString), pb.TelemetryBatch.SerializeToString
+                servicer.Subscribe, decoder(pb.SubscribeRequest.FromString), pb.TelemetryBatch.SerializeToString
             ),
         },
     )

@@ -14,7 +14,7 @@ acknowledgement is yielded after the commit; the stream's worker thread waits, n
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent import futures
 from typing import Any
 
@@ -23,18 +23,12 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from aggregator.service import Aggregator
 from aggregator.wal import WalError
+from chopper.grpc_decode import Garbled, decoder
 from chopper.proto.chopper.v1 import aggregator_pb2 as apb
 
 SERVICE = "chopper.v1.Aggregator"
 # Every agent (and replica) holds one Deliver stream, and each stream holds a worker thread.
 MAX_WORKERS = 1024
-
-
-class Garbled:
-    """Stands in for a request that did not decode, so the handler can answer it clearly."""
-
-    def __init__(self, error: Exception) -> None:
-        self.error = error
 
 
 class AggregatorServicer:
@@ -90,27 +84,15 @@ def _batch_problem(batch: apb.SummaryBatch) -> str:
     return ""
 
 
-def _decoder(parse: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
-    """Wrap a protobuf parser so that garbage yields ``Garbled`` instead of raising in gRPC."""
-
-    def decode(data: bytes) -> Any:
-        try:
-            return parse(data)
-        except Exception as exc:  # protobuf raises DecodeError and others on garbage
-            return Garbled(exc)
-
-    return decode
-
-
 def _handlers(servicer: AggregatorServicer) -> grpc.GenericRpcHandler:
     return grpc.method_handlers_generic_handler(
         SERVICE,
         {
             "Deliver": grpc.stream_stream_rpc_method_handler(
-                servicer.Deliver, _decoder(apb.SummaryBatch.FromString), apb.DeliveryAck.SerializeToString
+                servicer.Deliver, decoder(apb.SummaryBatch.FromString), apb.DeliveryAck.SerializeToString
             ),
             "QuerySteps": grpc.unary_unary_rpc_method_handler(
-                servicer.QuerySteps, _decoder(apb.QueryStepsRequest.FromString),
+                servicer.QuerySteps, decoder(apb.QueryStepsRequest.FromString),
                 apb.QueryStepsResponse.SerializeToString,
             ),
         },
