@@ -22,8 +22,12 @@ from chopper.trace import load_trace
 from chopper.trace.analyses.top_kernels import top_kernels
 from tests.chopper import test_report as run_report
 from tests.chopper.attribution_scenarios import ALL_SCENARIOS
+from tests.kineto_data import KINETO_DIR, requires_kineto
 
-KINETO = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "kineto"
+# Every test here reads the real reference traces, including the bad-input ones built from them.
+pytestmark = requires_kineto
+
+KINETO = KINETO_DIR
 NCCL = [KINETO / "nccl_128ranks_rank0.json.gz", KINETO / "nccl_128ranks_rank1.json.gz"]
 ALEXNET = KINETO / "a100_alexnet.json.gz"
 ROCM = KINETO / "rocm_mi250_toy_train.json.gz"

@@ -17,12 +17,13 @@ from chopper.trace.analyses import host, idle, launch, straggler, tables, tempor
 from chopper.trace.frames import Columns
 from chopper.trace.hierarchy import PHASES, build
 from chopper.trace.report import analyze
+from tests.kineto_data import KINETO_DIR as DATA
+from tests.kineto_data import requires_kineto
 
-DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "kineto"
 TRACES = ("a100_alexnet.json.gz", "nccl_128ranks_rank0.json.gz", "nccl_128ranks_rank1.json.gz",
           "rocm_mi250_toy_train.json.gz")
 NCCL = ("nccl_128ranks_rank0.json.gz", "nccl_128ranks_rank1.json.gz")
-needs_data = pytest.mark.skipif(not DATA.is_dir(), reason=f"shared trace data not found at {DATA}")
+needs_data = requires_kineto
 
 
 @functools.cache

@@ -12,9 +12,10 @@ from typing import Any
 import pytest
 
 from chopper.cli import main
+from tests.kineto_data import KINETO_DIR as DATA
+from tests.kineto_data import requires_kineto
 
-DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "kineto"
-needs_data = pytest.mark.skipif(not DATA.is_dir(), reason=f"shared trace data not found at {DATA}")
+needs_data = requires_kineto
 RANK_KEYS = ("rank", "idle_time_us", "compute_time_us", "non_compute_time_us", "kernel_time_us",
              "comm_comp_overlap_pct", "kernel_types", "top_kernels", "launch_overhead_us", "iterations",
              "idle_split", "phases", "host", "memory_transfer_pct")

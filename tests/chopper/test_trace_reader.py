@@ -20,9 +20,10 @@ from chopper.trace.frames import (
     RUNTIME_COLUMNS,
 )
 from chopper.trace.hierarchy import HIERARCHY_COLUMNS, build, innermost_containing
+from tests.kineto_data import KINETO_DIR as DATA
+from tests.kineto_data import requires_kineto
 
-DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "kineto"
-needs_data = pytest.mark.skipif(not DATA.is_dir(), reason=f"shared trace data not found at {DATA}")
+needs_data = requires_kineto
 
 
 def _event(cat: str, name: str, ts: float, dur: float, pid: int = 1, tid: int = 1, **args: Any) -> dict[str, Any]:

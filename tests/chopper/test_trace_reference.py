@@ -15,8 +15,9 @@ import pytest
 
 from chopper.trace import load_trace
 from chopper.trace.analyses import kernel_types, overlap, temporal
+from tests.kineto_data import KINETO_DIR as DATA
+from tests.kineto_data import requires_kineto
 
-DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "kineto"
 TOLERANCE = 0.01
 
 # trace: (rank, idle, compute, non_compute, kernel_time, overlap %)  µs
@@ -41,7 +42,7 @@ KERNEL_TYPES = {
     "rocm_mi250_toy_train.json.gz": {"COMPUTATION": (96, 73.3), "MEMORY": (35, 26.7)},
 }
 
-pytestmark = pytest.mark.skipif(not DATA.is_dir(), reason=f"shared trace data not found at {DATA}")
+pytestmark = requires_kineto
 
 
 def _close(got: float, want: float) -> None:
