@@ -209,30 +209,42 @@ def _chromium() -> str:
     return found
 
 
-def test_chromium_renders_the_report(report: Path, tmp_path: Path) -> None:
+def render_in_chromium(page: Path, tmp_path: Path, height: int) -> tuple[str, set[tuple[int, int, int]]]:
+    """Open ``page`` in headless Chromium: its parsed DOM, and the colours of a screenshot.
+
+    Fails on a non-zero exit, any console error from the page, or a screenshot that is not a PNG
+    of the requested size.
+    """
     from PIL import Image
 
-    chromium = _chromium()
-    url = report.resolve().as_uri()
-    common = [chromium, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}"]
+    url = page.resolve().as_uri()
+    common = [_chromium(), *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}"]
     dom = subprocess.run([*common, "--dump-dom", url], capture_output=True, text=True, timeout=120)
     assert dom.returncode == 0, dom.stderr[-2000:]
-    # The parsed DOM holds every inline SVG and the summary: the page parsed as HTML, not as text.
-    assert dom.stdout.count("<svg") == len(FIGURE_KEYS)
-    assert "<caption>Per job</caption>" in dom.stdout
-
-    png = tmp_path / "report.png"
+    png = tmp_path / "page.png"
     shot = subprocess.run([*common, "--enable-logging=stderr", "--v=0", f"--screenshot={png}",
-                           "--window-size=1400,4000", url], capture_output=True, text=True, timeout=120)
+                           f"--window-size=1400,{height}", url], capture_output=True, text=True, timeout=120)
     assert shot.returncode == 0, shot.stderr[-2000:]
     page_errors = [line for line in shot.stderr.splitlines() if "CONSOLE" in line or "Uncaught" in line]
     assert page_errors == []
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     image = Image.open(png).convert("RGB")
-    assert image.size == (1400, 4000)
-    colours = {c for _, c in image.getcolors(maxcolors=1 << 22) or []}
-    # The stacked bars drew: solid fills of the ideal, thermal DVFS and straggler-wait colours.
-    for hexcode in ("#2e7d32", "#c62828", "#fbc02d"):
+    assert image.size == (1400, height)
+    return dom.stdout, {c for _, c in image.getcolors(maxcolors=1 << 22) or []}
+
+
+def assert_filled(colours: set[tuple[int, int, int]], hexcodes: tuple[str, ...]) -> None:
+    """Each colour appears in the screenshot: the figures drawing it rendered."""
+    for hexcode in hexcodes:
         rgb = tuple(int(hexcode[i:i + 2], 16) for i in (1, 3, 5))
         assert rgb in colours, f"{hexcode} not in the screenshot: the figures did not render"
     assert len(colours) > 100
+
+
+def test_chromium_renders_the_report(report: Path, tmp_path: Path) -> None:
+    dom, colours = render_in_chromium(report, tmp_path, 4000)
+    # The parsed DOM holds every inline SVG and the summary: the page parsed as HTML, not as text.
+    assert dom.count("<svg") == len(FIGURE_KEYS)
+    assert "<caption>Per job</caption>" in dom
+    # The stacked bars drew: solid fills of the ideal, thermal DVFS and straggler-wait colours.
+    assert_filled(colours, ("#2e7d32", "#c62828", "#fbc02d"))

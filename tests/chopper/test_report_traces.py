@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -252,28 +251,8 @@ def test_cli_single_trace_file(tmp_path: Path, capsys: pytest.CaptureFixture[str
 
 
 def test_chromium_renders_the_trace_report(nccl_report: Path, tmp_path: Path) -> None:
-    from PIL import Image
-
-    chromium = run_report._chromium()
-    url = nccl_report.resolve().as_uri()
-    common = [chromium, *run_report.CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}"]
-    dom = subprocess.run([*common, "--dump-dom", url], capture_output=True, text=True, timeout=120)
-    assert dom.returncode == 0, dom.stderr[-2000:]
-    assert dom.stdout.count("<svg") == len(TRACE_KEYS)
-    assert "<caption>Per rank, GPU" in dom.stdout
-
-    png = tmp_path / "traces.png"
-    shot = subprocess.run([*common, "--enable-logging=stderr", "--v=0", f"--screenshot={png}",
-                           "--window-size=1400,7000", url], capture_output=True, text=True, timeout=120)
-    assert shot.returncode == 0, shot.stderr[-2000:]
-    page_errors = [line for line in shot.stderr.splitlines() if "CONSOLE" in line or "Uncaught" in line]
-    assert page_errors == []
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    image = Image.open(png).convert("RGB")
-    assert image.size == (1400, 7000)
-    colours = {c for _, c in image.getcolors(maxcolors=1 << 22) or []}
+    dom, colours = run_report.render_in_chromium(nccl_report, tmp_path, 7000)
+    assert dom.count("<svg") == len(TRACE_KEYS)
+    assert "<caption>Per rank, GPU" in dom
     # Solid fills of compute, communication / non-compute, idle, CPU-late and the overlap combination.
-    for hexcode in ("#2e7d32", "#1565c0", "#90a4ae", "#c62828", "#00897b"):
-        rgb = tuple(int(hexcode[i:i + 2], 16) for i in (1, 3, 5))
-        assert rgb in colours, f"{hexcode} not in the screenshot: the trace figures did not render"
-    assert len(colours) > 100
+    run_report.assert_filled(colours, ("#2e7d32", "#1565c0", "#90a4ae", "#c62828", "#00897b"))
