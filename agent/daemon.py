@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from agent.backends.base import Backend, BackendUnavailable, DeviceLost, MarkerObserver
 from agent.buffers import RingBuffer
+from agent.capture import CaptureManager
 from agent.config import AgentSettings
 from agent.delivery import Forwarder
 from agent.markers import ClosedStep, IngestResult, MarkerIngest, RankState
@@ -94,6 +95,8 @@ class Agent:
         self.open_streams: Counter[str] = Counter()
         self._count_lock = threading.Lock()
         self.ticker = FixedRateTicker(settings.sample_hz, self.tick, realtime_ns=realtime_ns)
+        # On-demand captures raise the ticker's rate for their window (docs/CAPTURE.md).
+        self.captures = CaptureManager(self.ticker, realtime_ns)
         self._history_len = max(16, int(STEP_HISTORY_S * settings.sample_hz))
         self._history: dict[int, deque[Sample]] = {}
         self._pending = SummaryQueue()

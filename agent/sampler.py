@@ -44,6 +44,21 @@ class FixedRateTicker:
         self.tick_errors_total = 0
         self.last_lag_s = 0.0
 
+    @property
+    def hz(self) -> float:
+        """The current rate, ticks per second."""
+        return 1e9 / self.period_ns
+
+    def set_hz(self, hz: float) -> None:
+        """Change the rate from any thread; it applies from the tick after the next one.
+
+        One int assignment is atomic in CPython, and the loop reads ``period_ns`` once per tick,
+        so no lock is needed; the tick already waited for keeps its old due time.
+        """
+        if not hz > 0:
+            raise ValueError(f"sample rate must be positive, got {hz}")
+        self.period_ns = round(1e9 / hz)
+
     def start(self) -> None:
         self._thread = threading.Thread(target=self.run, name="chopper-sampler", daemon=True)
         self._thread.start()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import grp
 import logging
 import os
+import queue
 import socket
 import threading
 import time
@@ -21,6 +22,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from agent.capture import CaptureBusy, CaptureError, CaptureInvalid, CaptureNotFound
 from agent.config import AgentSettings, ConfigError
 from agent.daemon import Agent
 from chopper.grpc_decode import Garbled, decoder
@@ -143,6 +145,56 @@ class AgentServicer:
         finally:
             agent.count(agent.open_streams, "Subscribe", -1)
 
+    def Control(self, request: Any, context: grpc.ServicerContext) -> Iterator[pb.ControlCommand]:
+        if isinstance(request, Garbled):
+            self.agent.count(self.agent.undecodable, "Control")
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"message is not a chopper.v1.ControlHello ({request.error})"
+            )
+        if not request.job:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "ControlHello needs the job name")
+        agent = self.agent
+        listener = agent.captures.attach(request.job, request.rank, request.pid)
+        agent.count(agent.open_streams, "Control")
+        try:
+            while context.is_active():
+                try:
+                    # The timeout only lets the loop notice a client that went away.
+                    yield listener.commands.get(timeout=IDLE_WAIT_S)
+                except queue.Empty:
+                    continue
+        finally:
+            agent.captures.detach(listener)
+            agent.count(agent.open_streams, "Control", -1)
+
+    def RequestCapture(self, request: Any, context: grpc.ServicerContext) -> pb.CaptureReply:
+        if isinstance(request, Garbled):
+            self.agent.count(self.agent.undecodable, "RequestCapture")
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"message is not a chopper.v1.CaptureRequest ({request.error})"
+            )
+        codes: dict[type[CaptureError], grpc.StatusCode] = {
+            CaptureNotFound: grpc.StatusCode.NOT_FOUND,
+            CaptureBusy: grpc.StatusCode.FAILED_PRECONDITION,
+            CaptureInvalid: grpc.StatusCode.INVALID_ARGUMENT,
+        }
+        try:
+            reply = self.agent.captures.request(request)
+        except CaptureError as exc:
+            context.abort(codes.get(type(exc), grpc.StatusCode.INVALID_ARGUMENT), str(exc))
+        log.info("event=capture_done job=%s id=%s ranks=%d missing=%s", request.job, reply.capture_id,
+                 len(reply.results), list(reply.missing_ranks))
+        return reply
+
+    def ReportCapture(self, request: Any, context: grpc.ServicerContext) -> pb.CaptureAck:
+        if isinstance(request, Garbled):
+            self.agent.count(self.agent.undecodable, "ReportCapture")
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"message is not a chopper.v1.CaptureResult ({request.error})"
+            )
+        self.agent.captures.report(request)
+        return pb.CaptureAck()
+
 
 def _handlers(servicer: AgentServicer) -> grpc.GenericRpcHandler:
     return grpc.method_handlers_generic_handler(
@@ -156,6 +208,15 @@ def _handlers(servicer: AgentServicer) -> grpc.GenericRpcHandler:
             ),
             "Subscribe": grpc.unary_stream_rpc_method_handler(
                 servicer.Subscribe, decoder(pb.SubscribeRequest.FromString), pb.TelemetryBatch.SerializeToString
+            ),
+            "Control": grpc.unary_stream_rpc_method_handler(
+                servicer.Control, decoder(pb.ControlHello.FromString), pb.ControlCommand.SerializeToString
+            ),
+            "RequestCapture": grpc.unary_unary_rpc_method_handler(
+                servicer.RequestCapture, decoder(pb.CaptureRequest.FromString), pb.CaptureReply.SerializeToString
+            ),
+            "ReportCapture": grpc.unary_unary_rpc_method_handler(
+                servicer.ReportCapture, decoder(pb.CaptureResult.FromString), pb.CaptureAck.SerializeToString
             ),
         },
     )

@@ -1,6 +1,6 @@
 """``chopper``: the command line.
 
-Subcommands: ``demo``, ``info``, ``steps``, ``record``, ``attribute``, ``report``, ``trace``.
+Subcommands: ``demo``, ``info``, ``steps``, ``record``, ``capture``, ``attribute``, ``report``, ``trace``.
 """
 from __future__ import annotations
 
@@ -42,6 +42,17 @@ def build_parser() -> argparse.ArgumentParser:
     record.add_argument("--since-buffer", action="store_true",
                         help="start with what the agent's buffers still hold instead of from now on")
     record.add_argument("--force", action="store_true", help="write into a non-empty --out directory")
+    capture = sub.add_parser("capture", help="profile the next N steps of a job with torch.profiler and record "
+                                             "the same window at a raised sample rate (docs/CAPTURE.md)")
+    capture.add_argument("--agent", default=DEFAULT_AGENT, help=f"agent gRPC target (default {DEFAULT_AGENT})")
+    capture.add_argument("--job", required=True, help="job to profile (as its processes passed to chopper.init)")
+    capture.add_argument("--steps", type=_positive(int), required=True, help="steps to profile")
+    capture.add_argument("--ranks", default=None, help="comma-separated ranks (default: every rank on this node)")
+    capture.add_argument("--out", default=None, help="directory to write (default capture-JOB-TIME)")
+    capture.add_argument("--sample-hz", type=_positive(float), default=None,
+                         help="agent sample rate during the capture (default 100)")
+    capture.add_argument("--timeout", type=_positive(float), default=600.0,
+                         help="seconds to wait for the ranks to finish (default 600)")
     attribute = sub.add_parser("attribute", help="per-step time attribution of a recorded run")
     attribute.add_argument("run_dir", metavar="RUN_DIR", help="recorded run directory (chopper record)")
     attribute.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -68,6 +79,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _record(args)
     if args.command == "attribute":
         return _attribute(args)
+    if args.command == "capture":
+        from chopper.capture import main_capture
+
+        return main_capture(args.agent, args.job, int(args.steps), args.ranks, args.out, args.sample_hz or 0.0,
+                            args.timeout)
     if args.command == "report":
         return _report(args)
     if args.command == "trace":

@@ -94,11 +94,16 @@ class _Step:
         c = self._c
         c._step = self._i
         c._put(_STEP_BEGIN, self._i, "", None, None, None)
+        if c._capturing:  # one attribute read when no capture is asked for
+            c._capture_step_begin(self._i)
         return self
 
     def __exit__(self, *exc: object) -> None:
         # The end marker is written even when the body raised: the window still happened.
-        self._c._put(_STEP_END, self._i, "", self._flops, self._tokens, None)
+        c = self._c
+        if c._capturing:
+            c._capture_step_end()
+        c._put(_STEP_END, self._i, "", self._flops, self._tokens, None)
 
 
 class _Phase:
@@ -151,6 +156,23 @@ class _Stream:
         self.confirmed = 0  # batches confirmed written on this stream
 
 
+class _Capture:
+    """One running on-demand capture (docs/CAPTURE.md): the profiler and the steps it covered."""
+
+    __slots__ = ("abort", "begin_ns", "capture_id", "done", "end_ns", "prof", "range", "steps", "trace_dir")
+
+    def __init__(self, capture_id: str, steps: int, trace_dir: str, prof: Any) -> None:
+        self.capture_id = capture_id
+        self.steps = steps
+        self.trace_dir = trace_dir
+        self.prof = prof
+        self.range: Any = None  # the open ProfilerStep#N record_function
+        self.done = 0
+        self.begin_ns = 0
+        self.end_ns = 0
+        self.abort = ""  # why to stop early, set by the control thread
+
+
 class Client:
     """Marker queue plus the background sender for one training process.
 
@@ -168,6 +190,8 @@ class Client:
         device_clock: When given, markers carry device-event timestamps (ClockSource DEVICE).
         pid: Process id sent with every batch.
         start: Start the sender thread now (tests may start it later with ``start()``).
+        control: Also hold a ``Control`` stream so that ``chopper capture`` can profile this
+            process (docs/CAPTURE.md).
     """
 
     def __init__(
@@ -185,6 +209,7 @@ class Client:
         device_clock: DeviceClock | None = None,
         pid: int | None = None,
         start: bool = True,
+        control: bool = True,
     ) -> None:
         self.job = job
         self.rank = rank
@@ -222,6 +247,16 @@ class Client:
         self._channel: Any = None
         self._stream: _Stream | None = None
         self._thread: threading.Thread | None = None
+        # On-demand capture: the control thread stores a command, the training thread acts on it
+        # at its next step entry (the profiler must run in the thread that trains).
+        self._control = control
+        self._control_thread: threading.Thread | None = None
+        self._control_call: Any = None
+        self._capturing = False  # a command is pending or a capture runs: the hot path's only check
+        self._capture_cmd: Any = None
+        self._capture: _Capture | None = None
+        self._capture_lock = threading.Lock()
+        self.capture_results: list[dict[str, Any]] = []
         if start:
             self.start()
 
@@ -258,6 +293,9 @@ class Client:
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="chopper-sender", daemon=True)
             self._thread.start()
+        if self._control and self._control_thread is None:
+            self._control_thread = threading.Thread(target=self._control_run, name="chopper-control", daemon=True)
+            self._control_thread.start()
 
     def stats(self) -> dict[str, Any]:
         """Counters since construction.
@@ -301,6 +339,16 @@ class Client:
         Markers made after this call are dropped and counted.
         """
         try:
+            self._stop_event.set()
+            if self._capture is not None:
+                # Training ended inside a capture window: write what was profiled.
+                self._capture_finish(f"training stopped after {self._capture.done} of {self._capture.steps} steps")
+            call = self._control_call
+            if call is not None:
+                call.cancel()
+        except Exception:
+            logger.debug("event=capture_shutdown_error", exc_info=True)
+        try:
             self._cap = 0
             self._stopping = True
             self._stop_event.set()
@@ -316,6 +364,176 @@ class Client:
                 self._done.wait(0.5)
         except Exception:
             logger.debug("event=shutdown_error", exc_info=True)
+
+    # ----------------------------------------------------------------------------- capture
+
+    def _capture_step_begin(self, step: int) -> None:
+        """Training thread, at a step entry: start a pending capture, open this step's range."""
+        try:
+            cap = self._capture
+            if cap is not None and cap.abort:
+                self._capture_finish(cap.abort)
+                return
+            if cap is None:
+                with self._capture_lock:
+                    cmd, self._capture_cmd = self._capture_cmd, None
+                if cmd is None:
+                    self._capturing = False
+                    return
+                cap = self._capture_start(cmd)
+                if cap is None:
+                    return
+            import torch
+
+            # Our own ProfilerStep#N ranges, not prof.step(): they span exactly the marked step,
+            # so the trace's iterations and the recorded markers agree step for step.
+            cap.range = torch.profiler.record_function(f"ProfilerStep#{step}")
+            cap.range.__enter__()
+            if not cap.begin_ns:
+                cap.begin_ns = time.time_ns()
+        except Exception as e:
+            self._capture_failed(f"{type(e).__name__}: {e}")
+
+    def _capture_start(self, cmd: Any) -> _Capture | None:
+        """Start ``torch.profiler`` for a capture command; None (and a report) when it cannot."""
+        try:
+            import torch
+            from torch.profiler import ProfilerActivity, profile
+
+            activities = [ProfilerActivity.CPU]
+            if torch.cuda.is_available():  # also true on ROCm builds, where Kineto traces HIP
+                activities.append(ProfilerActivity.CUDA)
+            prof = profile(activities=activities, record_shapes=False)
+            prof.start()
+        except Exception as e:
+            self._capturing = False
+            self._report(cmd.capture_id, "", 0, f"cannot start torch.profiler: {type(e).__name__}: {e}", 0, 0)
+            return None
+        cap = _Capture(cmd.capture_id, max(1, cmd.steps), cmd.trace_dir, prof)
+        self._capture = cap
+        logger.info("event=capture_started id=%s steps=%d trace_dir=%s", cap.capture_id, cap.steps, cap.trace_dir)
+        return cap
+
+    def _capture_step_end(self) -> None:
+        """Training thread, at a step exit: close the step's range; finish after the last step."""
+        try:
+            cap = self._capture
+            if cap is None or cap.range is None:
+                return
+            cap.range.__exit__(None, None, None)
+            cap.range = None
+            cap.done += 1
+            cap.end_ns = time.time_ns()
+            if cap.done >= cap.steps:
+                self._capture_finish("")
+        except Exception as e:
+            self._capture_failed(f"{type(e).__name__}: {e}")
+
+    def _capture_finish(self, error: str) -> None:
+        """Stop the profiler, write the trace (partial when ``error``), report to the agent."""
+        cap = self._capture
+        if cap is None:
+            return
+        self._capture = None
+        self._capturing = self._capture_cmd is not None
+        path = ""
+        try:
+            if cap.range is not None:
+                cap.range.__exit__(None, None, None)
+                cap.range = None
+            cap.prof.stop()
+            out = os.path.join(cap.trace_dir, f"rank{self.rank}.pt.trace.json.gz")
+            os.makedirs(cap.trace_dir, exist_ok=True)
+            cap.prof.export_chrome_trace(out)
+            path = out
+        except Exception as e:
+            error = f"{error}; " if error else ""
+            error += f"could not write the trace: {type(e).__name__}: {e}"
+        logger.info("event=capture_done id=%s steps=%d path=%s error=%r", cap.capture_id, cap.done, path, error)
+        self._report(cap.capture_id, path, cap.done, error, cap.begin_ns, cap.end_ns)
+
+    def _capture_failed(self, error: str) -> None:
+        # Profiling must never break training: give the capture up, report why.
+        logger.warning("event=capture_failed error=%r", error)
+        try:
+            self._capture_finish(error)
+        except Exception:
+            self._capture = None
+            self._capturing = False
+
+    def _report(self, capture_id: str, path: str, steps: int, error: str, begin_ns: int, end_ns: int) -> None:
+        """Tell the agent how this rank's part ended, from a short-lived thread (never blocks training)."""
+        result: dict[str, Any] = {"capture_id": capture_id, "job": self.job, "rank": self.rank, "pid": self.pid,
+                  "trace_path": path, "steps": steps, "error": error, "begin_ns": begin_ns, "end_ns": end_ns}
+        self.capture_results.append(result)
+
+        def send() -> None:
+            try:
+                import grpc
+
+                from chopper.proto.chopper.v1 import agent_pb2, agent_pb2_grpc
+
+                with grpc.insecure_channel(self.target) as channel:
+                    agent_pb2_grpc.AgentStub(channel).ReportCapture(agent_pb2.CaptureResult(**result), timeout=5.0)
+            except Exception as e:  # the agent may be gone: the trace on disk is what matters
+                logger.info("event=capture_report_failed error=%r", str(e))
+
+        threading.Thread(target=send, name="chopper-capture-report", daemon=True).start()
+
+    def _control_run(self) -> None:
+        """Control thread: hold one ``Control`` stream, reconnecting; store capture commands."""
+        try:
+            import grpc
+
+            from chopper.proto.chopper.v1 import agent_pb2, agent_pb2_grpc
+        except Exception:
+            return
+        backoff = self._initial_backoff
+        channel = grpc.insecure_channel(self.target)
+        try:
+            stub = agent_pb2_grpc.AgentStub(channel)
+            hello = agent_pb2.ControlHello(job=self.job, rank=self.rank, pid=self.pid)
+            while not self._stop_event.is_set():
+                try:
+                    call = stub.Control(hello, wait_for_ready=False)
+                    self._control_call = call
+                    if self._stop_event.is_set():
+                        call.cancel()
+                    for command in call:
+                        backoff = self._initial_backoff
+                        if command.HasField("capture"):
+                            self._on_capture_command(command.capture)
+                except grpc.RpcError as e:
+                    if e.code() == grpc.StatusCode.UNIMPLEMENTED:
+                        return  # an agent older than captures: nothing to listen for
+                except Exception:
+                    logger.debug("event=control_error", exc_info=True)
+                self._control_lost()
+                self._stop_event.wait(backoff)
+                backoff = min(backoff * 2, self._max_backoff)
+        finally:
+            channel.close()
+
+    def _on_capture_command(self, cmd: Any) -> None:
+        with self._capture_lock:
+            if self._capture is not None or self._capture_cmd is not None:
+                busy = True
+            else:
+                busy = False
+                self._capture_cmd = cmd
+                self._capturing = True
+        if busy:
+            self._report(cmd.capture_id, "", 0, "this process is already capturing", 0, 0)
+
+    def _control_lost(self) -> None:
+        """The agent went away: drop a pending command, end a running capture at the next step."""
+        with self._capture_lock:
+            self._capture_cmd = None
+        cap = self._capture
+        if cap is not None and not cap.abort:
+            cap.abort = f"the agent went away after {cap.done} of {cap.steps} steps; trace is partial"
+        elif cap is None:
+            self._capturing = False
 
     # ------------------------------------------------------------------------------ sender
 

@@ -276,3 +276,87 @@ class TelemetryBatch(_message.Message):
     step_summaries: _containers.RepeatedCompositeFieldContainer[StepSummary]
     missed_total: int
     def __init__(self, samples: _Optional[_Iterable[_Union[Sample, _Mapping]]] = ..., markers: _Optional[_Iterable[_Union[MarkerRecord, _Mapping]]] = ..., step_summaries: _Optional[_Iterable[_Union[StepSummary, _Mapping]]] = ..., missed_total: _Optional[int] = ...) -> None: ...
+
+class ControlHello(_message.Message):
+    __slots__ = ("job", "rank", "pid")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    rank: int
+    pid: int
+    def __init__(self, job: _Optional[str] = ..., rank: _Optional[int] = ..., pid: _Optional[int] = ...) -> None: ...
+
+class CaptureCommand(_message.Message):
+    __slots__ = ("capture_id", "steps", "trace_dir")
+    CAPTURE_ID_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    TRACE_DIR_FIELD_NUMBER: _ClassVar[int]
+    capture_id: str
+    steps: int
+    trace_dir: str
+    def __init__(self, capture_id: _Optional[str] = ..., steps: _Optional[int] = ..., trace_dir: _Optional[str] = ...) -> None: ...
+
+class ControlCommand(_message.Message):
+    __slots__ = ("capture",)
+    CAPTURE_FIELD_NUMBER: _ClassVar[int]
+    capture: CaptureCommand
+    def __init__(self, capture: _Optional[_Union[CaptureCommand, _Mapping]] = ...) -> None: ...
+
+class CaptureRequest(_message.Message):
+    __slots__ = ("job", "steps", "ranks", "out_dir", "sample_hz", "timeout_s")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    OUT_DIR_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_HZ_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    steps: int
+    ranks: _containers.RepeatedScalarFieldContainer[int]
+    out_dir: str
+    sample_hz: float
+    timeout_s: float
+    def __init__(self, job: _Optional[str] = ..., steps: _Optional[int] = ..., ranks: _Optional[_Iterable[int]] = ..., out_dir: _Optional[str] = ..., sample_hz: _Optional[float] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+
+class CaptureResult(_message.Message):
+    __slots__ = ("capture_id", "job", "rank", "pid", "trace_path", "steps", "error", "begin_ns", "end_ns")
+    CAPTURE_ID_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    TRACE_PATH_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    BEGIN_NS_FIELD_NUMBER: _ClassVar[int]
+    END_NS_FIELD_NUMBER: _ClassVar[int]
+    capture_id: str
+    job: str
+    rank: int
+    pid: int
+    trace_path: str
+    steps: int
+    error: str
+    begin_ns: int
+    end_ns: int
+    def __init__(self, capture_id: _Optional[str] = ..., job: _Optional[str] = ..., rank: _Optional[int] = ..., pid: _Optional[int] = ..., trace_path: _Optional[str] = ..., steps: _Optional[int] = ..., error: _Optional[str] = ..., begin_ns: _Optional[int] = ..., end_ns: _Optional[int] = ...) -> None: ...
+
+class CaptureAck(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class CaptureReply(_message.Message):
+    __slots__ = ("capture_id", "results", "sample_hz", "started_ns", "ended_ns", "missing_ranks")
+    CAPTURE_ID_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_HZ_FIELD_NUMBER: _ClassVar[int]
+    STARTED_NS_FIELD_NUMBER: _ClassVar[int]
+    ENDED_NS_FIELD_NUMBER: _ClassVar[int]
+    MISSING_RANKS_FIELD_NUMBER: _ClassVar[int]
+    capture_id: str
+    results: _containers.RepeatedCompositeFieldContainer[CaptureResult]
+    sample_hz: float
+    started_ns: int
+    ended_ns: int
+    missing_ranks: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, capture_id: _Optional[str] = ..., results: _Optional[_Iterable[_Union[CaptureResult, _Mapping]]] = ..., sample_hz: _Optional[float] = ..., started_ns: _Optional[int] = ..., ended_ns: _Optional[int] = ..., missing_ranks: _Optional[_Iterable[int]] = ...) -> None: ...

@@ -51,6 +51,21 @@ class AgentStub:
                 request_serializer=chopper_dot_proto_dot_chopper_dot_v1_dot_agent__pb2.SubscribeRequest.SerializeToString,
                 response_deserializer=chopper_dot_proto_dot_chopper_dot_v1_dot_agent__pb2.TelemetryBatch.FromString,
                 _registered_method=True)
+        self.Control = channel.unary_stream(
+                '/chopper.v1.Agent/Control',
+                request_serializer=chopper_dot_proto_dot_chopper_dot_v1_dot_agent__pb2.ControlHello.SerializeToString,
+                response_deserializer=chopper_dot_proto_dot_chopper_dot_v1_dot_agent__pb2.ControlCommand.FromString,
+                _registered_method=True)
+        self.RequestCapture = channel.unary_unary(
+                '/chopper.v1.Agent/RequestCapture',
+                request_serializer=chopper_dot_proto_dot_chopper_dot_v1_dot_agent__pb2.CaptureRequest.SerializeToString,
+                response_deserializer=chopper_dot_proto_dot_chopper_dot_v1_dot_agent__pb2.CaptureReply.FromString,
+                _registered_method=True)
+        self.ReportCapture = channel.unary_unary(
+                '/chopper.v1.Agent/ReportCapture',
+                request_serializer=chopper_dot_proto_dot_chopper_dot_v1_dot_agent__pb2.CaptureResult.SerializeToString,
+                response_deserializer=chopper_dot_proto_dot_chopper_dot_v1_dot_agent__pb2.CaptureAck.FromString,
+                _registered_method=True)
 
 
 class AgentServicer:
@@ -80,6 +95,30 @@ class AgentServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Control(self, request, context):
+        """A training process opens this once, next to PushMarkers; the agent streams it commands
+        (on-demand deep capture, docs/CAPTURE.md) until either side goes away.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RequestCapture(self, request, context):
+        """`chopper capture`: profile the next N steps of a job's ranks. Answers when every chosen rank
+        reported back, or the capture timed out; NOT_FOUND for a job with no connected process,
+        FAILED_PRECONDITION while another capture of the job runs.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReportCapture(self, request, context):
+        """A training process reports how its part of a capture ended.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -97,6 +136,21 @@ def add_AgentServicer_to_server(servicer, server):
                     servicer.Subscribe,
                     request_deserializer=chopper_dot_proto_dot_chopper_dot_v1_dot_agent__pb2.SubscribeRequest.FromString,
                     response_serializer=chopper_dot_proto_dot_chopper_dot_v1_dot_agent__pb2.TelemetryBatch.SerializeToString,
+            ),
+            'Control': grpc.unary_stream_rpc_method_handler(
+                    servicer.Control,
+                    request_deserializer=chopper_dot_proto_dot_chopper_dot_v1_dot_agent__pb2.ControlHello.FromString,
+                    response_serializer=chopper_dot_proto_dot_chopper_dot_v1_dot_agent__pb2.ControlCommand.SerializeToString,
+            ),
+            'RequestCapture': grpc.unary_unary_rpc_method_handler(
+                    servicer.RequestCapture,
+                    request_deserializer=chopper_dot_proto_dot_chopper_dot_v1_dot_agent__pb2.CaptureRequest.FromString,
+                    response_serializer=chopper_dot_proto_dot_chopper_dot_v1_dot_agent__pb2.CaptureReply.SerializeToString,
+            ),
+            'ReportCapture': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportCapture,
+                    request_deserializer=chopper_dot_proto_dot_chopper_dot_v1_dot_agent__pb2.CaptureResult.FromString,
+                    response_serializer=chopper_dot_proto_dot_chopper_dot_v1_dot_agent__pb2.CaptureAck.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -182,6 +236,87 @@ class Agent:
             '/chopper.v1.Agent/Subscribe',
             chopper_dot_proto_dot_chopper_dot_v1_dot_agent__pb2.SubscribeRequest.SerializeToString,
             chopper_dot_proto_dot_chopper_dot_v1_dot_agent__pb2.TelemetryBatch.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Control(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/chopper.v1.Agent/Control',
+            chopper_dot_proto_dot_chopper_dot_v1_dot_agent__pb2.ControlHello.SerializeToString,
+            chopper_dot_proto_dot_chopper_dot_v1_dot_agent__pb2.ControlCommand.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RequestCapture(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/chopper.v1.Agent/RequestCapture',
+            chopper_dot_proto_dot_chopper_dot_v1_dot_agent__pb2.CaptureRequest.SerializeToString,
+            chopper_dot_proto_dot_chopper_dot_v1_dot_agent__pb2.CaptureReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportCapture(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/chopper.v1.Agent/ReportCapture',
+            chopper_dot_proto_dot_chopper_dot_v1_dot_agent__pb2.CaptureResult.SerializeToString,
+            chopper_dot_proto_dot_chopper_dot_v1_dot_agent__pb2.CaptureAck.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,142 @@
+"""``chopper capture``: profile the next N steps of a job and record the same window (docs/CAPTURE.md).
+
+Algorithm:
+
+1. Refuse a non-empty ``out`` (as ``chopper record`` does), create it.
+2. Start recording the agent's samples and markers from now on (``chopper.record`` in a thread),
+   so the run covers the whole window however fast the capture starts.
+3. ``RequestCapture(job, steps, ranks, out/traces)``: the agent tells the chosen ranks' processes
+   over their ``Control`` streams, raises its sample rate and answers when every rank reported
+   (each wrote ``traces/rank<R>.pt.trace.json.gz``), a process went away, or the timeout passed.
+4. Let the last samples of the window arrive, stop recording, write the run and
+   ``capture.jsonl`` (what each rank reported). A rejected request removes the directory again.
+
+Exit codes: 0 every chosen rank wrote a full trace; 1 a rank is missing or partial, or the agent
+went away (what was recorded is still written); 2 the request was refused (no such job, a capture
+already running, bad arguments).
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from chopper.record import RecordStats
+
+# After the reply: samples of the last profiled step reach the recorder within a batch interval
+# and a tick, so this pause keeps the window's tail in the run.
+TAIL_S = 0.5
+TRACES_DIR = "traces"
+
+
+@dataclass
+class CaptureOutcome:
+    """What ``run_capture`` did; ``code`` is the exit status."""
+
+    code: int
+    message: str
+
+
+def run_capture(target: str, job: str, steps: int, ranks: list[int], out: Path, *, sample_hz: float = 0.0,
+                timeout_s: float = 600.0) -> CaptureOutcome:
+    """Run one capture end to end (module docstring); never raises for agent or request errors."""
+    import grpc
+
+    from chopper import consumer
+    from chopper.proto.chopper.v1 import agent_pb2 as pb
+    from chopper.record import RecordError, check_output, record
+
+    out = out.absolute()
+    try:
+        check_output(out)
+    except RecordError as exc:
+        return CaptureOutcome(2, str(exc))
+    created = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        consumer.wait_for_info(target, timeout_s=5.0)
+    except consumer.AgentUnreachable as exc:
+        _remove(out, created)
+        return CaptureOutcome(1, str(exc))
+
+    stop = threading.Event()
+    recorded: list[RecordStats] = []
+    failed: list[str] = []
+
+    def recorder() -> None:
+        try:
+            recorded.append(record(target, out, None, time.time_ns(), stop, force=True))
+        except Exception as exc:  # reported below; the capture itself still answers
+            failed.append(f"{type(exc).__name__}: {exc}")
+
+    thread = threading.Thread(target=recorder, name="chopper-capture-record", daemon=True)
+    thread.start()
+    request = pb.CaptureRequest(job=job, steps=steps, ranks=ranks, out_dir=str(out / TRACES_DIR),
+                                sample_hz=sample_hz, timeout_s=timeout_s)
+    channel, stub = consumer.connect(target)
+    try:
+        reply = stub.RequestCapture(request, timeout=timeout_s + 30.0)
+    except grpc.RpcError as exc:
+        code = exc.code()
+        stop.set()
+        thread.join()
+        if code in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION,
+                    grpc.StatusCode.INVALID_ARGUMENT):
+            _remove(out, created)
+            return CaptureOutcome(2, f"capture refused: {exc.details()}")
+        return CaptureOutcome(1, f"the agent went away during the capture ({code.name}: {exc.details()}); "
+                                 f"the run in {out} holds what was recorded until then; traces the ranks "
+                                 f"wrote are in {out / TRACES_DIR}")
+    finally:
+        channel.close()
+    time.sleep(TAIL_S)
+    stop.set()
+    thread.join()
+    _write_manifest(out, job, steps, reply)
+    problems = [f"rank {r.rank}: {r.error}" for r in reply.results if r.error]
+    problems += [f"rank {r}: did not report (process gone or timeout)" for r in reply.missing_ranks]
+    problems += [f"recording failed: {f}" for f in failed]
+    summary = (f"captured {steps} step(s) of job {job} on rank(s) {[r.rank for r in reply.results]} at "
+               f"{reply.sample_hz:g} Hz into {out}")
+    if recorded:
+        summary += f" ({recorded[0].samples} samples, {recorded[0].markers} markers)"
+    if problems:
+        return CaptureOutcome(1, summary + "; problems: " + "; ".join(problems))
+    return CaptureOutcome(0, summary)
+
+
+def _remove(out: Path, created: bool) -> None:
+    # Only a directory this command created: a refused capture leaves no half-empty run behind.
+    if created:
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def _write_manifest(out: Path, job: str, steps: int, reply: Any) -> None:
+    """``capture.jsonl``: one header line, then one line per rank (not ``.json``: trace globs skip it)."""
+    lines = [{"capture_id": reply.capture_id, "job": job, "steps": steps, "sample_hz": reply.sample_hz,
+              "started_ns": reply.started_ns, "ended_ns": reply.ended_ns,
+              "missing_ranks": list(reply.missing_ranks)}]
+    lines += [{"rank": r.rank, "pid": r.pid, "trace_path": r.trace_path, "steps": r.steps, "error": r.error,
+               "begin_ns": r.begin_ns, "end_ns": r.end_ns} for r in reply.results]
+    (out / "capture.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+
+def main_capture(target: str, job: str, steps: int, ranks: str | None, out: str | None, sample_hz: float,
+                 timeout_s: float) -> int:
+    """The ``chopper capture`` subcommand; prints the outcome and returns the exit status."""
+    try:
+        rank_list = [int(r) for r in ranks.split(",") if r.strip()] if ranks else []
+    except ValueError:
+        print(f"chopper: --ranks must be comma-separated integers, got {ranks!r}", file=sys.stderr)
+        return 2
+    path = Path(out) if out else Path(f"capture-{job}-{time.strftime('%Y%m%d-%H%M%S')}")
+    outcome = run_capture(target, job, steps, rank_list, path, sample_hz=sample_hz, timeout_s=timeout_s)
+    print(outcome.message if outcome.code == 0 else f"chopper: {outcome.message}",
+          file=sys.stdout if outcome.code == 0 else sys.stderr)
+    return outcome.code

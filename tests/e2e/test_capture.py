@@ -1,0 +1,108 @@
+"""``chopper capture`` against a real agent process and the real demo training job (docs/CAPTURE.md)."""
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from tests.e2e.conftest import AgentProcess, finish_training, metric_sum, start_training, wait_until
+
+
+def capture(target: str, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "chopper.cli", "capture", "--agent", target, *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def step_events(path: Path) -> list[dict]:
+    """The ``ProfilerStep#`` annotations of one Kineto trace.
+
+    Read as JSON rather than with ``chopper.trace.load_traces``: on a CPU-only machine the traces
+    hold no GPU kernels, which the kernel-level reader refuses by design.
+    """
+    with gzip.open(path, "rt") as fh:
+        events = json.load(fh)["traceEvents"]
+    return [e for e in events if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#")]
+
+
+def profiler_steps(trace_dir: Path) -> dict[int, int]:
+    """``ProfilerStep#`` annotations per rank (rank from the file name)."""
+    return {int(p.name.split(".")[0].removeprefix("rank")): len(step_events(p))
+            for p in sorted(trace_dir.glob("rank*.json.gz"))}
+
+
+def wait_for_steps(agent: AgentProcess, steps: int = 2) -> None:
+    assert wait_until(lambda: metric_sum(agent.metrics(), "chopper_rank_steps_total", job="e2e", rank="1") >= steps,
+                      timeout_s=60), "training never started stepping"
+
+
+@pytest.mark.slow
+def test_capture_profiles_n_steps_and_records_the_window_at_a_raised_rate(agent_process: AgentProcess,
+                                                                           tmp_path: Path) -> None:
+    training = start_training(agent_process.target, ranks=2, duration_s=12.0)
+    wait_for_steps(agent_process)
+    out = tmp_path / "cap"
+    proc = capture(agent_process.target, "--job", "e2e", "--steps", "3", "--ranks", "0,1", "--out", str(out))
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0, stderr
+    assert "captured 3 step(s) of job e2e" in stdout
+    finish_training(training)
+
+    assert profiler_steps(out / "traces") == {0: 3, 1: 3}
+    header, *ranks = (json.loads(line) for line in (out / "capture.jsonl").read_text().splitlines())
+    assert header["sample_hz"] == 100.0 and header["missing_ranks"] == []
+    assert [r["steps"] for r in ranks] == [3, 3] and all(r["error"] == "" for r in ranks)
+
+    # The agent sampled at 100 Hz during the profiled steps (20 Hz otherwise).
+    samples = pd.read_parquet(out / "samples.parquet")
+    begin, end = min(r["begin_ns"] for r in ranks), max(r["end_ns"] for r in ranks)
+    window = samples[(samples.gpu == 0) & (samples.ts_ns >= begin) & (samples.ts_ns <= end)].ts_ns.sort_values()
+    assert len(window) >= 5
+    assert window.diff().dropna().median() < 20e6
+
+    # Kineto's ts is µs on its own clock; baseTimeNanoseconds puts it on CLOCK_REALTIME, the
+    # markers' axis (docs/CAPTURE.md).
+    path = out / "traces" / "rank0.pt.trace.json.gz"
+    with gzip.open(path, "rt") as fh:
+        base_ns = int(json.load(fh)["baseTimeNanoseconds"])
+    first_us = min(float(e["ts"]) for e in step_events(path))
+    assert abs(base_ns + first_us * 1000 - ranks[0]["begin_ns"]) < 50e6
+
+    attributed = subprocess.run([sys.executable, "-m", "chopper.cli", "attribute", str(out), "--json"],
+                                capture_output=True, text=True, timeout=120)
+    assert attributed.returncode == 0, attributed.stderr
+
+
+@pytest.mark.slow
+def test_capture_refusals_and_agent_killed_mid_capture(agent_process: AgentProcess, tmp_path: Path) -> None:
+    missing = capture(agent_process.target, "--job", "nope", "--steps", "2", "--out", str(tmp_path / "none"))
+    _, err = missing.communicate(timeout=60)
+    assert missing.returncode == 2
+    assert "no training process of job 'nope'" in err
+    assert not (tmp_path / "none").exists()
+
+    training = start_training(agent_process.target, ranks=2, duration_s=12.0)
+    wait_for_steps(agent_process)
+    long = capture(agent_process.target, "--job", "e2e", "--steps", "100000", "--out", str(tmp_path / "long"))
+    second = None
+    for _ in range(50):  # the first request may still be on its way to the agent
+        second = capture(agent_process.target, "--job", "e2e", "--steps", "2", "--out", str(tmp_path / "second"))
+        _, err = second.communicate(timeout=60)
+        if "capture already running for job e2e since" in err:
+            break
+    assert second is not None and second.returncode == 2, err
+    assert "capture already running for job e2e since" in err
+
+    agent_process.kill()
+    _, err = long.communicate(timeout=60)
+    assert long.returncode == 1
+    assert "agent went away" in err
+    sent = finish_training(training)  # training carries on without its agent
+    assert all(counts["steps"] > 0 for counts in sent.values())
+    partial = profiler_steps(tmp_path / "long" / "traces")
+    assert set(partial) == {0, 1}
+    assert all(0 < n < 100000 for n in partial.values())
