@@ -1,0 +1,271 @@
+"""``chopper.torch.instrument`` on real 2-rank gloo training (DDP and FSDP2) against a real gRPC servicer."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import tempfile
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from concurrent import futures
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+import chopper
+import chopper.torch as ctorch
+from chopper.attribution.exposed_comm import exposed_seconds
+from chopper.attribution.markers import paired_intervals
+from chopper.proto.chopper.v1 import agent_pb2, agent_pb2_grpc
+from chopper.schema import MarkerKind
+
+VOCAB, DIM, HEADS, LAYERS, SEQ, BATCH, STEPS = 256, 128, 4, 2, 32, 4, 4
+PHASES = ("forward", "backward", "optimizer")
+
+
+class Block(nn.Module):
+    """Pre-norm causal self-attention and MLP."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ln1 = nn.LayerNorm(DIM)
+        self.attn = nn.MultiheadAttention(DIM, HEADS, batch_first=True)
+        self.ln2 = nn.LayerNorm(DIM)
+        self.mlp = nn.Sequential(nn.Linear(DIM, 4 * DIM), nn.GELU(), nn.Linear(4 * DIM, DIM))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.ln1(x)
+        mask = torch.triu(torch.ones(x.shape[1], x.shape[1], dtype=torch.bool), 1)
+        x = x + self.attn(h, h, h, attn_mask=mask, need_weights=False)[0]
+        return x + self.mlp(self.ln2(x))
+
+
+class Decoder(nn.Module):
+    """A small decoder-only language model."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, DIM)
+        self.layers = nn.ModuleList(Block() for _ in range(LAYERS))
+        self.head = nn.Linear(DIM, VOCAB)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens)
+        for layer in self.layers:
+            x = layer(x)
+        # A fresh tensor, not the Linear's reshaped view: FSDP2 warns about view outputs.
+        return self.head(x).clone()
+
+
+class Recorder(agent_pb2_grpc.AgentServicer):
+    """A minimal agent keeping every (rank, marker) it receives."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.rows: list[tuple[int, agent_pb2.Marker]] = []
+
+    def PushMarkers(self, request_iterator: Iterator[agent_pb2.MarkerBatch], context: grpc.ServicerContext):
+        n = 0
+        for batch in request_iterator:
+            with self.lock:
+                self.rows += [(batch.rank, m) for m in batch.markers]
+            n += len(batch.markers)
+        return agent_pb2.PushMarkersResponse(accepted=n)
+
+
+def _worker(rank: int, kind: str, agent: str, port: int, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    chopper.init(job=kind, rank=rank, agent=agent, gpu=rank)
+    model: nn.Module = Decoder()
+    units = 0
+    if kind == "ddp":
+        # Small buckets: several all-reduces per step, issued while backward still runs.
+        model = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.25)
+    else:
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in model.layers:  # type: ignore[union-attr]
+            fully_shard(layer)
+        fully_shard(model)
+        units = LAYERS + 1
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    originals = {n: getattr(dist, n) for n in ("all_reduce", "all_gather_single", "reduce_scatter_single")}
+    inst = ctorch.instrument(model, opt, tokens_per_step=BATCH * SEQ)  # the one line under test
+    loss_fn = nn.CrossEntropyLoss()
+    gen = torch.Generator().manual_seed(rank)
+    for _ in range(STEPS):
+        batch = torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=gen)
+        loss = loss_fn(model(batch[:, :-1]).reshape(-1, VOCAB), batch[:, 1:].reshape(-1))
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    inst.remove()
+    restored = all(getattr(dist, n) is f for n, f in originals.items())
+    chopper.shutdown(timeout=5.0)
+    Path(out, f"{rank}.json").write_text(json.dumps({
+        "issued": dict(inst.collectives_issued), "marked": dict(inst.collectives_marked),
+        "errors": dict(inst.errors), "flops_source": inst.flops_source, "flops": inst.flops_per_step,
+        "steps": inst.steps, "units": units, "stats": chopper.stats(), "restored": restored,
+    }))
+    dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run_job(kind: str) -> tuple[pd.DataFrame, dict[int, dict[str, Any]]]:
+    """Train ``kind`` on 2 gloo ranks; the markers received (one row each) and each rank's report."""
+    with tempfile.TemporaryDirectory(prefix="chp", dir="/tmp") as d:  # short: sun_path holds 108 bytes
+        sock = Path(d) / "agent.sock"
+        rec = Recorder()
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        agent_pb2_grpc.add_AgentServicer_to_server(rec, server)
+        assert server.add_insecure_port(f"unix://{sock}") != 0
+        server.start()
+        try:
+            mp.spawn(_worker, args=(kind, f"unix://{sock}", _free_port(), d), nprocs=2, join=True)
+        finally:
+            server.stop(1.0)
+        reports = {r: json.loads(Path(d, f"{r}.json").read_text()) for r in range(2)}
+    rows = [{"job": kind, "rank": r, "kind": MarkerKind(m.kind).name.lower(), "name": m.name, "step": m.step,
+             "ts_ns": m.ts_ns, "flops": m.flops, "tokens": m.tokens, "bytes": m.bytes} for r, m in rec.rows]
+    return pd.DataFrame(rows), reports
+
+
+def check_common(markers: pd.DataFrame, reports: dict[int, dict[str, Any]]) -> pd.DataFrame:
+    """Assertions both frameworks share; returns the paired intervals."""
+    for rank, rep in reports.items():
+        assert rep["errors"] == {}, rep
+        assert rep["restored"]
+        assert rep["steps"] == STEPS
+        assert rep["stats"]["dropped"] == 0 and rep["stats"]["sent"] == rep["stats"]["queued"]
+        # FLOPs counted on the first forward (FlopCounterMode ×3), carried on every STEP_END.
+        assert rep["flops_source"] == "flop_counter" and rep["flops"] > 0
+        mine = markers[markers["rank"] == rank]
+        for k in ("step_begin", "step_end"):
+            assert sorted(mine.loc[mine["kind"] == k, "step"]) == list(range(STEPS))
+        ends = mine[mine["kind"] == "step_end"]
+        assert (ends["flops"] == rep["flops"]).all() and (ends["tokens"] == BATCH * SEQ).all()
+        for k in ("phase_begin", "phase_end"):
+            got = Counter(zip(mine.loc[mine["kind"] == k, "step"], mine.loc[mine["kind"] == k, "name"], strict=True))
+            assert got == Counter({(s, p): 1 for s in range(STEPS) for p in PHASES}), (rank, k, got)
+        # Every collective torch.distributed (or DDP's Reducer) issued arrived as a begin/end pair.
+        assert rep["issued"] == rep["marked"]
+        for k in ("collective_begin", "collective_end"):
+            assert dict(Counter(mine.loc[mine["kind"] == k, "name"])) == rep["issued"], (rank, k)
+    intervals, problems = paired_intervals(markers)
+    assert problems == []
+    return intervals
+
+
+def hidden_and_exposed(intervals: pd.DataFrame) -> tuple[float, float]:
+    """Collective seconds inside phases (hidden) and outside them (exposed), all ranks and steps."""
+    hidden = exposed = 0.0
+    for _, iv in intervals.groupby("rank"):
+        step = iv["step"].to_numpy(np.int64)
+        coll = iv["is_collective"].to_numpy(bool)
+        b, e = iv["begin_ns"].to_numpy(np.int64), iv["end_ns"].to_numpy(np.int64)
+        n = int(step.max()) + 1
+        exp = exposed_seconds(n, step, coll, b, e).sum()
+        total = exposed_seconds(n, step[coll], coll[coll], b[coll], e[coll]).sum()  # union of collectives
+        hidden += total - exp
+        exposed += exp
+    return hidden, exposed
+
+
+@pytest.fixture(autouse=True)
+def _no_global_client() -> Iterator[None]:
+    chopper.shutdown(0.5)
+    yield
+    chopper.shutdown(0.5)
+
+
+def test_ddp_markers_from_one_call() -> None:
+    markers, reports = run_job("ddp")
+    intervals = check_common(markers, reports)
+    for rep in reports.values():
+        # Several buckets per step, each one all-reduce through the comm hook.
+        assert rep["issued"].get("all_reduce", 0) >= 2 * STEPS, rep["issued"]
+    coll = markers[markers["kind"] == "collective_begin"]
+    assert (coll.loc[coll["name"] == "all_reduce", "bytes"] > 0).all()
+    hidden, _ = hidden_and_exposed(intervals)
+    assert hidden > 0  # DDP overlaps bucketed all-reduce with backward
+
+
+def test_fsdp2_markers_from_one_call() -> None:
+    markers, reports = run_job("fsdp2")
+    intervals = check_common(markers, reports)
+    for rep in reports.values():
+        issued = rep["issued"]
+        # One reduce-scatter per fully_shard unit per step; at least one all-gather per unit per step.
+        assert issued.get("reduce_scatter_single", 0) + issued.get("reduce_scatter_tensor", 0) == rep["units"] * STEPS
+        assert issued.get("all_gather_single", 0) + issued.get("all_gather_into_tensor", 0) >= rep["units"] * STEPS
+    hidden, _ = hidden_and_exposed(intervals)
+    assert hidden > 0
+
+
+def test_misuse_is_clear_and_training_continues(caplog: pytest.LogCaptureFixture) -> None:
+    model = Decoder()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    original = dist.all_reduce
+    inst = ctorch.instrument(model, opt, flops_per_step=1e9)
+    assert dist.all_reduce is not original
+    assert inst.flops_source == "given"
+    with pytest.raises(ValueError, match="already instrumented"):
+        ctorch.instrument(model, opt)
+    inst.remove()
+    assert dist.all_reduce is original
+    assert len(model._forward_pre_hooks) == 0 and len(model._forward_hooks) == 0
+    ctorch.instrument(model, opt).remove()  # after remove() it can be instrumented again
+
+    class NoHooks:  # a custom optimizer: no step hooks
+        def step(self) -> None:
+            pass
+
+    empty = nn.Identity()
+    with caplog.at_level("WARNING", logger="chopper.torch"):
+        inst = ctorch.instrument(empty, NoHooks(), tokens_per_step=8)
+    assert "optimizer_without_hooks" in caplog.text and "model_without_parameters" in caplog.text
+    x = torch.ones(2, requires_grad=True)
+    for _ in range(3):
+        empty(x).sum().backward()
+    assert inst.flops_source == "none"
+    inst.remove()
+    assert inst.steps == 3  # without optimizer hooks a step ends at the next forward (and at remove)
+
+
+def test_failing_hook_is_counted_and_disabled() -> None:
+    class Broken:
+        def phase(self, name: str) -> Any:
+            raise RuntimeError("boom")
+
+        def step(self, *a: Any) -> Any:
+            return chopper.step(0)
+
+        def collective(self, *a: Any, **k: Any) -> Any:
+            return chopper.collective("x")
+
+    model = nn.Linear(4, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    inst = ctorch.instrument(model, opt, client=Broken())  # type: ignore[arg-type]
+    for _ in range(2):
+        model(torch.ones(1, 4)).sum().backward()
+        opt.step()
+    inst.remove()
+    assert inst.errors["forward"] == 1 and "forward" in inst.disabled
+    assert inst.errors["optimizer"] == 1
