@@ -1,0 +1,111 @@
+"""Hugging Face ``Trainer`` integration: the markers of ``chopper.torch.instrument`` from one callback.
+
+::
+
+    import chopper.hf
+    trainer = Trainer(model, args, train_dataset=ds, callbacks=[chopper.hf.ChopperCallback()])
+
+On the first training step (when the Trainer has built its optimizer) the callback calls
+``chopper.init()`` unless a client is already running (job: ``CHOPPER_JOB``/launcher variables, else
+``TrainingArguments.run_name``), then ``chopper.torch.instrument(model, optimizer, ...)`` with steps
+numbered from ``state.global_step``. On train end the hooks are removed and the markers flushed (the
+client is shut down if the callback started it). Evaluation runs under ``no_grad`` and is not marked.
+
+Limitations: the model the callbacks see is the unwrapped one, so under DDP the gradient all-reduce
+(issued by DDP's C++ reducer) is not marked; FSDP/DeepSpeed collectives issued from
+``torch.distributed`` Python functions are. Tokens per step are unknown to callbacks: pass
+``tokens_per_step=`` when the batch shape is fixed.
+
+Requires the ``hf`` extra (``pip install 'chopper-telemetry[hf]'``); ``import chopper`` does not import
+transformers.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+try:
+    from transformers import TrainerCallback
+except ImportError as e:  # pragma: no cover - exercised in environments without transformers
+    raise ImportError(
+        "chopper.hf needs Hugging Face transformers (and accelerate): "
+        "pip install 'chopper-telemetry[hf]'"
+    ) from e
+
+import chopper
+from chopper import _identity
+
+logger = logging.getLogger("chopper.hf")
+
+__all__ = ["ChopperCallback"]
+
+
+def _unwrap_optimizer(optimizer: Any) -> Any:
+    """The torch optimizer inside accelerate's ``AcceleratedOptimizer`` (whose own ``step`` runs no hooks)."""
+    import torch
+
+    seen = 0
+    while seen < 4 and isinstance(getattr(optimizer, "optimizer", None), torch.optim.Optimizer):
+        optimizer = optimizer.optimizer
+        seen += 1
+    return optimizer
+
+
+class ChopperCallback(TrainerCallback):  # type: ignore[misc]
+    """A ``transformers.TrainerCallback`` marking steps, phases and collectives (module docstring).
+
+    Args:
+        job: Job id for ``chopper.init`` when the callback starts the client; default from the
+            environment, else ``TrainingArguments.run_name``.
+        flops_per_step: FLOPs of one optimizer step on this rank, if known (else counted once).
+        tokens_per_step: Tokens of one optimizer step on this rank, if known.
+        client: Marker client; default the process-wide one (started here if needed).
+
+    Attributes:
+        instrumentation: The active ``chopper.torch.Instrumentation`` during training, else None.
+    """
+
+    def __init__(self, job: str | None = None, flops_per_step: float | None = None,
+                 tokens_per_step: int | None = None, client: chopper.Client | None = None) -> None:
+        self.job = job
+        self.flops_per_step = flops_per_step
+        self.tokens_per_step = tokens_per_step
+        self.client = client
+        self.instrumentation: Any = None
+        self._started_client = False
+
+    def _start(self, args: Any, state: Any, model: Any, optimizer: Any) -> None:
+        import chopper.torch as ctorch
+
+        if self.instrumentation is not None or model is None or optimizer is None:
+            return
+        if self.client is None and chopper._client is None:
+            job = self.job
+            if job is None and _identity.default_job(os.environ) == "default":
+                job = getattr(args, "run_name", None) or None
+            chopper.init(job=job)
+            self._started_client = True
+        self.instrumentation = ctorch.instrument(
+            model, _unwrap_optimizer(optimizer), self.flops_per_step, self.tokens_per_step,
+            client=self.client, start_step=int(getattr(state, "global_step", 0) or 0))
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Instrument now when the optimizer exists already (else on the first step)."""
+        self._start(args, state, kwargs.get("model"), kwargs.get("optimizer"))
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Instrument before the first step's forward when ``on_train_begin`` had no optimizer."""
+        if self.instrumentation is None:
+            self._start(args, state, kwargs.get("model"), kwargs.get("optimizer"))
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Remove the hooks and flush the markers."""
+        inst, self.instrumentation = self.instrumentation, None
+        if inst is not None:
+            inst.remove()
+            if inst.errors:
+                logger.warning("event=hook_errors errors=%s", dict(inst.errors))
+        if self._started_client:
+            self._started_client = False
+            chopper.shutdown()

@@ -1,0 +1,184 @@
+"""``chopper.hf`` and ``chopper.lightning`` callbacks on real CPU training; markers at a real gRPC servicer."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pandas as pd
+import pytest
+import torch
+from torch import nn
+
+import chopper
+from chopper.attribution.markers import paired_intervals
+from chopper.proto.chopper.v1 import agent_pb2_grpc
+from chopper.schema import MarkerKind
+from tests.chopper.test_torch_instrument import Recorder
+
+PHASES = ("forward", "backward", "optimizer")
+STEPS = 3
+
+
+@pytest.fixture(autouse=True)
+def _no_global_client() -> Iterator[None]:
+    chopper.shutdown(0.5)
+    yield
+    chopper.shutdown(0.5)
+
+
+def received(train: Callable[[str], None]) -> pd.DataFrame:
+    """Run ``train(agent)`` against an in-test agent; the markers it received, one row each."""
+    with tempfile.TemporaryDirectory(prefix="chp", dir="/tmp") as d:  # short: sun_path holds 108 bytes
+        sock = Path(d) / "agent.sock"
+        rec = Recorder()
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        agent_pb2_grpc.add_AgentServicer_to_server(rec, server)
+        assert server.add_insecure_port(f"unix://{sock}") != 0
+        server.start()
+        try:
+            train(f"unix://{sock}")
+        finally:
+            server.stop(1.0)
+    return pd.DataFrame([{"job": "j", "rank": r, "kind": MarkerKind(m.kind).name.lower(), "name": m.name,
+                          "step": m.step, "ts_ns": m.ts_ns, "flops": m.flops, "tokens": m.tokens, "bytes": m.bytes}
+                         for r, m in rec.rows])
+
+
+def check_steps(markers: pd.DataFrame, steps: int, micro: int = 1) -> None:
+    """Every step has one begin/end, one forward and backward per micro-batch and one optimizer phase."""
+    assert not markers.empty
+    for k in ("step_begin", "step_end"):
+        assert sorted(markers.loc[markers["kind"] == k, "step"]) == list(range(steps)), k
+    for k in ("phase_begin", "phase_end"):
+        sel = markers[markers["kind"] == k]
+        got = Counter(zip(sel["step"], sel["name"], strict=True))
+        want = Counter({(s, p): 1 if p == "optimizer" else micro for s in range(steps) for p in PHASES})
+        assert got == want, (k, got)
+    ends = markers[markers["kind"] == "step_end"]
+    assert (ends["flops"] > 0).all()
+    _, problems = paired_intervals(markers)
+    assert problems == []
+
+
+def test_hf_trainer_callback(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("CHOPPER_JOB", "hf-test")
+    pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+
+    import chopper.hf
+
+    torch.manual_seed(0)
+    seq, batch = 16, 4
+    data = [{"input_ids": ids, "labels": ids} for ids in torch.randint(0, 128, (STEPS * batch, seq))]
+    cb = chopper.hf.ChopperCallback(tokens_per_step=batch * seq)
+
+    def train(agent: str) -> None:
+        monkeypatch.setenv("CHOPPER_AGENT", agent)
+        model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=128, n_positions=seq))
+        args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=batch, max_steps=STEPS,
+                                 use_cpu=True, report_to=[], save_strategy="no", logging_strategy="no",
+                                 dataloader_num_workers=0, disable_tqdm=True)
+        Trainer(model=model, args=args, train_dataset=data, callbacks=[cb]).train()
+        assert cb.instrumentation is None  # removed on train end
+        assert len(model._forward_pre_hooks) == 0
+
+    markers = received(train)
+    check_steps(markers, STEPS)
+    assert (markers.loc[markers["kind"] == "step_end", "tokens"] == batch * seq).all()
+    stats = chopper.stats()
+    assert stats["dropped"] == 0 and stats["sent"] == stats["queued"] == len(markers)
+
+
+class _LitLM:
+    """Builds a small LightningModule (defined lazily: lightning is optional)."""
+
+    @staticmethod
+    def make(vocab: int = 64, dim: int = 32) -> Any:
+        import lightning.pytorch as pl
+
+        class LitLM(pl.LightningModule):
+            def __init__(self) -> None:
+                super().__init__()
+                self.embed = nn.Embedding(vocab, dim)
+                self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, vocab))
+
+            def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+                return self.mlp(self.embed(tokens))
+
+            def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+                logits = self(batch[:, :-1])
+                return nn.functional.cross_entropy(logits.reshape(-1, vocab), batch[:, 1:].reshape(-1))
+
+            def configure_optimizers(self) -> torch.optim.Optimizer:
+                return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+        return LitLM()
+
+
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_lightning_callback(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, accumulate: int) -> None:
+    pytest.importorskip("lightning")
+    import lightning.pytorch as pl
+
+    import chopper.lightning
+
+    torch.manual_seed(0)
+    batch, seq = 4, 17
+    tokens = torch.randint(0, 64, (STEPS * accumulate * batch, seq))
+    loader: Any = torch.utils.data.DataLoader(tokens, batch_size=batch)  # type: ignore[arg-type]
+    cb = chopper.lightning.ChopperCallback()
+    original = torch.distributed.all_reduce
+
+    def train(agent: str) -> None:
+        monkeypatch.setenv("CHOPPER_AGENT", agent)
+        trainer = pl.Trainer(max_steps=STEPS, accelerator="cpu", devices=1, callbacks=[cb], logger=False,
+                             enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                             accumulate_grad_batches=accumulate, default_root_dir=str(tmp_path))
+        trainer.fit(_LitLM.make(), loader)
+
+    markers = received(train)
+    check_steps(markers, STEPS, accumulate)
+    assert cb.errors == {} and cb.steps == STEPS and cb.flops_source == "flop_counter"
+    # Tokens from the integer batch: every micro-batch of the step.
+    assert (markers.loc[markers["kind"] == "step_end", "tokens"] == accumulate * batch * seq).all()
+    assert torch.distributed.all_reduce is original  # restored on train end
+    # Phase order inside a step: forward < backward < optimizer.
+    begins = markers[markers["kind"] == "phase_begin"].sort_values("ts_ns")
+    for _, g in begins.groupby("step"):
+        names = list(dict.fromkeys(g["name"]))
+        assert names == list(PHASES), names
+
+
+def test_pytorch_lightning_variant() -> None:
+    pl = pytest.importorskip("pytorch_lightning")
+    import chopper.lightning
+
+    assert issubclass(chopper.lightning.PLChopperCallback, pl.Callback)
+    assert chopper.lightning.PLChopperCallback().steps == 0
+
+
+def test_import_chopper_loads_no_framework() -> None:
+    code = ("import sys, chopper; bad = [m for m in ('transformers', 'lightning', 'pytorch_lightning', 'torch') "
+            "if m in sys.modules]; assert not bad, bad")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=60)
+
+
+def test_hf_without_transformers_names_the_extra(tmp_path: Path) -> None:
+    # A ``transformers`` that cannot be imported, ahead of the real one on the path.
+    (tmp_path / "transformers.py").write_text("raise ImportError('no transformers here')\n")
+    root = Path(__file__).resolve().parents[2]
+    code = ("try:\n    import chopper.hf\nexcept ImportError as e:\n    print(e)\nelse:\n    raise SystemExit(1)\n")
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{root}"})
+    assert "chopper-telemetry[hf]" in out.stdout
