@@ -26,6 +26,7 @@ from benchmarks import (
     bench_agent_kill,
     bench_aggregator,
     bench_attribution,
+    bench_instrument_overhead,
     bench_marker_cost,
     bench_trace_vs_hta,
 )
@@ -67,6 +68,18 @@ BENCHES = (
         "real agent process killed with SIGKILL and restarted under a real 2-rank gloo training job; "
         "medians of per-step wall time over interleaved alive / killed / markers-off segments "
         "(`benchmarks/bench_agent_kill.py`).",
+    ),
+    Bench(
+        "instrument_overhead", bench_instrument_overhead.run,
+        "training step time with `chopper.torch.instrument` vs without (CPU, one rank)",
+        lambda r: (f"ratio {r['ratio_instrumented_vs_plain']:.4f} ({r['steps_per_s']['instrumented']:g} vs "
+                   f"{r['steps_per_s']['plain']:g} steps/s), {r['markers_per_step']:g} markers/step, "
+                   f"flops {r['flops_source']}"),
+        f"< {bench_instrument_overhead.GOAL_RATIO:g}x the plain step time",
+        "demo `TinyDecoder` trained in one process on one CPU thread, markers to a real agent process; "
+        f"{bench_instrument_overhead.CYCLES} ABBA cycles of {bench_instrument_overhead.SEGMENT_STEPS}-step "
+        "instrumented (`instrument` ... `.remove()`) and plain segments, medians of per-step wall time "
+        "(`benchmarks/bench_instrument_overhead.py`).",
     ),
     Bench(
         "aggregator", bench_aggregator.run,
