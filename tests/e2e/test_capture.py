@@ -97,6 +97,13 @@ def test_capture_refusals_and_agent_killed_mid_capture(agent_process: AgentProce
     assert second is not None and second.returncode == 2, err
     assert "capture already running for job e2e since" in err
 
+    # Both ranks start profiling at their next step after the command: let every rank take a few
+    # steps under the capture before the kill, however slow a loaded machine makes them.
+    text = agent_process.metrics()
+    done = {r: metric_sum(text, "chopper_rank_steps_total", job="e2e", rank=r) for r in ("0", "1")}
+    assert wait_until(lambda: all(
+        metric_sum(agent_process.metrics(), "chopper_rank_steps_total", job="e2e", rank=r) >= done[r] + 3
+        for r in done), timeout_s=60), "training stopped stepping during the capture"
     agent_process.kill()
     _, err = long.communicate(timeout=60)
     assert long.returncode == 1
