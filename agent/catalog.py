@@ -97,7 +97,7 @@ METRICS: tuple[MetricSpec, ...] = (
         "chopper_agent_backend_sample_seconds", "gauge", "Duration of the backend's last sample call, s.",
         (*NODE, "backend"),
     ),
-    MetricSpec("chopper_agent_sample_rate_hertz", "gauge", "Configured sampling rate, Hz.", NODE),
+    MetricSpec("chopper_agent_sample_rate_hertz", "gauge", "Current sampling rate (raised during captures), Hz.", NODE),
     MetricSpec("chopper_agent_sampler_ticks_total", "counter", "Sampling ticks run.", NODE),
     MetricSpec("chopper_agent_sampler_missed_ticks_total", "counter", "Ticks skipped: the sampler ran late.", NODE),
     MetricSpec("chopper_agent_sampler_lag_seconds", "gauge", "How late the last tick started, s.", NODE),

@@ -135,7 +135,7 @@ class AgentCollector(Collector):
         for kind in ("open", "device_lost", "error"):
             fam.add("chopper_agent_backend_errors_total", (node, backend, kind), float(health.errors.get(kind, 0)))
         fam.add("chopper_agent_backend_sample_seconds", (node, backend), health.last_sample_s)
-        fam.add("chopper_agent_sample_rate_hertz", (node,), agent.settings.sample_hz)
+        fam.add("chopper_agent_sample_rate_hertz", (node,), 1e9 / agent.ticker.period_ns)
         ticker = agent.ticker
         fam.add("chopper_agent_sampler_ticks_total", (node,), float(ticker.ticks_total))
         fam.add("chopper_agent_sampler_missed_ticks_total", (node,), float(ticker.missed_ticks_total))

@@ -88,13 +88,12 @@ def test_capture_refusals_and_agent_killed_mid_capture(agent_process: AgentProce
     training = start_training(agent_process.target, ranks=2, duration_s=12.0)
     wait_for_steps(agent_process)
     long = capture(agent_process.target, "--job", "e2e", "--steps", "100000", "--out", str(tmp_path / "long"))
-    second = None
-    for _ in range(50):  # the first request may still be on its way to the agent
-        second = capture(agent_process.target, "--job", "e2e", "--steps", "2", "--out", str(tmp_path / "second"))
-        _, err = second.communicate(timeout=60)
-        if "capture already running for job e2e since" in err:
-            break
-    assert second is not None and second.returncode == 2, err
+    # The agent raises its sample rate once the capture runs: only then is a second one sure to collide.
+    assert wait_until(lambda: metric_sum(agent_process.metrics(), "chopper_agent_sample_rate_hertz") >= 100,
+                      timeout_s=60), "the long capture never started"
+    second = capture(agent_process.target, "--job", "e2e", "--steps", "2", "--out", str(tmp_path / "second"))
+    _, err = second.communicate(timeout=60)
+    assert second.returncode == 2, err
     assert "capture already running for job e2e since" in err
 
     # Both ranks start profiling at their next step after the command: let every rank take a few
