@@ -4,14 +4,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterator
-from concurrent import futures
 from pathlib import Path
 from typing import Any
 
-import grpc
 import pandas as pd
 import pytest
 import torch
@@ -19,9 +16,7 @@ from torch import nn
 
 import chopper
 from chopper.attribution.markers import paired_intervals
-from chopper.proto.chopper.v1 import agent_pb2_grpc
-from chopper.schema import MarkerKind
-from tests.chopper.test_torch_instrument import Recorder
+from tests.chopper import test_torch_instrument as instrument_tests
 
 PHASES = ("forward", "backward", "optimizer")
 STEPS = 3
@@ -36,20 +31,7 @@ def _no_global_client() -> Iterator[None]:
 
 def received(train: Callable[[str], None]) -> pd.DataFrame:
     """Run ``train(agent)`` against an in-test agent; the markers it received, one row each."""
-    with tempfile.TemporaryDirectory(prefix="chp", dir="/tmp") as d:  # short: sun_path holds 108 bytes
-        sock = Path(d) / "agent.sock"
-        rec = Recorder()
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-        agent_pb2_grpc.add_AgentServicer_to_server(rec, server)
-        assert server.add_insecure_port(f"unix://{sock}") != 0
-        server.start()
-        try:
-            train(f"unix://{sock}")
-        finally:
-            server.stop(1.0)
-    return pd.DataFrame([{"job": "j", "rank": r, "kind": MarkerKind(m.kind).name.lower(), "name": m.name,
-                          "step": m.step, "ts_ns": m.ts_ns, "flops": m.flops, "tokens": m.tokens, "bytes": m.bytes}
-                         for r, m in rec.rows])
+    return instrument_tests.received("j", lambda target, _: train(target))
 
 
 def check_steps(markers: pd.DataFrame, steps: int, micro: int = 1) -> None:

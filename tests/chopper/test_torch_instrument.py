@@ -3,11 +3,10 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import tempfile
 import threading
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ import chopper
 import chopper.torch as ctorch
 from chopper.attribution.exposed_comm import exposed_seconds
 from chopper.attribution.markers import paired_intervals
+from chopper.demo.run import free_port
 from chopper.proto.chopper.v1 import agent_pb2, agent_pb2_grpc
 from chopper.schema import MarkerKind
 
@@ -122,14 +122,8 @@ def _worker(rank: int, kind: str, agent: str, port: int, out: str) -> None:
     dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def run_job(kind: str) -> tuple[pd.DataFrame, dict[int, dict[str, Any]]]:
-    """Train ``kind`` on 2 gloo ranks; the markers received (one row each) and each rank's report."""
+def received(job: str, train: Callable[[str, str], None]) -> pd.DataFrame:
+    """Run ``train(agent_target, workdir)`` against an in-test agent; the markers it got, one row each."""
     with tempfile.TemporaryDirectory(prefix="chp", dir="/tmp") as d:  # short: sun_path holds 108 bytes
         sock = Path(d) / "agent.sock"
         rec = Recorder()
@@ -138,13 +132,23 @@ def run_job(kind: str) -> tuple[pd.DataFrame, dict[int, dict[str, Any]]]:
         assert server.add_insecure_port(f"unix://{sock}") != 0
         server.start()
         try:
-            mp.spawn(_worker, args=(kind, f"unix://{sock}", _free_port(), d), nprocs=2, join=True)
+            train(f"unix://{sock}", d)
         finally:
             server.stop(1.0)
-        reports = {r: json.loads(Path(d, f"{r}.json").read_text()) for r in range(2)}
-    rows = [{"job": kind, "rank": r, "kind": MarkerKind(m.kind).name.lower(), "name": m.name, "step": m.step,
-             "ts_ns": m.ts_ns, "flops": m.flops, "tokens": m.tokens, "bytes": m.bytes} for r, m in rec.rows]
-    return pd.DataFrame(rows), reports
+    return pd.DataFrame([{"job": job, "rank": r, "kind": MarkerKind(m.kind).name.lower(), "name": m.name,
+                          "step": m.step, "ts_ns": m.ts_ns, "flops": m.flops, "tokens": m.tokens, "bytes": m.bytes}
+                         for r, m in rec.rows])
+
+
+def run_job(kind: str) -> tuple[pd.DataFrame, dict[int, dict[str, Any]]]:
+    """Train ``kind`` on 2 gloo ranks; the markers received (one row each) and each rank's report."""
+    reports: dict[int, dict[str, Any]] = {}
+
+    def train(target: str, workdir: str) -> None:
+        mp.spawn(_worker, args=(kind, target, free_port(), workdir), nprocs=2, join=True)
+        reports.update({r: json.loads(Path(workdir, f"{r}.json").read_text()) for r in range(2)})
+
+    return received(kind, train), reports
 
 
 def check_common(markers: pd.DataFrame, reports: dict[int, dict[str, Any]]) -> pd.DataFrame:
