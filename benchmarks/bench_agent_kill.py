@@ -42,18 +42,17 @@ import contextlib
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from chopper.demo.run import free_port
+from chopper.demo.run import free_port, metric_sum
+from tests.e2e.conftest import AgentProcess
 
 GOAL_REL_CHANGE = 0.02
 CYCLES = 4
@@ -166,42 +165,6 @@ def _finish_job(procs: list[Any], ctrl: dict[str, Any], outs: list[Path]) -> lis
 # --------------------------------------------------------------------------------- agent side
 
 
-class _Agent:
-    """``python -m agent`` on a private socket and metrics port; killed and restarted at will."""
-
-    def __init__(self, tmp: Path) -> None:
-        self.tmp = tmp
-        self.socket = tmp / "agent.sock"
-        self.target = f"unix://{self.socket}"
-        self.metrics_addr = f"127.0.0.1:{free_port()}"
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.starts = 0
-
-    def start(self) -> None:
-        from chopper import consumer
-
-        self.starts += 1
-        with open(self.tmp / f"agent-{self.starts}.log", "wb") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "agent", "--node", "bench", "--backend", "simulated",
-                 "--sim-gpus", str(WORLD), "--socket-path", str(self.socket), "--metrics-listen", self.metrics_addr],
-                stderr=log,
-            )
-        consumer.wait_for_info(self.target, timeout_s=30)
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
-
-    def steps_total(self) -> float:
-        """``chopper_rank_steps_total`` of the benchmark's job, summed over ranks."""
-        with urllib.request.urlopen(f"http://{self.metrics_addr}/metrics", timeout=5) as response:
-            text = response.read().decode()
-        return sum(float(line.rpartition(" ")[2]) for line in text.splitlines()
-                   if line.startswith("chopper_rank_steps_total{") and f'job="{JOB}"' in line)
-
-
 # --------------------------------------------------------------------------------- analysis
 
 
@@ -229,7 +192,8 @@ def run(segment_s: float = 6.0, no_init_s: float = 15.0) -> dict[str, Any]:
     """
     with tempfile.TemporaryDirectory(prefix="chopper-bench-kill") as tmpdir:
         tmp = Path(tmpdir)
-        agent = _Agent(tmp)
+        # The agent at its default 10 Hz on a simulated GPU per rank, as a node would run it.
+        agent = AgentProcess(tmp, "--node", "bench", "--sim-gpus", str(WORLD), "--sample-hz", "10")
         procs: list[Any] = []
         try:
             agent.start()
@@ -252,7 +216,7 @@ def run(segment_s: float = 6.0, no_init_s: float = 15.0) -> dict[str, Any]:
                 agent.start()
             segment("alive", CYCLES)
             results = _finish_job(procs, ctrl, outs)
-            steps_restarted = agent.steps_total()
+            steps_restarted = metric_sum(agent.metrics(), "chopper_rank_steps_total", job=JOB)
             agent.kill()
             procs, ctrl, outs = _start_job(tmp, "noinit", agent.target, telemetry=False)
             _wait_started(procs, ctrl)
@@ -261,7 +225,8 @@ def run(segment_s: float = 6.0, no_init_s: float = 15.0) -> dict[str, Any]:
             no_init_end = time.monotonic()
             no_init = _finish_job(procs, ctrl, outs)
         finally:
-            agent.kill()
+            if agent.proc is not None:
+                agent.kill()
             for p in procs:
                 if p.is_alive():
                     p.kill()

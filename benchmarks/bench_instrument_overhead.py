@@ -36,7 +36,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 import warnings
 from pathlib import Path
 from typing import Any
@@ -44,7 +43,8 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from chopper.demo.run import free_port
+from chopper.demo.run import metric_sum
+from tests.e2e.conftest import AgentProcess
 
 GOAL_RATIO = 1.01
 CYCLES = 18
@@ -52,44 +52,6 @@ SEGMENT_STEPS = 10
 SKIP_STEPS = 1
 WARMUP_STEPS = 10
 JOB = "bench-instrument"
-
-
-class _Agent:
-    """``python -m agent`` with a simulated one-GPU node on a private socket and metrics port."""
-
-    def __init__(self, tmp: Path) -> None:
-        self.tmp = tmp
-        self.socket = tmp / "agent.sock"
-        self.target = f"unix://{self.socket}"
-        self.metrics_addr = f"127.0.0.1:{free_port()}"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        from chopper import consumer
-
-        with open(self.tmp / "agent.log", "wb") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "agent", "--node", "bench", "--backend", "simulated", "--sim-gpus", "1",
-                 "--socket-path", str(self.socket), "--metrics-listen", self.metrics_addr],
-                stderr=log,
-            )
-        consumer.wait_for_info(self.target, timeout_s=30)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-
-    def steps_total(self) -> float:
-        """``chopper_rank_steps_total`` of the benchmark's job."""
-        with urllib.request.urlopen(f"http://{self.metrics_addr}/metrics", timeout=5) as response:
-            text = response.read().decode()
-        return sum(float(line.rpartition(" ")[2]) for line in text.splitlines()
-                   if line.startswith("chopper_rank_steps_total{") and f'job="{JOB}"' in line)
 
 
 def _train(target: str) -> dict[str, Any]:
@@ -178,13 +140,17 @@ def run() -> dict[str, Any]:
         ``client`` stats, ``hook_errors``, ``goal_ratio`` and ``meets_goal``.
     """
     with tempfile.TemporaryDirectory(prefix="chopper-bench-inst") as tmpdir:
-        agent = _Agent(Path(tmpdir))
+        agent = AgentProcess(Path(tmpdir), "--node", "bench", "--sim-gpus", "1", "--sample-hz", "10")
         try:
             agent.start()
             raw = _train(agent.target)
-            agent_steps = agent.steps_total()
+            agent_steps = metric_sum(agent.metrics(), "chopper_rank_steps_total", job=JOB)
         finally:
-            agent.stop()
+            if agent.proc is not None and agent.proc.poll() is None:
+                try:
+                    agent.terminate()
+                except subprocess.TimeoutExpired:
+                    agent.kill()
     med_on = statistics.median(raw["on"])
     med_off = statistics.median(raw["off"])
     ratio = med_on / med_off
