@@ -1,7 +1,8 @@
 """Column contract of a parsed Kineto / PyTorch-profiler trace (one rank).
 
-Times are int64 nanoseconds on the trace's own clock (Kineto's microsecond ``ts`` × 1000,
-rounded), durations int64 nanoseconds. Every analysis in ``chopper.trace`` takes these frames.
+Times are int64 CLOCK_REALTIME nanoseconds, the clock of Chopper's markers and samples: Kineto's
+microsecond ``ts`` × 1000, rounded, plus the trace's ``baseTimeNanoseconds`` where it has one
+(``reader.clock_offset_ns``); durations int64 nanoseconds. Every analysis in ``chopper.trace`` takes these frames.
 
 ``kernels``: one row per GPU activity (``cat`` kernel, gpu_memcpy, gpu_memset).
 ``runtime``: one row per CUDA/HIP runtime call (launches, synchronize, memcpy calls).

@@ -76,6 +76,8 @@ class Trace:
         flow_columns: flow endpoints, fwdbwd and ac2g (``frames.FLOW_COLUMNS``).
         gpu_sync_columns: ``cuda_sync`` events on the GPU timeline (``frames.KERNEL_COLUMNS``); not
             kernels, but counted as GPU activity by Holistic Trace Analysis.
+        clock_offset_ns: What was added to every Kineto time to put it on CLOCK_REALTIME
+            (:func:`clock_offset_ns`), so frames, markers and samples share one time axis.
         fractional_ts: True when the trace writes timestamps as floats (sub-µs, ROCm and newer
             PyTorch); HTA then rounds starts up and ends down to whole µs.
         metadata: Top-level keys other than ``traceEvents`` (distributedInfo, deviceProperties,
@@ -93,6 +95,7 @@ class Trace:
     gpu_annotation_columns: Columns
     flow_columns: Columns
     gpu_sync_columns: Columns
+    clock_offset_ns: int = 0
     fractional_ts: bool = False
     metadata: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
@@ -280,7 +283,8 @@ def read_trace(path: str | Path) -> Trace:
            typed column buffers, keeping from ``args`` only correlation, External id, device and
            stream; intern names and categories.
         3. Parse top-level keys written after the events from the last 64 KiB of the stream.
-        4. Build the frames (ts/dur µs → int64 ns; end = ts + dur), detect rank, world size and
+        4. Build the frames (ts/dur µs → int64 ns, then ts moved onto CLOCK_REALTIME by
+           :func:`clock_offset_ns`; end = ts + dur), detect rank, world size and
            device type, and record what cannot be linked in ``warnings``.
 
     Args:
@@ -396,7 +400,8 @@ def _read_events(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     return _read_tail(tail), parsed
 
 
-def _columns(buf: _Columns, columns: tuple[str, ...], names: np.ndarray, cats: np.ndarray) -> Columns:
+def _columns(buf: _Columns, columns: tuple[str, ...], names: np.ndarray, cats: np.ndarray,
+             clock_offset_ns: int = 0) -> Columns:
     data: dict[str, np.ndarray] = {}
     vocab: dict[str, np.ndarray] = {}
     n = len(buf)
@@ -412,9 +417,24 @@ def _columns(buf: _Columns, columns: tuple[str, ...], names: np.ndarray, cats: n
             vocab[col] = names if col == "name" else cats
         else:
             data[col] = np.frombuffer(values, dtype=np.int64) if n else np.array([], dtype=np.int64)
+    if "ts_ns" in data and clock_offset_ns:
+        data["ts_ns"] = data["ts_ns"] + np.int64(clock_offset_ns)  # a new array; the view's buffer is freed
     if "end_ns" in columns:
         data["end_ns"] = data["ts_ns"] + data["dur_ns"]
     return Columns(columns, data, vocab)
+
+
+def clock_offset_ns(meta: dict[str, Any]) -> int:
+    """Nanoseconds to add to a trace time (Kineto ``ts`` × 1000) to get CLOCK_REALTIME nanoseconds.
+
+    Kineto in PyTorch ≥ 2.1 writes ``ts`` in µs on its own clock, relative to a top-level
+    ``baseTimeNanoseconds`` (wall clock at an instant it chose); older Kineto wrote ``ts`` as
+    wall-clock µs since the epoch and no base. So the offset is ``baseTimeNanoseconds`` when the
+    trace has it, else 0; either way ``ts_ns + offset`` is CLOCK_REALTIME, the clock of Chopper's
+    markers and samples (DESIGN "Data model").
+    """
+    base = meta.get("baseTimeNanoseconds")
+    return base if isinstance(base, int) and not isinstance(base, bool) and base > 0 else 0
 
 
 def _any_name_starts(frame: Columns, prefix: str) -> bool:
@@ -447,16 +467,21 @@ def _detect_rank(path: Path, meta: dict[str, Any]) -> tuple[int, int | None]:
 
 def _assemble(path: Path, meta: dict[str, Any], p: dict[str, Any]) -> Trace:
     names, cats = p["names"].vocab(), p["cats"].vocab()
-    kernels = _columns(p["kernels"], KERNEL_COLUMNS, names, cats)
+    offset = clock_offset_ns(meta)
+
+    def columns(key: str, contract: tuple[str, ...]) -> Columns:
+        return _columns(p[key], contract, names, cats, offset)
+
+    kernels = columns("kernels", KERNEL_COLUMNS)
     if not len(kernels):
         raise _bad(path, "no GPU kernels (no events with cat kernel / gpu_memcpy / gpu_memset): a CPU-only profile",
                    "Record with torch.profiler activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA] "
                    "(CUDA also covers ROCm) so GPU activity is traced")
-    runtime = _columns(p["runtime"], RUNTIME_COLUMNS, names, cats)
-    cpu_ops = _columns(p["cpu_ops"], CPU_OP_COLUMNS, names, cats)
-    gpu_annotations = _columns(p["gpu_annotations"], GPU_ANNOTATION_COLUMNS, names, cats)
-    flows = _columns(p["flows"], FLOW_COLUMNS, names, cats)
-    syncs = _columns(p["syncs"], KERNEL_COLUMNS, names, cats)
+    runtime = columns("runtime", RUNTIME_COLUMNS)
+    cpu_ops = columns("cpu_ops", CPU_OP_COLUMNS)
+    gpu_annotations = columns("gpu_annotations", GPU_ANNOTATION_COLUMNS)
+    flows = columns("flows", FLOW_COLUMNS)
+    syncs = columns("syncs", KERNEL_COLUMNS)
     rank, world = _detect_rank(path, meta)
     warnings: list[str] = []
     missing = p["kernels_without_corr"]
@@ -470,5 +495,5 @@ def _assemble(path: Path, meta: dict[str, Any], p: dict[str, Any]) -> Trace:
         path=path, rank=rank, world_size=world, device_type=_detect_device_type(meta, runtime, kernels),
         kernel_columns=kernels, runtime_columns=runtime, cpu_op_columns=cpu_ops,
         gpu_annotation_columns=gpu_annotations, flow_columns=flows, gpu_sync_columns=syncs,
-        fractional_ts=p["fractional"], metadata=meta, warnings=warnings,
+        clock_offset_ns=offset, fractional_ts=p["fractional"], metadata=meta, warnings=warnings,
     )

@@ -86,6 +86,30 @@ def test_float_microseconds_become_rounded_nanoseconds_exactly(tmp_path: Path) -
     assert t.kernels.iloc[0]["dur_ns"] == 22441
 
 
+def test_base_time_puts_every_frame_on_the_realtime_clock(tmp_path: Path) -> None:
+    base = 1_790_857_026_000_000_000
+    for where in ("head", "tail"):  # Kineto writes top-level keys before or after the events
+        obj = _small_trace()
+        events = obj.pop("traceEvents")
+        obj = {"baseTimeNanoseconds": base, "traceEvents": events} if where == "head" else \
+            {"traceEvents": events, "baseTimeNanoseconds": base}
+        t = load_trace(_write(tmp_path / f"{where}.json", obj))
+        plain = load_trace(_write(tmp_path / f"{where}-plain.json", {"traceEvents": events}))
+        assert t.clock_offset_ns == base and plain.clock_offset_ns == 0
+        for frame in ("kernels", "runtime", "cpu_ops", "flows"):
+            shifted, original = getattr(t, frame), getattr(plain, frame)
+            assert (shifted["ts_ns"] - original["ts_ns"] == base).all(), frame
+            if "end_ns" in shifted:
+                assert (shifted["end_ns"] - shifted["ts_ns"] == original["dur_ns"]).all(), frame
+
+
+def test_real_rocm_trace_lands_on_its_recording_date() -> None:
+    t = load_trace(DATA / "rocm_mi250_toy_train.json.gz")
+    assert t.clock_offset_ns == t.metadata["baseTimeNanoseconds"]
+    first = np.datetime64(int(t.kernels["ts_ns"].min()), "ns")
+    assert np.datetime64("2024-12-31") <= first < np.datetime64("2025-03-01")  # base is 2024-12-31 08:06 UTC
+
+
 def test_top_level_keys_before_and_after_events_are_metadata(tmp_path: Path) -> None:
     obj = {"distributedInfo": {"rank": 3, "world_size": 8}, **_small_trace(),
            "traceName": "x]y", "baseTimeNanoseconds": 1735632360000000000}
