@@ -1,4 +1,4 @@
-"""Real processes for end-to-end tests: the agent daemon and the demo training job."""
+"""Real processes for end-to-end tests: the agent daemon, the aggregator and the demo training job."""
 from __future__ import annotations
 
 import json
@@ -11,10 +11,13 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 
 from chopper import consumer
-from chopper.demo.run import free_port, metric_sum  # noqa: F401 (re-exported to the tests)
+from chopper.demo.run import free_port, metric_sum
+from chopper.proto.chopper.v1 import aggregator_pb2 as apb
+from chopper.proto.chopper.v1 import aggregator_pb2_grpc as apb_grpc
 
 
 class AgentProcess:
@@ -57,6 +60,65 @@ class AgentProcess:
 
     def log(self) -> str:
         return (self.workdir / f"agent-{self.starts}.log").read_text()
+
+
+class AggregatorProcess:
+    """``chopper-aggregator`` on private ports; restartable on the same ports."""
+
+    def __init__(self, workdir: Path, name: str = "agg", *extra: str) -> None:
+        self.workdir = workdir
+        self.name = name
+        self.extra = extra
+        self.address = f"127.0.0.1:{free_port()}"
+        self.metrics_addr = f"127.0.0.1:{free_port()}"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    def start(self) -> AggregatorProcess:
+        self.starts += 1
+        log = open(self.workdir / f"{self.name}-{self.starts}.log", "wb")  # noqa: SIM115 (lives with the process)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "aggregator.main", "--listen", self.address, "--metrics-listen", self.metrics_addr,
+             "--step-timeout-s", "10", *self.extra],
+            stderr=log,
+        )
+        assert wait_until(self._up, timeout_s=30), f"aggregator did not start:\n{self.log()}"
+        return self
+
+    def _up(self) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise AssertionError(f"aggregator exited {self.proc.returncode}:\n{self.log()}")
+        try:
+            self.metrics()
+            return True
+        except OSError:
+            return False
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(f"http://{self.metrics_addr}/metrics", timeout=5) as response:
+            return str(response.read().decode())
+
+    def value(self, name: str, **labels: str) -> float:
+        return metric_sum(self.metrics(), name, **labels)
+
+    def query(self, job: str, last: int = 0) -> list[apb.JobStep]:
+        with grpc.insecure_channel(self.address) as channel:
+            return list(apb_grpc.AggregatorStub(channel).QuerySteps(apb.QueryStepsRequest(job=job, last=last),
+                                                                    timeout=10).steps)
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(15)
+
+    def log(self) -> str:
+        return (self.workdir / f"{self.name}-{self.starts}.log").read_text()
 
 
 @pytest.fixture
