@@ -17,9 +17,12 @@ from agent.daemon import Agent
 from agent.host import HostSampler
 from agent.metrics import AgentCollector
 from agent.server import SocketInUse, TelemetryHub, build_server
-from chopper import logs
+from chopper import logs, sdnotify
 
 log = logging.getLogger("agent")
+# The sampler counts as hung (systemd's watchdog then restarts the agent) after this long without a
+# tick: far beyond the slowest healthy tick (1 Hz, one vendor call per GPU), short of WatchdogSec.
+SAMPLER_STALE_S = 5.0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -48,7 +51,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     registry.register(AgentCollector(agent))
     host, _, port = settings.metrics_listen.rpartition(":")
     try:
-        httpd, _thread = start_http_server(int(port), addr=host.strip("[]"), registry=registry)
+        httpd, metrics_thread = start_http_server(int(port), addr=host.strip("[]"), registry=registry)
     except OSError as exc:
         print(f"chopper-agent: metrics_listen: cannot bind {settings.metrics_listen}: {exc.strerror}", file=sys.stderr)
         server.stop(0)
@@ -63,8 +66,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings.node, backend.name, len(agent.devices), settings.socket_path, settings.grpc_listen or "-",
         settings.metrics_listen, settings.sample_hz,
     )
+    supervision = sdnotify.Supervision(
+        [sdnotify.ProgressCheck("sampler", lambda: agent.ticker.ticks_total, SAMPLER_STALE_S),
+         sdnotify.thread_check("metrics", metrics_thread)],
+        f"serving node={settings.node} backend={backend.name} gpus={len(agent.devices)}",
+    )
+    supervision.start()
     stop.wait()
     log.info("event=stopping")
+    supervision.stop()
     server.stop(grace=2.0).wait(5.0)
     agent.stop()
     httpd.shutdown()

@@ -29,12 +29,15 @@ from aggregator.server import build_server
 from aggregator.service import Aggregator
 from aggregator.store import Store
 from aggregator.wal import Wal
-from chopper import logs
+from chopper import logs, sdnotify
 
 log = logging.getLogger("aggregator")
 TICK_S = 1.0
 # Many agents' small batches: attribute the steps they complete together, ten times a second.
 FINALIZE_EVERY_S = 0.1
+# The tick loop counts as hung (systemd's watchdog then restarts the aggregator) after this long
+# without an iteration: it runs every TICK_S, so only a deadlock or a stuck flush gets here.
+TICK_STALE_S = 30 * TICK_S
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -72,7 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     registry.register(AggregatorCollector(core, settings.rank_series_top_k))
     host, _, mport = settings.metrics_listen.rpartition(":")
     try:
-        httpd, _thread = start_http_server(int(mport), addr=host.strip("[]"), registry=registry)
+        httpd, metrics_thread = start_http_server(int(mport), addr=host.strip("[]"), registry=registry)
     except OSError as exc:
         print(f"chopper-aggregator: metrics_listen: cannot bind {settings.metrics_listen}: {exc.strerror}",
               file=sys.stderr)
@@ -81,12 +84,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    ticker = threading.Thread(target=_tick, args=(core, stop), name="tick", daemon=True)
+    ticks = [0]
+    ticker = threading.Thread(target=_tick, args=(core, stop, ticks), name="tick", daemon=True)
     ticker.start()
     log.info("event=started grpc=%s port=%d metrics=http://%s/metrics store=%s step_timeout_s=%g",
              settings.listen, port, settings.metrics_listen, settings.store_dir or "-", settings.step_timeout_s)
+    supervision = sdnotify.Supervision(
+        [sdnotify.ProgressCheck("tick loop", lambda: ticks[0], TICK_STALE_S),
+         sdnotify.thread_check("metrics", metrics_thread)],
+        f"serving grpc={settings.listen} port={port} store={settings.store_dir or '-'}",
+    )
+    supervision.start()
     stop.wait()
     log.info("event=stopping")
+    supervision.stop()
     server.stop(grace=2.0).wait(5.0)
     ticker.join(5.0)
     core.close()
@@ -96,9 +107,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _tick(core: Aggregator, stop: threading.Event) -> None:
-    """Finalize timed-out steps and flush the store on time, until ``stop``."""
+def _tick(core: Aggregator, stop: threading.Event, ticks: list[int]) -> None:
+    """Finalize timed-out steps and flush the store on time, until ``stop``; counts in ``ticks[0]``."""
     while not stop.wait(TICK_S):
+        ticks[0] += 1
         try:
             core.tick()
         except Exception:  # a bug here must not stop ingest; it is logged with its traceback
