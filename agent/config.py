@@ -42,6 +42,9 @@ class AgentSettings:
     sim_hot_gpus: tuple[int, ...] = field(
         default=(), metadata={"help": "simulated backend: comma-separated GPUs with poor cooling"}
     )
+    sim_power_cap_w: float = field(
+        default=0.0, metadata={"help": "simulated backend: power cap of every GPU, W (0: the model's TDP)"}
+    )
     replay_dir: str = field(default="", metadata={"help": "replay backend: recorded run directory"})
     replay_speed: float = field(default=1.0, metadata={"help": "replay backend: playback speed factor"})
     summary_buffer: int = field(
@@ -60,6 +63,17 @@ class AgentSettings:
         default=30.0, metadata={"help": "how often a dns:/// aggregator name is resolved again, s"}
     )
     log_level: str = field(default="info", metadata={"help": "debug, info, warning or error"})
+    job_mapping_dir: str = field(
+        default="", metadata={"help": "directory of per-GPU job id files that the Slurm prolog writes "
+                              "(deploy/slurm); empty: off"},
+    )
+    pod_resources_socket: str = field(
+        default="", metadata={"help": "the kubelet's pod-resources socket, to label GPUs with pod, namespace and "
+                              "container (/var/lib/kubelet/pod-resources/kubelet.sock); empty: off"},
+    )
+    workload_refresh_s: float = field(
+        default=5.0, metadata={"help": "how often GPU owners are read from job_mapping_dir and the kubelet, s"}
+    )
 
 
 def _check(s: AgentSettings) -> None:
@@ -95,6 +109,8 @@ def _check(s: AgentSettings) -> None:
         raise bad("sim_gpus", "is out of range; simulate 1 to 64 GPUs")
     if any(g < 0 or g >= s.sim_gpus for g in s.sim_hot_gpus):
         raise bad("sim_hot_gpus", f"names a GPU outside 0..{s.sim_gpus - 1}")
+    if s.sim_power_cap_w < 0:
+        raise bad("sim_power_cap_w", "is negative; use 0 for the model's TDP or a cap in watts, e.g. 400")
     if s.backend == "replay" and not s.replay_dir:
         raise ConfigError("replay_dir: required with backend replay; pass --replay-dir RUN_DIR")
     if s.replay_speed <= 0:
@@ -114,6 +130,11 @@ def _check(s: AgentSettings) -> None:
         raise bad("delivery_resolve_s", "is too small; resolve at most once a second")
     if s.log_level not in ("debug", "info", "warning", "error"):
         raise bad("log_level", "is not one of debug, info, warning, error")
+    for key in ("job_mapping_dir", "pod_resources_socket"):
+        if getattr(s, key) and not getattr(s, key).startswith("/"):
+            raise bad(key, "is not an absolute path; give the full path or leave it empty to turn this off")
+    if not 0.5 <= s.workload_refresh_s <= 300:
+        raise bad("workload_refresh_s", "is out of range; use 0.5 to 300 seconds")
 
 
 DAEMON = _settings.Daemon(

@@ -29,7 +29,7 @@ def create_backend(name: str, settings: AgentSettings) -> Backend:
 
         return SimulatedBackend(
             settings.node, model=settings.sim_model, gpus=settings.sim_gpus, seed=settings.sim_seed,
-            hot_gpus=settings.sim_hot_gpus,
+            hot_gpus=settings.sim_hot_gpus, power_cap_w=settings.sim_power_cap_w or None,
         )
     if name == "replay":
         from agent.backends.replay import ReplayBackend

@@ -29,9 +29,12 @@ most 1 s (the first call covers a nominal 0.1 s). Units: MHz, W, °C, s, J.
    is static power (leakage grows with temperature) and ``P_dyn = (tdp_w − idle_w)·q`` the
    dynamic power at full activity and max clock; the exponent 2.5 is the V–f scaling
    (P ∝ f·V², V roughly linear in f above the knee).
-3. Limits: the power cap ``tdp_w`` and a thermal budget: the power that brings the
-   temperature exactly to ``T_LIMIT_C`` at the end of the sub-step,
-   ``P_th = ((T_LIMIT − T)/(1 − e^(−dt/τ)) + T − T_amb)/R_th``. If ``P(f_req)`` exceeds
+3. Limits: the power cap (``power_cap_w``, the model's ``tdp_w`` unless set otherwise) and a
+   thermal budget: the power that brings the temperature exactly to ``T_LIMIT_C`` at the end of
+   the sub-step,
+   ``P_th = ((T_LIMIT − T)/(1 − e^(−dt/τ)) + T − T_amb)/R_th``. The cooling (``R_th``) and the
+   dynamic power stay those of the model: a cap below TDP is an administrator's limit (``nvidia-smi
+   -pl``, ``amd-smi set --power-cap``), not a different chip. If ``P(f_req)`` exceeds
    ``min(cap, P_th)`` the clock is solved from step 2 to fit, bounded below by ``0.2·f_max``,
    and ``dt`` is added to ``throttle_power_s`` or ``throttle_thermal_s`` (whichever limit binds).
 4. Temperature (first-order thermal RC, exact discretisation):
@@ -168,15 +171,17 @@ class SimulatedBackend:
         gpus: Number of GPUs.
         seed: Seeds per-GPU variation, noise and UUIDs.
         hot_gpus: Indices of GPUs with poor cooling (thermal throttling under load).
+        power_cap_w: Power cap of every GPU, W; ``None`` for the model's TDP. A cap well below TDP
+            makes busy GPUs throttle for power (``throttle_power_s``) at a visibly lower clock.
 
     Raises:
-        ValueError: Unknown model, ``gpus < 1`` or a hot GPU index out of range.
+        ValueError: Unknown model, ``gpus < 1``, a hot GPU index out of range or a cap that is not positive.
     """
 
     name = "simulated"
 
     def __init__(self, node: str, model: str = "MI300X", gpus: int = 8, seed: int = 0,
-                 hot_gpus: Sequence[int] = ()) -> None:
+                 hot_gpus: Sequence[int] = (), power_cap_w: float | None = None) -> None:
         spec = SPECS.get(model) or SPECS.get(model.upper())
         if spec is None:
             raise ValueError(f"unknown simulated GPU model {model!r}; known models: {', '.join(SPECS)}")
@@ -185,6 +190,9 @@ class SimulatedBackend:
         bad = [g for g in hot_gpus if not 0 <= g < gpus]
         if bad:
             raise ValueError(f"hot_gpus {bad} out of range 0..{gpus - 1}")
+        if power_cap_w is not None and not power_cap_w > 0:
+            raise ValueError(f"power_cap_w must be a positive number of watts, got {power_cap_w}")
+        self.power_cap_w = float(spec.tdp_w if power_cap_w is None else power_cap_w)
         self.node, self.spec, self.gpus, self.seed = node, spec, gpus, seed
         self.hot_gpus = tuple(sorted(set(hot_gpus)))
         self.ignored_markers = 0
@@ -228,7 +236,7 @@ class SimulatedBackend:
         return [
             DeviceInfo(node=self.node, gpu=g, vendor="simulated", model=f"{s.model} (simulated)",
                        uuid=self._uuid(g), max_gfx_clock_mhz=s.max_gfx_clock_mhz, peak_flops=s.peak_flops,
-                       memory_bytes=s.memory_bytes, power_cap_w=s.tdp_w)
+                       memory_bytes=s.memory_bytes, power_cap_w=self.power_cap_w)
             for g in range(self.gpus)
         ]
 
@@ -340,7 +348,7 @@ class SimulatedBackend:
             p_thermal = ((T_LIMIT_C - self._temp) / k + self._temp - AMBIENT_C) / self._r_th
         else:
             p_thermal = np.full_like(demand, math.inf)
-        budget = np.minimum(spec.tdp_w, p_thermal)
+        budget = np.minimum(self.power_cap_w, p_thermal)
         over = demand > budget
         f = f_req
         if over.any():
@@ -348,7 +356,7 @@ class SimulatedBackend:
             with np.errstate(divide="ignore", invalid="ignore"):
                 f_fit = f_max * np.where(p_dyn_max > 0, head / p_dyn_max, 1.0) ** (1.0 / VF_EXPONENT)
             f = np.where(over, np.minimum(f_req, np.maximum(F_MIN_FRACTION * f_max, f_fit)), f_req)
-            thermal = over & (p_thermal < spec.tdp_w)
+            thermal = over & (p_thermal < self.power_cap_w)
             self._thr_thermal += thermal * h
             self._thr_power += (over & ~thermal) * h
         p = p_static + p_dyn_max * (f / f_max) ** VF_EXPONENT

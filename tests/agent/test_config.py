@@ -32,6 +32,7 @@ def test_config_file_from_env(tmp_path: Path) -> None:
         (["--socket-mode", "rw"], None, "socket_mode: 'rw' is not octal permission bits"),
         (["--backend", "replay"], None, "replay_dir: required with backend replay"),
         (["--sim-hot-gpus", "9"], None, "sim_hot_gpus: (9,) names a GPU outside 0..7"),
+        (["--sim-power-cap-w", "-5"], None, "sim_power_cap_w: -5.0 is negative; use 0 for the model's TDP"),
         ([], "sample_hz: [1, 2]\n", "sample_hz: [1, 2] (from config file"),
         ([], "sampel_hz: 10\n", "unknown setting(s) sampel_hz; known settings are node, backend"),
         ([], "- 1\n- 2\n", "must be a mapping of setting: value, got list"),

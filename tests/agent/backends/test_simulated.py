@@ -155,6 +155,24 @@ def test_power_never_exceeds_cap_and_energy_integrates_power() -> None:
     assert residency[-1].max() <= 20.0 + 0.1
 
 
+def test_power_cap_below_tdp_throttles_for_power_at_a_lower_clock() -> None:
+    capped = SimulatedBackend("n", model="MI300X", gpus=2, seed=5, power_cap_w=400.0)
+    free = SimulatedBackend("n", model="MI300X", gpus=2, seed=5)
+    assert [d.power_cap_w for d in capped.open()] == [400.0, 400.0]
+    assert [d.power_cap_w for d in free.open()] == [750.0, 750.0]
+    (c_samples, _), (f_samples, _) = _drive(capped, 10.0), _drive(free, 10.0)
+    assert max(s.power_w for tick in c_samples for s in tick) <= 400.0 * 1.001
+    # Compute phases of the last 5 s: the capped GPUs run well below max clock, for power.
+    compute = [i for i in range(len(c_samples) - 500, len(c_samples)) if 2 < i % 50 < 38]
+    c_clock = np.mean([[c_samples[i][g].gfx_clock_mhz for g in (0, 1)] for i in compute])
+    f_clock = np.mean([[f_samples[i][g].gfx_clock_mhz for g in (0, 1)] for i in compute])
+    assert c_clock < 0.8 * capped.spec.max_gfx_clock_mhz < 0.85 * f_clock
+    last = c_samples[-1]
+    assert min(s.throttle_power_s for s in last) > 5.0 and max(s.throttle_thermal_s for s in last) == 0.0
+    with pytest.raises(ValueError, match="power_cap_w must be a positive number of watts"):
+        SimulatedBackend("n", power_cap_w=0.0)
+
+
 def test_long_gap_matches_fine_sampling() -> None:
     """One 1.5 s call integrates like 150 calls of 10 ms (sub-steps, exact thermal RC)."""
     results = []
