@@ -149,8 +149,9 @@ class ProgressCheck:
         if value != self._last:
             self._last, self._changed_at = value, now
             return None
-        idle = now - self._changed_at
-        return f"{self.name} stalled for {idle:.1f} s" if idle > self.stale_after_s else None
+        # The reason names the limit, not the growing idle time, so it changes (and is logged) once.
+        stale = now - self._changed_at > self.stale_after_s
+        return f"{self.name} made no progress for over {self.stale_after_s:g} s" if stale else None
 
 
 def thread_check(name: str, thread: threading.Thread) -> Check:
