@@ -7,6 +7,10 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 DEFAULT_AGENT = "unix:///run/chopper/agent.sock"
 
@@ -130,8 +134,32 @@ def _attribute(args: argparse.Namespace) -> int:
         for problem in result.problems:
             print(f"  {problem}", file=sys.stderr)
         return 2
-    print(json.dumps(to_json(result), indent=1) if args.json else format_table(result))
+    joined = _capture_join(args.run_dir, result.steps)
+    if args.json:
+        out = to_json(result)
+        if joined is not None:
+            from chopper.capture_join import to_records
+            out["capture"] = to_records(joined)
+        print(json.dumps(out, indent=1))
+    else:
+        print(format_table(result))
+        if joined is not None:
+            from chopper.capture_join import format_join
+            print("\n" + format_join(joined))
     return 0
+
+
+def _capture_join(run_dir: str, steps: pd.DataFrame) -> pd.DataFrame | None:
+    """A capture directory's per-step join of counters and kernels, or None; a bad trace is warned
+    about on stderr and skipped, so the counter-level account is still printed."""
+    from chopper.capture_join import join_capture
+    from chopper.trace import TraceError
+
+    try:
+        return join_capture(run_dir, steps)
+    except TraceError as exc:
+        print(f"chopper attribute: warning: traces not joined: {exc}", file=sys.stderr)
+        return None
 
 
 def _report(args: argparse.Namespace) -> int:

@@ -13,13 +13,14 @@ from chopper.trace.reader import Trace, TraceError, read_trace
 __all__ = ["Trace", "TraceError", "check_one_job", "load_trace", "load_traces"]
 
 
-def load_trace(path: str | Path) -> Trace:
-    """Read one rank's trace (``.json`` or ``.json.gz``).
+def load_trace(path: str | Path, require_gpu: bool = True) -> Trace:
+    """Read one rank's trace (``.json`` or ``.json.gz``); ``require_gpu`` as in :func:`read_trace`.
 
     Raises:
-        TraceError: the file is missing, truncated, not a trace, or has no GPU kernels.
+        TraceError: the file is missing, truncated, not a trace, or has no GPU kernels while
+            ``require_gpu``.
     """
-    return read_trace(path)
+    return read_trace(path, require_gpu)
 
 
 def check_one_job(traces: Sequence[Trace]) -> None:
@@ -43,11 +44,12 @@ def check_one_job(traces: Sequence[Trace]) -> None:
                 "come from different jobs. Analyze the traces of one job together")
 
 
-def load_traces(paths: Iterable[str | Path] | str | Path) -> list[Trace]:
+def load_traces(paths: Iterable[str | Path] | str | Path, require_gpu: bool = True) -> list[Trace]:
     """Read the traces of one job, one per rank, sorted by rank.
 
     Args:
         paths: Trace files, or a directory holding them (``*.json`` and ``*.json.gz``).
+        require_gpu: As in :func:`chopper.trace.reader.read_trace`.
 
     Returns:
         The traces sorted by rank.
@@ -65,6 +67,6 @@ def load_traces(paths: Iterable[str | Path] | str | Path) -> list[Trace]:
         files = [Path(paths)]
     else:
         files = [Path(p) for p in paths]
-    traces = sorted((read_trace(f) for f in files), key=lambda t: t.rank)
+    traces = sorted((read_trace(f, require_gpu) for f in files), key=lambda t: t.rank)
     check_one_job(traces)
     return traces

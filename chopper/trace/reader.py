@@ -273,7 +273,7 @@ def _read_tail(tail: bytes) -> dict[str, Any]:
     return found
 
 
-def read_trace(path: str | Path) -> Trace:
+def read_trace(path: str | Path, require_gpu: bool = True) -> Trace:
     """Read one Kineto trace file into frames.
 
     Algorithm:
@@ -289,12 +289,15 @@ def read_trace(path: str | Path) -> Trace:
 
     Args:
         path: A ``.json`` or ``.json.gz`` trace.
+        require_gpu: Refuse a trace without GPU kernels (a CPU-only profile), which the kernel-level
+            analyses cannot use; False reads it with empty GPU frames (for its ``ProfilerStep`` ranges).
 
     Returns:
         The parsed :class:`Trace`.
 
     Raises:
-        TraceError: missing or unreadable file, truncated gzip, not JSON, not a trace, no GPU kernels.
+        TraceError: missing or unreadable file, truncated gzip, not JSON, not a trace, no GPU kernels
+            while ``require_gpu``.
     """
     path = Path(path)
     if not path.exists():
@@ -318,7 +321,7 @@ def read_trace(path: str | Path) -> Trace:
     except UnicodeDecodeError as exc:
         raise _bad(path, "not text JSON", "Pass a Kineto / PyTorch-profiler trace (.json or .json.gz)") from exc
     meta.update(tail_meta)
-    return _assemble(path, meta, parsed)
+    return _assemble(path, meta, parsed, require_gpu)
 
 
 def _read_events(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -465,7 +468,7 @@ def _detect_rank(path: Path, meta: dict[str, Any]) -> tuple[int, int | None]:
     return (int(m.group(1)) if m else 0), world
 
 
-def _assemble(path: Path, meta: dict[str, Any], p: dict[str, Any]) -> Trace:
+def _assemble(path: Path, meta: dict[str, Any], p: dict[str, Any], require_gpu: bool) -> Trace:
     names, cats = p["names"].vocab(), p["cats"].vocab()
     offset = clock_offset_ns(meta)
 
@@ -473,7 +476,7 @@ def _assemble(path: Path, meta: dict[str, Any], p: dict[str, Any]) -> Trace:
         return _columns(p[key], contract, names, cats, offset)
 
     kernels = columns("kernels", KERNEL_COLUMNS)
-    if not len(kernels):
+    if require_gpu and not len(kernels):
         raise _bad(path, "no GPU kernels (no events with cat kernel / gpu_memcpy / gpu_memset): a CPU-only profile",
                    "Record with torch.profiler activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA] "
                    "(CUDA also covers ROCm) so GPU activity is traced")
