@@ -73,7 +73,10 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("chopper_aggregator_store_buffered_rows", "gauge", "Rows waiting to be written to the store.", ()),
     # The write-ahead log (only with store_dir; see docs/ARCHITECTURE.md, delivery and durability).
     MetricSpec("chopper_aggregator_wal_up", "gauge",
-               "1 while the write-ahead log commits; 0 after a write or fsync failed (acks are refused).", ()),
+               "1 while the write-ahead log commits; 0 while its writes or fsyncs fail (deliveries are refused "
+               "until a retry succeeds).", ()),
+    MetricSpec("chopper_aggregator_wal_write_errors_total", "counter",
+               "Failed write-ahead log commits (disk full, I/O error), each retried with backoff.", ()),
     MetricSpec("chopper_aggregator_wal_bytes", "gauge", "Size of the write-ahead log's segments, bytes.", ()),
     MetricSpec("chopper_aggregator_wal_segments", "gauge", "Write-ahead log segment files.", ()),
     MetricSpec("chopper_aggregator_wal_records_total", "counter", "Records appended to the write-ahead log.", ()),

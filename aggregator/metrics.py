@@ -141,7 +141,7 @@ class AggregatorCollector(Collector):
             wal = core.wal.stats()
             fam.add("chopper_aggregator_wal_up", (), 1.0 - wal["failed"])
             for key in ("bytes", "segments", "records_total", "torn_records_total", "replayed_records_total",
-                        "fsyncs_total", "fsync_seconds_total"):
+                        "fsyncs_total", "fsync_seconds_total", "write_errors_total"):
                 fam.add(f"chopper_aggregator_wal_{key}", (), wal[key])
         for method in ("Deliver", "QuerySteps"):
             fam.add("chopper_aggregator_messages_undecodable_total", (method,),

@@ -56,7 +56,7 @@ import pyarrow.parquet as pq
 
 from aggregator.jobs import Finalized, JobTable
 from aggregator.store import Store
-from aggregator.wal import BATCH, FILES, ID_BITS, LEDGER, Wal, summary_id
+from aggregator.wal import BATCH, FILES, ID_BITS, LEDGER, Wal, WalError, summary_id
 from chopper.proto.chopper.v1 import aggregator_pb2 as apb
 
 log = logging.getLogger(__name__)
@@ -118,13 +118,18 @@ class Aggregator:
         """Take in one batch (module docstring); returns the sequence number to acknowledge.
 
         Raises:
-            WalError: The write-ahead log cannot make the batch durable: do not acknowledge.
+            WalError: The write-ahead log cannot make the batch durable (it is failing, and then the
+                batch is not taken in at all): do not acknowledge.
         """
+        wal = self.wal
+        if wal is not None and wal.failing:
+            # Taking the batch in would let the ledger run ahead of the log, and the pending records
+            # grow with the outage: refuse, and the agent keeps it in its buffer and resends.
+            raise WalError("write-ahead log is failing (disk full or I/O error); retrying, resend later")
         with self.lock:
             new, acked = self.ledger.accept(batch.agent, batch.incarnation, list(batch.seq), batch.lost_total)
             summaries = batch.summaries
             ids = None
-            wal = self.wal
             if wal is not None:
                 if new:
                     record = batch if len(new) == len(batch.seq) else apb.SummaryBatch(

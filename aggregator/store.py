@@ -25,7 +25,8 @@ Algorithm of ``Store``:
    forgets survive a power loss.
 5. A failed write is counted (``flush_errors_total``), logged, and its rows stay buffered for the
    next try, up to ``max_buffered_rows``; beyond that the oldest rows are dropped and counted
-   (``rows_dropped_total``) so a full disk cannot exhaust memory.
+   (``rows_dropped_total``) so a full disk cannot exhaust memory. The failed write's temporary
+   file is removed, so a full disk gets back the space the retry needs.
 """
 from __future__ import annotations
 
@@ -150,10 +151,15 @@ class Store:
         for directory, n, part in plan:
             table = pa.Table.from_pandas(part.drop(columns=["job"]).reset_index(drop=True), preserve_index=False)
             tmp = directory / f".part-{n}.parquet.tmp"
-            pq.write_table(table, tmp)
-            if self.durable:
-                _fsync(tmp)
-            os.replace(tmp, directory / f"part-{n}.parquet")
+            try:
+                pq.write_table(table, tmp)
+                if self.durable:
+                    _fsync(tmp)
+                os.replace(tmp, directory / f"part-{n}.parquet")
+            except BaseException:
+                # A half-written file on a full disk would hold space the retry needs.
+                tmp.unlink(missing_ok=True)
+                raise
             if self.durable:
                 _fsync(directory)
             self._next_part[directory] = n + 1

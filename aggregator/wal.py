@@ -26,8 +26,13 @@ Algorithm.
    caller asked for ``sync``), then writes every pending record with one ``write`` and one
    ``fsync`` and raises ``durable_lsn`` to the last of them. Callers ``wait(lsn)`` for that, so
    one fsync releases the acknowledgements of every stream that appended meanwhile: 64 streams
-   share fsyncs instead of queueing on them. A write or fsync error fails the log for good
-   (after a failed fsync the page cache cannot be trusted): every waiter gets ``WalError``.
+   share fsyncs instead of queueing on them.
+   **A write or fsync error** (disk full, I/O error) puts the log in a failing state: every waiter
+   gets ``WalError`` at once (no acknowledgement), the failure is counted, and the records stay
+   pending in memory. The flusher cuts the segment back to its last committed size (a failed
+   fsync leaves the page cache untrustworthy, so the records are written again from memory, never
+   just fsynced again) and retries with backoff (``RETRY_S``); the first commit that succeeds
+   ends the failing state, and the acknowledgements resume.
 3. **Rotate** (``rotate``): later records go to a new segment, headed by the records given
    (the ledger snapshot). The flusher switches files in order with the records.
 4. **Truncate** (``truncate(below)``): a closed segment whose last lsn is below ``below`` (the
@@ -50,6 +55,7 @@ import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +66,8 @@ _KIND_LSN = struct.Struct("<BQ")
 _SEGMENT = re.compile(r"segment-(\d{20})\.log")
 # A summary's id in the job table and the store: its record's lsn and its index in the record.
 ID_BITS = 24
+# Retry delays of a failing log, s: the first, doubled per failure up to the last.
+RETRY_S = (0.1, 2.0)
 
 
 def summary_id(lsn: int, index: int) -> int:
@@ -173,6 +181,9 @@ class Wal:
         self._stop = False
         self._thread: threading.Thread | None = None
         self._file: int | None = None
+        # Bytes of the open segment known to be written and fsynced; a failed write may leave more.
+        self._file_size = 0
+        self._file_dirty = False
         self._active_since = clock()
         self.records_total = 0
         self.torn_records_total = 0
@@ -180,6 +191,7 @@ class Wal:
         self.fsyncs_total = 0
         self.fsync_seconds_total = 0.0
         self.segments_deleted_total = 0
+        self.write_errors_total = 0
 
     # -- recovery ----------------------------------------------------------------------------
 
@@ -269,11 +281,17 @@ class Wal:
             return seg.bytes >= self.segment_bytes or (
                 self.clock() - self._active_since >= self.segment_s and seg.last_lsn >= seg.first_lsn)
 
+    @property
+    def failing(self) -> bool:
+        """The last commit failed and has not been retried successfully yet."""
+        return self._failed is not None
+
     def wait(self, lsn: int, timeout_s: float | None = None) -> None:
         """Block until record ``lsn`` is fsynced.
 
         Raises:
-            WalError: The log failed, or ``timeout_s`` passed first.
+            WalError: The log is failing (at once, or when it starts failing while waiting), or
+                ``timeout_s`` passed first.
         """
         with self._cond:
             if not self._cond.wait_for(lambda: self.durable_lsn >= lsn or self._failed is not None, timeout_s):
@@ -313,7 +331,8 @@ class Wal:
 
     def stats(self) -> dict[str, float]:
         """``bytes`` (all segments), ``segments``, ``records_total``, ``torn_records_total``,
-        ``replayed_records_total``, ``fsyncs_total``, ``fsync_seconds_total``, ``failed`` (0/1)."""
+        ``replayed_records_total``, ``fsyncs_total``, ``fsync_seconds_total``, ``write_errors_total``,
+        ``failed`` (0/1: failing now)."""
         with self._lock:
             return {
                 "bytes": float(sum(s.bytes for s in self._segments)),
@@ -323,6 +342,7 @@ class Wal:
                 "replayed_records_total": float(self.replayed_records_total),
                 "fsyncs_total": float(self.fsyncs_total),
                 "fsync_seconds_total": self.fsync_seconds_total,
+                "write_errors_total": float(self.write_errors_total),
                 "failed": 1.0 if self._failed is not None else 0.0,
             }
 
@@ -330,6 +350,7 @@ class Wal:
 
     def _flush_loop(self) -> None:
         last_commit = -float("inf")
+        retry_s = RETRY_S[0]
         while True:
             with self._cond:
                 while not self._pending and not self._stop:
@@ -349,44 +370,82 @@ class Wal:
             try:
                 self._write(items)
             except OSError as exc:
-                log.error("event=wal_failed directory=%s error=%r", self.directory, str(exc))
                 with self._cond:
+                    # What was not written goes back in front of what arrived meanwhile.
+                    self._pending[:0] = items
+                    self._pending_bytes += sum(len(i) for i in items if isinstance(i, bytes))
+                    self.write_errors_total += 1
+                    if self._failed is None:
+                        log.error("event=wal_failing directory=%s error=%r retry_in_s=%g note='acknowledgements "
+                                  "wait until a retry succeeds'", self.directory, str(exc), retry_s)
                     self._failed = exc
                     self._cond.notify_all()
-                return
+                    # Appends notify the condition: sleep out the whole delay, not just until one.
+                    deadline = self.clock() + retry_s
+                    while not self._stop and (left := deadline - self.clock()) > 0:
+                        self._cond.wait(left)
+                    if self._stop:
+                        return
+                retry_s = min(retry_s * 2, RETRY_S[1])
+                continue
+            retry_s = RETRY_S[0]
             with self._cond:
                 self.durable_lsn = upto
+                if self._failed is not None:
+                    log.info("event=wal_recovered directory=%s errors_total=%d", self.directory,
+                             self.write_errors_total)
+                    self._failed = None
                 self._cond.notify_all()
 
     def _write(self, items: list[bytes | _Segment]) -> None:
-        chunk: list[bytes] = []
-        for item in items:
-            if isinstance(item, _Segment):
-                self._commit(chunk)
-                chunk = []
-                previous = self._file
-                self._file = os.open(item.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-                # The new name must survive a crash as well as the records in it.
-                _fsync_dir(self.directory)
-                if previous is not None:
-                    os.close(previous)
-                with self._lock:
-                    for seg in self._segments:
-                        if seg is not item and not seg.closed and seg.first_lsn < item.first_lsn:
-                            seg.closed = True
-            else:
-                chunk.append(item)
-        self._commit(chunk)
+        """Write and fsync ``items`` in order, removing each from the list once it is durable.
+
+        On an error the items not yet durable are left in ``items`` for the retry.
+        """
+        while items:
+            head = items[0]
+            if isinstance(head, _Segment):
+                self._open_segment(head)
+                del items[0]
+                continue
+            n = next((i for i, item in enumerate(items) if isinstance(item, _Segment)), len(items))
+            self._commit(cast(list[bytes], items[:n]))
+            del items[:n]
+
+    def _open_segment(self, seg: _Segment) -> None:
+        fd = os.open(seg.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            # The new name must survive a crash as well as the records in it.
+            _fsync_dir(self.directory)
+        except OSError:
+            os.close(fd)
+            raise
+        previous, self._file = self._file, fd
+        self._file_size, self._file_dirty = os.fstat(fd).st_size, False
+        if previous is not None:
+            os.close(previous)
+        with self._lock:
+            for other in self._segments:
+                if other is not seg and not other.closed and other.first_lsn < seg.first_lsn:
+                    other.closed = True
 
     def _commit(self, chunk: list[bytes]) -> None:
         if not chunk or self._file is None:
             return
+        if self._file_dirty:
+            # A failed write or fsync may have left part of a record (or untrustworthy pages)
+            # after the committed bytes: cut them, so the retry writes every record whole.
+            os.ftruncate(self._file, self._file_size)
+            self._file_dirty = False
         data = b"".join(chunk)
         view = memoryview(data)
+        self._file_dirty = True
         while view:
             n = os.write(self._file, view)
             view = view[n:]
         started = time.perf_counter()
         os.fsync(self._file)
+        self._file_dirty = False
+        self._file_size += len(data)
         self.fsyncs_total += 1
         self.fsync_seconds_total += time.perf_counter() - started
