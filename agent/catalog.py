@@ -55,6 +55,12 @@ METRICS: tuple[MetricSpec, ...] = (
         "chopper_gpu_throttle_seconds_total", "counter",
         "Time the clock was held down, by cause (power, thermal, current, other), s.", (*GPU, "cause"),
     ),
+    MetricSpec(
+        "chopper_gpu_workload_info", "info",
+        "Who holds the GPU as the scheduler sees it: a Slurm job (source jobmap) or a pod's container "
+        "(source podresources); value is always 1.",
+        ("node", "gpu", "job", "pod", "namespace", "container", "source"),
+    ),
     # Host.
     MetricSpec("chopper_host_cpu_busy_ratio", "gauge", "CPU busy over the last interval, all cores, 0-1.", NODE),
     MetricSpec("chopper_host_memory_used_bytes", "gauge", "Host memory in use, bytes.", NODE),
@@ -118,6 +124,15 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("chopper_agent_marker_streams", "gauge", "Open PushMarkers streams from trainers.", NODE),
     MetricSpec("chopper_agent_subscribers", "gauge", "Open Subscribe streams from consumers.", NODE),
     MetricSpec("chopper_agent_step_summaries_total", "counter", "Step summaries computed.", NODE),
+    MetricSpec(
+        "chopper_agent_workload_source_up", "gauge",
+        "1 when the last reading of a GPU-owner source (jobmap, podresources) succeeded.", (*NODE, "source"),
+    ),
+    MetricSpec(
+        "chopper_agent_workload_errors_total", "counter",
+        "Failed readings of a GPU-owner source, by kind (unreadable, bad_file, unavailable, error).",
+        (*NODE, "source", "kind"),
+    ),
     # Delivery of step summaries to aggregator replicas (replica="" counts summaries never routed).
     MetricSpec(
         "chopper_agent_delivery_sent_total", "counter",

@@ -23,8 +23,10 @@ from agent.capture import CaptureManager
 from agent.config import AgentSettings
 from agent.delivery import Forwarder
 from agent.markers import ClosedStep, IngestResult, MarkerIngest, RankState
+from agent.podresources import device_ids
 from agent.sampler import FixedRateTicker
 from agent.steps import RankFigures, SummaryQueue, summarize
+from agent.workload import PciAddressed, build_tracker
 from chopper.proto.chopper.v1 import agent_pb2 as pb
 from chopper.schema import DeviceInfo, MarkerKind, Sample
 
@@ -104,6 +106,10 @@ class Agent:
         self._ingest = MarkerIngest(settings.node, 0)
         self._marker_lock = threading.Lock()
         self._state_lock = threading.Lock()
+        # Who holds each GPU per Slurm or the kubelet, read on its own thread (agent/workload.py).
+        self.workloads = build_tracker(
+            settings.job_mapping_dir, settings.pod_resources_socket, settings.workload_refresh_s
+        )
         # Step summaries to the aggregator replicas, from its own threads (never the sampler's).
         self.delivery: Forwarder | None = None
         if settings.aggregators:
@@ -132,16 +138,23 @@ class Agent:
         self.devices = devices
         self._devices_by_gpu = {d.gpu: d for d in devices}
         self._ingest.gpu_count = max((d.gpu for d in devices), default=-1) + 1
+        if self.workloads is not None:
+            bus_ids = self.backend.pci_bus_ids() if isinstance(self.backend, PciAddressed) else {}
+            self.workloads.set_device_ids(device_ids({d.gpu: d.uuid for d in devices}, bus_ids))
 
     def start(self) -> None:
         self.ticker.start()
         if self.delivery is not None:
             self.delivery.start()
+        if self.workloads is not None:
+            self.workloads.start()
 
     def stop(self) -> None:
         self.ticker.stop()
         if self.delivery is not None:
             self.delivery.stop()
+        if self.workloads is not None:
+            self.workloads.stop()
         try:
             self.backend.close()
         except Exception as exc:  # closing must not turn a clean stop into a crash
@@ -172,7 +185,8 @@ class Agent:
                     self.ticker.period_ns,
                 )
         if samples:
-            self.samples.extend(_sample_to_pb(s) for s in samples)
+            jobs = self.workloads.jobs() if self.workloads is not None else {}
+            self.samples.extend(_sample_to_pb(s, jobs.get(s.gpu, "")) for s in samples)
         if summaries:
             self.summaries_total += len(summaries)
             with self._state_lock:
@@ -293,5 +307,5 @@ _SAMPLE_FIELDS = tuple(f.name for f in dataclasses.fields(Sample))
 _sample_values = operator.attrgetter(*_SAMPLE_FIELDS)
 
 
-def _sample_to_pb(s: Sample) -> pb.Sample:
-    return pb.Sample(**dict(zip(_SAMPLE_FIELDS, _sample_values(s), strict=True)))
+def _sample_to_pb(s: Sample, job: str) -> pb.Sample:
+    return pb.Sample(**dict(zip(_SAMPLE_FIELDS, _sample_values(s), strict=True)), job=job)

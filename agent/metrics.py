@@ -53,6 +53,7 @@ class AgentCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         fam = Families()
         self._gpus(fam)
+        self._workloads(fam)
         self._host(fam)
         self._ranks(fam)
         self._self(fam)
@@ -89,6 +90,20 @@ class AgentCollector(Collector):
                 fam.add(name, gl, value)
             for cause in THROTTLE_CAUSES:
                 fam.add("chopper_gpu_throttle_seconds_total", (*gl, cause), getattr(s, f"throttle_{cause}_s"))
+
+    def _workloads(self, fam: Families) -> None:
+        tracker = self.agent.workloads
+        if tracker is None:
+            return
+        node = self.agent.settings.node
+        for gpu, owners in tracker.table().items():
+            for w in owners:
+                fam.add("chopper_gpu_workload_info", (node, str(gpu), w.job, w.pod, w.namespace, w.container, w.source),
+                        1.0)
+        for source in tracker.sources:
+            fam.add("chopper_agent_workload_source_up", (node, source.name), 1.0 if source.health.up else 0.0)
+            for kind, count in sorted(source.health.errors.items()):
+                fam.add("chopper_agent_workload_errors_total", (node, source.name, kind), float(count))
 
     def _host(self, fam: Families) -> None:
         h = self.agent.latest_host

@@ -13,7 +13,7 @@ BASE_UNITS = ("_hertz", "_ratio", "_watts", "_joules", "_celsius", "_bytes", "_s
               "_flops_per_second")
 # Counts and states with no unit, as Prometheus' own `up`: each one is a deliberate exception.
 UNITLESS = {"chopper_agent_backend_up", "chopper_host_load1", "chopper_rank_last_step", "chopper_agent_marker_streams",
-            "chopper_agent_subscribers", "chopper_agent_delivery_connected"}
+            "chopper_agent_subscribers", "chopper_agent_delivery_connected", "chopper_agent_workload_source_up"}
 
 
 def test_docs_metrics_md_is_current() -> None:

@@ -122,7 +122,7 @@ class AgentInfo(_message.Message):
     def __init__(self, node: _Optional[str] = ..., backend: _Optional[str] = ..., version: _Optional[str] = ..., sample_hz: _Optional[float] = ..., devices: _Optional[_Iterable[_Union[DeviceInfo, _Mapping]]] = ...) -> None: ...
 
 class Sample(_message.Message):
-    __slots__ = ("ts_ns", "node", "gpu", "gfx_clock_mhz", "mem_clock_mhz", "busy_ratio", "matrix_ratio", "mem_busy_ratio", "power_w", "energy_j", "temp_c", "mem_used_bytes", "link_tx_bytes", "link_rx_bytes", "pcie_tx_bytes", "pcie_rx_bytes", "throttle_power_s", "throttle_thermal_s", "throttle_current_s", "throttle_other_s")
+    __slots__ = ("ts_ns", "node", "gpu", "gfx_clock_mhz", "mem_clock_mhz", "busy_ratio", "matrix_ratio", "mem_busy_ratio", "power_w", "energy_j", "temp_c", "mem_used_bytes", "link_tx_bytes", "link_rx_bytes", "pcie_tx_bytes", "pcie_rx_bytes", "throttle_power_s", "throttle_thermal_s", "throttle_current_s", "throttle_other_s", "job")
     TS_NS_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
     GPU_FIELD_NUMBER: _ClassVar[int]
@@ -143,6 +143,7 @@ class Sample(_message.Message):
     THROTTLE_THERMAL_S_FIELD_NUMBER: _ClassVar[int]
     THROTTLE_CURRENT_S_FIELD_NUMBER: _ClassVar[int]
     THROTTLE_OTHER_S_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
     ts_ns: int
     node: str
     gpu: int
@@ -163,7 +164,8 @@ class Sample(_message.Message):
     throttle_thermal_s: float
     throttle_current_s: float
     throttle_other_s: float
-    def __init__(self, ts_ns: _Optional[int] = ..., node: _Optional[str] = ..., gpu: _Optional[int] = ..., gfx_clock_mhz: _Optional[float] = ..., mem_clock_mhz: _Optional[float] = ..., busy_ratio: _Optional[float] = ..., matrix_ratio: _Optional[float] = ..., mem_busy_ratio: _Optional[float] = ..., power_w: _Optional[float] = ..., energy_j: _Optional[float] = ..., temp_c: _Optional[float] = ..., mem_used_bytes: _Optional[float] = ..., link_tx_bytes: _Optional[float] = ..., link_rx_bytes: _Optional[float] = ..., pcie_tx_bytes: _Optional[float] = ..., pcie_rx_bytes: _Optional[float] = ..., throttle_power_s: _Optional[float] = ..., throttle_thermal_s: _Optional[float] = ..., throttle_current_s: _Optional[float] = ..., throttle_other_s: _Optional[float] = ...) -> None: ...
+    job: str
+    def __init__(self, ts_ns: _Optional[int] = ..., node: _Optional[str] = ..., gpu: _Optional[int] = ..., gfx_clock_mhz: _Optional[float] = ..., mem_clock_mhz: _Optional[float] = ..., busy_ratio: _Optional[float] = ..., matrix_ratio: _Optional[float] = ..., mem_busy_ratio: _Optional[float] = ..., power_w: _Optional[float] = ..., energy_j: _Optional[float] = ..., temp_c: _Optional[float] = ..., mem_used_bytes: _Optional[float] = ..., link_tx_bytes: _Optional[float] = ..., link_rx_bytes: _Optional[float] = ..., pcie_tx_bytes: _Optional[float] = ..., pcie_rx_bytes: _Optional[float] = ..., throttle_power_s: _Optional[float] = ..., throttle_thermal_s: _Optional[float] = ..., throttle_current_s: _Optional[float] = ..., throttle_other_s: _Optional[float] = ..., job: _Optional[str] = ...) -> None: ...
 
 class MarkerRecord(_message.Message):
     __slots__ = ("job", "node", "rank", "gpu", "marker")
