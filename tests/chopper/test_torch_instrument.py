@@ -1,4 +1,4 @@
-"""``chopper.torch.instrument`` on real 2-rank gloo training (DDP and FSDP2) against a real gRPC servicer."""
+"""``chopper.torch.instrument`` on real 2-rank gloo training (DDP, FSDP1 and FSDP2) against a real gRPC servicer."""
 from __future__ import annotations
 
 import json
@@ -93,6 +93,14 @@ def _worker(rank: int, kind: str, agent: str, port: int, out: str) -> None:
     if kind == "ddp":
         # Small buckets: several all-reduces per step, issued while backward still runs.
         model = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.25)
+    elif kind == "fsdp1":
+        from torch.distributed.fsdp import FullyShardedDataParallel
+        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+        # One FSDP unit per Block plus the root, as fully_shard below; CPU ranks need device_id=cpu.
+        model = FullyShardedDataParallel(model, auto_wrap_policy=ModuleWrapPolicy({Block}),
+                                         device_id=torch.device("cpu"), use_orig_params=True)
+        units = LAYERS + 1
     else:
         from torch.distributed.fsdp import fully_shard
 
@@ -211,14 +219,17 @@ def test_ddp_markers_from_one_call() -> None:
     assert hidden > 0  # DDP overlaps bucketed all-reduce with backward
 
 
-def test_fsdp2_markers_from_one_call() -> None:
-    markers, reports = run_job("fsdp2")
+@pytest.mark.parametrize("kind", ["fsdp1", "fsdp2"])
+def test_fsdp_markers_from_one_call(kind: str) -> None:
+    markers, reports = run_job(kind)
     intervals = check_common(markers, reports)
     for rep in reports.values():
         issued = rep["issued"]
-        # One reduce-scatter per fully_shard unit per step; at least one all-gather per unit per step.
+        # One reduce-scatter per FSDP unit per step; at least one all-gather per unit per step (FSDP1
+        # over gloo falls back to the list all_gather).
         assert issued.get("reduce_scatter_single", 0) + issued.get("reduce_scatter_tensor", 0) == rep["units"] * STEPS
-        assert issued.get("all_gather_single", 0) + issued.get("all_gather_into_tensor", 0) >= rep["units"] * STEPS
+        gathers = ("all_gather_single", "all_gather_into_tensor", "all_gather")
+        assert sum(issued.get(name, 0) for name in gathers) >= rep["units"] * STEPS
     hidden, _ = hidden_and_exposed(intervals)
     assert hidden > 0
 
