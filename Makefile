@@ -7,9 +7,10 @@ BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
-# Debian packages the tests start for real: Prometheus scrapes the agent in integration tests,
-# headless Chromium renders the HTML report.
-APT_PACKAGES := prometheus chromium
+# Debian packages the tests start for real, as command:package (installed when the command is missing):
+# Prometheus scrapes the agent in integration tests, headless Chromium renders the HTML report,
+# systemd-analyze verifies the systemd units.
+APT_PACKAGES := prometheus:prometheus chromium:chromium systemd-analyze:systemd
 # Benchmark-only: Holistic Trace Analysis, the baseline of benchmarks/bench_trace_vs_hta.py, lives in
 # its own venv so that its heavy dependencies (jupyterlab, plotly, ...) never enter ours or `make test`.
 HTA_VENV := .venv-hta
@@ -31,7 +32,8 @@ $(HTA_STAMP):
 	touch $@
 
 apt-deps:
-	@missing=""; for p in $(APT_PACKAGES); do command -v $$p >/dev/null || missing="$$missing $$p"; done; \
+	@missing=""; for pair in $(APT_PACKAGES); do \
+	  command -v "$${pair%%:*}" >/dev/null || missing="$$missing $${pair#*:}"; done; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
 	  $(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends $$missing; \
