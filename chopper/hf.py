@@ -11,10 +11,11 @@ On the first training step (when the Trainer has built its optimizer) the callba
 numbered from ``state.global_step``. On train end the hooks are removed and the markers flushed (the
 client is shut down if the callback started it). Evaluation runs under ``no_grad`` and is not marked.
 
-Limitations: the model the callbacks see is the unwrapped one, so under DDP the gradient all-reduce
-(issued by DDP's C++ reducer) is not marked; FSDP/DeepSpeed collectives issued from
-``torch.distributed`` Python functions are. Tokens per step are unknown to callbacks: pass
-``tokens_per_step=`` when the batch shape is fixed.
+Collectives: those issued from ``torch.distributed`` Python functions (FSDP, DeepSpeed) are marked by
+the wrappers of ``chopper.torch``. The DDP gradient all-reduce comes from DDP's C++ reducer, and the
+Trainer hands callbacks the unwrapped model, so the callback finds the DDP wrapper once, at the first
+step, with ``chopper.torch.ddp_wrapper_of``, and marks the all-reduce through its comm hook.
+Tokens per step are unknown to callbacks: pass ``tokens_per_step=`` when the batch shape is fixed.
 
 Requires the ``hf`` extra (``pip install 'chopper-telemetry[hf]'``); ``import chopper`` does not import
 transformers.
@@ -76,6 +77,8 @@ class ChopperCallback(TrainerCallback):  # type: ignore[misc]
         self._started_client = False
 
     def _start(self, args: Any, state: Any, model: Any, optimizer: Any) -> None:
+        import torch
+
         import chopper.torch as ctorch
 
         if self.instrumentation is not None or model is None or optimizer is None:
@@ -89,6 +92,10 @@ class ChopperCallback(TrainerCallback):  # type: ignore[misc]
         self.instrumentation = ctorch.instrument(
             model, _unwrap_optimizer(optimizer), self.flops_per_step, self.tokens_per_step,
             client=self.client, start_step=int(getattr(state, "global_step", 0) or 0))
+        if not isinstance(model, torch.nn.parallel.DistributedDataParallel):
+            ddp = ctorch.ddp_wrapper_of(model)  # the Trainer wrapped it; callbacks see the inner module
+            if ddp is not None:
+                self.instrumentation._register_ddp_hook(ddp)
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Instrument now when the optimizer exists already (else on the first step)."""

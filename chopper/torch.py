@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import logging
 import threading
 import weakref
@@ -441,6 +442,35 @@ class Instrumentation:
         if self.optimizer is not None:
             with contextlib.suppress(TypeError):
                 _active.discard(self.optimizer)
+
+
+def ddp_wrapper_of(module: nn.Module, max_depth: int = 3) -> nn.parallel.DistributedDataParallel | None:
+    """The ``DistributedDataParallel`` wrapping ``module``, when a framework wrapped it out of sight.
+
+    The Hugging Face Trainer (through accelerate) wraps the model in DDP and hands its callbacks the
+    inner module, so the DDP comm hook that marks the gradient all-reduce has no object to go on.
+    DDP holds the module in its ``_modules`` dict, which its instance ``__dict__`` holds.
+
+    Algorithm: breadth-first over the garbage collector's referrer graph from ``module``, following
+    dicts only, up to ``max_depth`` levels; the first ``DistributedDataParallel`` whose ``module``
+    is ``module`` is the answer. Each level is one ``gc.get_referrers`` pass over the tracked
+    objects (tens of ms per million objects), so call it once per training run, never per step.
+
+    Returns:
+        The wrapper, or None when torch.distributed is not initialized or nothing wraps ``module``.
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    frontier: list[Any] = [module]
+    for _ in range(max_depth):
+        referrers = gc.get_referrers(*frontier)
+        for ref in referrers:
+            if isinstance(ref, nn.parallel.DistributedDataParallel) and ref.module is module:
+                return ref
+        frontier = [ref for ref in referrers if isinstance(ref, dict)]
+        if not frontier:
+            break
+    return None
 
 
 def instrument(model: nn.Module, optimizer: Any, flops_per_step: float | None = None,

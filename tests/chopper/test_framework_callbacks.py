@@ -81,6 +81,57 @@ def test_hf_trainer_callback(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) ->
     assert stats["dropped"] == 0 and stats["sent"] == stats["queued"] == len(markers)
 
 
+def _hf_ddp_worker(rank: int, agent: str, port: int, out: str) -> None:
+    """One rank of a 2-rank Hugging Face Trainer job: the Trainer wraps the model in DDP itself."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
+                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2", HF_HUB_OFFLINE="1", CHOPPER_AGENT=agent,
+                      CHOPPER_JOB="hf-ddp", CHOPPER_RANK=str(rank), CHOPPER_GPU=str(rank))
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
+
+    import chopper.hf
+
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    seq, batch = 16, 4
+    data = [{"input_ids": ids, "labels": ids} for ids in torch.randint(0, 128, (2 * STEPS * batch, seq))]
+    cb = chopper.hf.ChopperCallback(tokens_per_step=batch * seq)
+    issued: dict[str, int] = {}
+
+    class Keep(TrainerCallback):  # type: ignore[misc]  # reads the counts before on_train_end removes the hooks
+        def on_train_end(self, *args: Any, **kwargs: Any) -> None:
+            issued.update(cb.instrumentation.collectives_issued)
+
+    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=128, n_positions=seq))
+    args = TrainingArguments(output_dir=out, per_device_train_batch_size=batch, max_steps=STEPS, use_cpu=True,
+                             report_to=[], save_strategy="no", logging_strategy="no", dataloader_num_workers=0,
+                             disable_tqdm=True, ddp_backend="gloo")
+    trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[Keep(), cb])
+    trainer.train()
+    wrapped = isinstance(trainer.model_wrapped, nn.parallel.DistributedDataParallel)
+    Path(out, f"{rank}.txt").write_text(f"{wrapped} {issued.get('all_reduce', 0)}")
+
+
+def test_hf_trainer_callback_marks_the_ddp_all_reduce_the_trainer_hides(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    import torch.multiprocessing as mp
+
+    from chopper.demo.run import free_port
+
+    def train(agent: str) -> None:
+        mp.spawn(_hf_ddp_worker, args=(agent, free_port(), str(tmp_path)), nprocs=2, join=True)
+
+    markers = received(train)
+    for rank in range(2):
+        wrapped, all_reduces = (tmp_path / f"{rank}.txt").read_text().split()
+        assert wrapped == "True"  # the Trainer, not the test, wrapped the model in DDP
+        mine = markers[markers["rank"] == rank]
+        check_steps(mine, STEPS)
+        begins = mine[(mine["kind"] == "collective_begin") & (mine["name"] == "all_reduce")]
+        # At least one gradient bucket per step, each marked through the DDP comm hook, with its bytes.
+        assert len(begins) == int(all_reduces) >= STEPS and (begins["bytes"] > 0).all()
+
+
 class _LitLM:
     """Builds a small LightningModule (defined lazily: lightning is optional)."""
 
