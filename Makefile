@@ -9,15 +9,17 @@ STAMP := $(VENV)/.installed
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # Debian packages the tests start for real, as command:package (installed when the command is missing):
 # Prometheus scrapes the agent in integration tests, headless Chromium renders the HTML report,
-# systemd-analyze verifies the systemd units.
-APT_PACKAGES := prometheus:prometheus chromium:chromium systemd-analyze:systemd
+# systemd-analyze verifies the systemd units, promtool checks and unit-tests the alert rules, and a real
+# Alertmanager delivers the rules' alerts in the dashboards' end-to-end test.
+APT_PACKAGES := prometheus:prometheus chromium:chromium systemd-analyze:systemd promtool:prometheus \
+	prometheus-alertmanager:prometheus-alertmanager
 # Benchmark-only: Holistic Trace Analysis, the baseline of benchmarks/bench_trace_vs_hta.py, lives in
 # its own venv so that its heavy dependencies (jupyterlab, plotly, ...) never enter ours or `make test`.
 HTA_VENV := .venv-hta
 HTA_VERSION := 0.5.0
 HTA_STAMP := $(HTA_VENV)/.installed-$(HTA_VERSION)
 
-.PHONY: demo test lint bench proto apt-deps clean
+.PHONY: demo test lint bench proto dashboards apt-deps clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -55,6 +57,10 @@ bench: $(STAMP) $(HTA_STAMP)
 
 proto: $(STAMP)
 	$(BIN)/python -m chopper.proto.generate
+
+# Grafana JSON, Prometheus rules, their Kubernetes manifests and docs/ALERTS.md, from dashboards/*.py.
+dashboards: $(STAMP)
+	$(BIN)/python -m dashboards
 
 clean:
 	rm -rf $(VENV) $(HTA_VENV) build *.egg-info .pytest_cache .ruff_cache .mypy_cache
