@@ -1,0 +1,48 @@
+"""``docs/ALERTS.md``: every alert with its expression, parameters and runbook, and the recording rules."""
+from __future__ import annotations
+
+from dashboards.alerts import alerts
+from dashboards.params import RuleParams, param_help
+from dashboards.recording import records
+
+
+def markdown(p: RuleParams) -> str:
+    """The alerts document for parameters ``p`` (the committed file uses the defaults)."""
+    defaults = {name: (default, help_text) for name, default, help_text in param_help()}
+    lines = [
+        "# Alerts and recording rules",
+        "",
+        "Generated from `dashboards/alerts.py`, `dashboards/recording.py` and `dashboards/params.py` by",
+        "`make dashboards`; a test fails when this file is stale. The rules file is",
+        "`dashboards/rules/rules.yaml` (Kubernetes: `deploy/kubernetes/base/generated/prometheusrule.yaml`).",
+        "Render with other thresholds: `python -m dashboards --set dvfs_clock_ratio=0.8 --out DIR`.",
+        "",
+        "Prometheus must scrape agents and aggregators with `honor_labels: true`: their series carry the",
+        "training job in a `job` label, which would otherwise become `exported_job`.",
+        "",
+        "## Parameters",
+        "",
+        "| parameter | default | meaning |",
+        "|---|---|---|",
+    ]
+    lines += [f"| `{name}` | `{default}` | {help_text} |" for name, (default, help_text) in defaults.items()]
+    lines += ["", "## Alerts", ""]
+    for a in alerts(p):
+        lines += [
+            f"### {a.name}",
+            "",
+            f"Severity `{a.severity}`, fires after `{a.for_}`. {a.summary}",
+            "",
+            "```promql",
+            a.expr,
+            "```",
+            "",
+            "Parameters: " + ", ".join(f"`{name}` = `{getattr(p, name)}`" for name in a.params) + ".",
+            "",
+            f"**Runbook.** {a.runbook}",
+            "",
+        ]
+    lines += ["## Recording rules", "", f"Window: `rate_window` = `{p.rate_window}`.", "",
+              "| record | meaning |", "|---|---|"]
+    lines += [f"| `{r.record}` | {r.help} |" for r in records(p)]
+    return "\n".join(lines) + "\n"

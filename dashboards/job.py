@@ -1,0 +1,106 @@
+"""Job dashboard (variable ``job``): where one job's step time goes, rank by rank.
+
+Step time and MFU over time, the step time split by cause, straggler wait per rank (rank × time),
+the slowest rank with its hardware evidence, exposed communication, tokens/s and tokens/J. Step
+figures come from the aggregator, which joins ranks by step; tokens and per-rank step times from
+the agents. Collective time hidden behind compute is not shown: no metric measures it yet.
+"""
+from __future__ import annotations
+
+from grafana_foundation_sdk.builders.prometheus import Dataquery
+from grafana_foundation_sdk.models.dashboard import Dashboard
+
+from dashboards.names import C
+from dashboards.panels import (
+    RATE,
+    Board,
+    heatmap_panel,
+    label_variable,
+    query,
+    table_panel,
+    timeseries_panel,
+)
+from dashboards.params import RuleParams
+from dashboards.recording import GPU_CLOCK, GPU_THROTTLE, JOB_CAUSE, JOB_SECONDS, JOB_TOKENS, RANK_CAUSE
+
+UID = "chopper-job"
+J = '{job="$job"}'
+
+
+def _on_slowest(expr: str, on: str = "node, gpu") -> str:
+    """``expr`` (one series per ``on``) given the slowest rank's labels, for the evidence table."""
+    return f'{expr}\n* on ({on}) group_right () {C.job_slowest_rank_info}{J}'
+
+
+def _evidence() -> list[Dataquery]:
+    return [
+        query(f"{C.job_slowest_rank_info}{J}", instant=True, table_format=True),
+        query(_on_slowest(GPU_CLOCK), instant=True, table_format=True),
+        query(_on_slowest(f"max by (node, gpu) ({C.gpu_temperature_celsius})"), instant=True, table_format=True),
+        query(_on_slowest(f"max by (node, gpu) ({C.gpu_power_watts})\n/ max by (node, gpu) ({C.gpu_power_cap_watts})"),
+              instant=True, table_format=True),
+        query(_on_slowest(f"sum by (node, gpu) ({GPU_THROTTLE})"), instant=True, table_format=True),
+        query(_on_slowest(f"max by (job, rank) ({C.job_rank_compute_excess_seconds}{J})", on="job, rank"),
+              instant=True, table_format=True),
+    ]
+
+
+EVIDENCE_COLUMNS = {"Value #B": "clock / max", "Value #C": "temperature °C", "Value #D": "power / cap",
+                    "Value #E": "throttled share", "Value #F": "compute excess s"}
+
+
+def build(p: RuleParams) -> Dashboard:
+    share = f"{JOB_CAUSE}{J}\n/ ignoring (cause) group_left {JOB_SECONDS}{J}"
+    slowest = table_panel("Slowest rank and its evidence", "The slowest rank of the last finalized step, the "
+                          "throttle cause the aggregator found, and its GPU now: clock against max, "
+                          "temperature, power against cap, throttle residency, and the rank's compute excess "
+                          "over the median (decayed).", *_evidence(), rename=EVIDENCE_COLUMNS)
+    return (
+        Board("Chopper / Job", UID, "One training job: step time, MFU, attribution by cause, stragglers.")
+        .variable(label_variable("job", "Job", f"label_values({C.job_ranks}, job)"))
+        .row("Step time and efficiency")
+        .add(timeseries_panel("Step time", "Last finalized step (slowest rank, aggregator) and each rank's last "
+                              "step (agents).", "s",
+                              query(f"{C.job_step_time_seconds}{J}", "job (slowest rank)"),
+                              query(f"{C.rank_step_time_seconds}{J}", "rank {{rank}}")))
+        .add(timeseries_panel("MFU", "Model FLOPs utilisation over the aggregator's 1 and 5 minute windows.",
+                              "percentunit", query(f"{C.job_mfu_ratio}{J}", "{{window}}")))
+        .add(timeseries_panel("Step time by cause", "Share of all ranks' step time by cause of the attribution "
+                              "model (docs/ATTRIBUTION.md); the stack is the whole step time.", "percentunit",
+                              query(share, "{{cause}}"), stack=True, max_value=1), w=24)
+        .add(timeseries_panel("Tokens per second", "Tokens of all ranks' summarised steps per second.", "short",
+                              query(JOB_TOKENS + J, "tokens/s")))
+        .add(timeseries_panel("Tokens per joule", "Tokens per joule of GPU energy, aggregator's 1 and 5 minute "
+                              "windows.", "short",
+                              query(f"1 / {C.job_energy_per_token_joules}{J}", "{{window}}")))
+        .row("Stragglers")
+        .add(heatmap_panel("Straggler wait per rank", "Share of each rank's time spent waiting for the slowest "
+                           "rank at collectives (rank × time).", "short",
+                           query(f'{RANK_CAUSE}{{job="$job", cause="straggler_wait"}}', "{{rank}}")))
+        .add(timeseries_panel("Straggler score and compute excess", "Slowest rank's compute excess over the "
+                              "median, as a share of the step time; and each rank's decayed excess, s.",
+                              "short",
+                              query(f"{C.job_straggler_score_ratio}{J}", "straggler score"),
+                              query(f"{C.job_rank_compute_excess_seconds}{J}", "excess rank {{rank}}, s")))
+        .add(slowest, w=24, h=6)
+        .row("Communication")
+        .add(timeseries_panel("Exposed communication and straggler wait", "Share of all ranks' step time spent "
+                              "in collectives that no compute phase hides (exposed_comm) and waiting for the "
+                              "slowest rank (straggler_wait). Hidden collective time is not measured yet.",
+                              "percentunit",
+                              query(f'{JOB_CAUSE}{{job="$job", cause=~"exposed_comm|straggler_wait"}}\n'
+                                    f"/ ignoring (cause) group_left {JOB_SECONDS}{J}", "{{cause}}"),
+                              stack=True))
+        .add(timeseries_panel("Collectives per step", "Collectives each rank ran per step.", "short",
+                              query(f'sum by (rank) (rate({C.rank_markers_received_total}{{job="$job", '
+                                    f'kind="collective_end"}}[{RATE}]))\n'
+                                    f"/ sum by (rank) (rate({C.rank_steps_total}{J}[{RATE}]))", "rank {{rank}}")))
+        .add(timeseries_panel("Link traffic of the job's GPUs", "XGMI/NVLink bytes sent per second by the GPU "
+                              "of each rank.", "Bps",
+                              query(f"sum by (rank) (\n  rate({C.gpu_link_tx_bytes_total}[{RATE}])\n"
+                                    f"  * on (node, gpu) group_left (rank)\n"
+                                    f"  (max by (node, gpu, rank) ({C.rank_last_step}{J}) * 0 + 1)\n)",
+                                    "rank {{rank}}")), w=24)
+        .build()
+    )
+
