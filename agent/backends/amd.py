@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import io
+import logging
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -41,6 +42,8 @@ from typing import Any, TypeVar
 from agent.backends.base import BackendError, BackendUnavailable, DeviceLost
 from chopper.schema import NAN, DeviceInfo, Sample
 from chopper.specs import find_spec
+
+log = logging.getLogger(__name__)
 
 _JOULES_PER_ENERGY_COUNT = 2.0**-16  # the driver: "Energy counter reported in 15.259uJ (2^-16) units"
 _BYTES_PER_KB = 1024  # xgmi_*_data_acc are "KB"; the firmware keeps them as Q10 fixed point (binary)
@@ -256,6 +259,22 @@ class AmdBackend:
             raise
         self._throttle = [_Throttle() for _ in self._handles]
         return devices
+
+    def pci_bus_ids(self) -> dict[int, str]:
+        """GPU index → PCI bus id (``0000:c1:00.0``), the device id AMD's Kubernetes device plugin reports.
+
+        A GPU whose address cannot be read is left out: it only loses its pod label (agent.workload).
+        """
+        smi = self._smi
+        ids: dict[int, str] = {}
+        if smi is None:
+            return ids
+        for gpu, handle in enumerate(self._handles):
+            try:
+                ids[gpu] = str(smi.amdsmi_get_gpu_device_bdf(handle))
+            except smi.AmdSmiException as exc:
+                log.warning("event=pci_bus_id_unreadable gpu=%d error=%r", gpu, _said(exc))
+        return ids
 
     def sample(self, now_ns: int) -> list[Sample]:
         """Read every GPU once: one gpu_metrics call plus one vram-usage call each.

@@ -124,3 +124,4 @@ def test_vendored_stubs_are_what_protoc_generates(tmp_path: Path) -> None:
     for generated in stubs:
         committed = ROOT / Path(PROTO).parent / generated.name
         assert committed.read_text() == generated.read_text(), "regenerate as agent/kubelet/__init__.py says"
+

@@ -388,3 +388,15 @@ def test_real_amd_gpu() -> None:
         assert 0 <= b.busy_ratio <= 1
         assert b.energy_j >= a.energy_j
         assert b.mem_used_bytes <= devices[b.gpu].memory_bytes
+
+
+def test_pci_bus_ids_are_what_amds_kubernetes_device_plugin_names_devices(node: FakeNode, backend: AmdBackend) -> None:
+    # agent.podresources matches these to the kubelet's device ids; an unreadable one only loses its pod label.
+    bus = {"handle0": "0000:05:00.0"}
+    node.smi.amdsmi_get_gpu_device_bdf.side_effect = lambda h: bus[h] if h in bus else _raise(node.error(2))
+    backend.open()
+    assert backend.pci_bus_ids() == {0: "0000:05:00.0"}
+
+
+def _raise(exc: Exception) -> str:
+    raise exc
