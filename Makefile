@@ -57,6 +57,9 @@ bench: $(STAMP) $(HTA_STAMP)
 
 proto: $(STAMP)
 	$(BIN)/python -m chopper.proto.generate
+	# The vendored kubelet pod-resources API (agent/kubelet/__init__.py).
+	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. \
+	  agent/kubelet/podresources/v1/api.proto
 
 # Grafana JSON, Prometheus rules, their Kubernetes manifests and docs/ALERTS.md, from dashboards/*.py.
 dashboards: $(STAMP)
