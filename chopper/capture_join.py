@@ -156,16 +156,30 @@ def to_records(joined: pd.DataFrame) -> list[dict[str, object]]:
              for k, v in row.items()} for row in joined.to_dict(orient="records")]
 
 
+DISPLAY_COLUMNS: tuple[str, ...] = ("job", "rank", "step", "step ms", "offset µs", "busy %", "kernel busy %",
+                                    "exposed comm ms", "kernel exposed comm ms")
+CPU_ONLY_NOTE = "–: a CPU-only trace has no GPU kernels; the kernel columns need a capture on a GPU"
+
+
+def display_rows(joined: pd.DataFrame) -> list[list[str]]:
+    """The join as text cells under :data:`DISPLAY_COLUMNS` (ms, µs, %; "–" where unknown)."""
+
+    def cell(value: float, scale: float, fmt: str) -> str:
+        return "–" if np.isnan(value) else format(scale * value, fmt)
+
+    return [[str(r.job), str(r.rank), str(r.step), cell(r.step_time_s, 1e3, ".2f"),
+             cell(r.begin_offset_us, 1.0, ".0f"), cell(r.busy_ratio, 100.0, ".1f"),
+             cell(r.kernel_busy_s / r.step_time_s, 100.0, ".1f"), cell(r.exposed_comm_s, 1e3, ".2f"),
+             cell(r.kernel_exposed_comm_s, 1e3, ".2f")] for r in joined.itertuples(index=False)]
+
+
 def format_join(joined: pd.DataFrame) -> str:
-    """The join as a fixed-width table: milliseconds, offsets in µs, busy as %."""
-    lines = ["capture: counters (samples + markers) and kernels (trace) per profiled step, one clock",
-             f"{'job':<12} {'rank':>4} {'step':>6} {'step ms':>9} {'offset us':>10} {'busy %':>7} "
-             f"{'kernel busy %':>13} {'comm ms':>8} {'kernel comm ms':>14}"]
-    for r in joined.itertuples(index=False):
-        kernel_busy = "-" if np.isnan(r.kernel_busy_s) else f"{100 * r.kernel_busy_s / r.step_time_s:.1f}"
-        kernel_comm = "-" if np.isnan(r.kernel_exposed_comm_s) else f"{1e3 * r.kernel_exposed_comm_s:.2f}"
-        lines.append(f"{r.job:<12} {r.rank:>4} {r.step:>6} {1e3 * r.step_time_s:>9.2f} {r.begin_offset_us:>10.0f} "
-                     f"{100 * r.busy_ratio:>7.1f} {kernel_busy:>13} {1e3 * r.exposed_comm_s:>8.2f} {kernel_comm:>14}")
+    """The join as a fixed-width table (:func:`display_rows`), for ``chopper attribute``."""
+    rows = [list(DISPLAY_COLUMNS), *display_rows(joined)]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(DISPLAY_COLUMNS))]
+    lines = ["capture: counters (samples + markers) and kernels (trace) per profiled step, one clock"]
+    lines += ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True)))
+              for row in rows]
     if len(joined) and joined["cpu_only_trace"].any():
-        lines.append("  (-: a CPU-only trace has no GPU kernels; kernel figures need a GPU capture)")
+        lines.append(CPU_ONLY_NOTE)
     return "\n".join(lines)

@@ -8,11 +8,13 @@
    files beside them);
 2. read and attribute the run (``chopper.attribution.attribute``);
 3. read the traces, one progress stage per file, and run every trace analysis once, one stage per
-   rank (``chopper.report.traces``);
+   rank (``chopper.report.traces``); beside a run, CPU-only traces (a capture on a machine without
+   GPU) are read too, for the capture section only;
 4. draw every registered figure whose inputs are present (``figures.FIGURES``, in order);
 5. add the summary tables (run: per job, per rank, slowest ranks, problems; traces: per rank HTA
    figures, overlap, memory-transfer share, sync-blocked time, launch overhead, idle split,
-   largest straggler leads) and write the page (``html.render``).
+   largest straggler leads; a capture, i.e. a run with traces: each profiled step's counters beside
+   its kernels, ``chopper.capture_join``) and write the page (``html.render``).
 
 This package imports pandas and matplotlib only inside ``build_report``, so ``import
 chopper.report`` (and the CLI's argument parsing) stays light.
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -30,6 +32,7 @@ if TYPE_CHECKING:
     from chopper.report.html import Section
     from chopper.report.traces import TraceSet
     from chopper.rundir import RecordedRun
+    from chopper.trace import Trace
 
 __all__ = ["Progress", "ReportError", "TextProgress", "build_report", "classify_input", "find_inputs",
            "terminal_progress"]
@@ -190,8 +193,14 @@ def build_report(path: str | Path, out: str | Path, *, job: str | None = None,
     if files:
         from chopper.report import traces
 
-        trace_set = traces.analyze_traces(traces.load(files, stage), stage)
-        summaries.append(html.Section("trace-summary", "Trace summary", trace_summary_blocks(trace_set)))
+        # Beside a run (a capture), CPU-only traces still place each profiled step on the run's clock.
+        loaded = traces.load(files, stage, require_gpu=not is_run)
+        with_kernels = [t for t in loaded if len(t.kernel_columns)]
+        if with_kernels:
+            trace_set = traces.analyze_traces(with_kernels, stage)
+            summaries.append(html.Section("trace-summary", "Trace summary", trace_summary_blocks(trace_set)))
+        if result is not None:
+            summaries.append(html.Section("capture", "Capture", capture_blocks(result, loaded)))
     data = figures.ReportData(run=run, attribution=result, traces=trace_set)
     sections: dict[str, Section] = {}
     for spec in specs:
@@ -298,6 +307,22 @@ def summary_blocks(result: Attribution) -> list[Any]:
         blocks.append(TextBlock("Markers not used:", list(result.problems)))
     else:
         blocks.append(TextBlock("Problems: none; every marker was paired."))
+    return blocks
+
+
+def capture_blocks(result: Attribution, loaded: Sequence[Trace]) -> list[Any]:
+    """The capture section: each profiled step's counters beside its kernels (``chopper.capture_join``)."""
+    from chopper.capture_join import CPU_ONLY_NOTE, DISPLAY_COLUMNS, display_rows, join
+    from chopper.report.html import TableBlock, TextBlock
+
+    joined = join(result.steps, loaded)
+    if joined.empty:
+        return [TextBlock("No profiled step of the traces (ProfilerStep#N) matches a step of the run: the traces "
+                          "come from another job or window.")]
+    blocks: list[Any] = [TableBlock("Per profiled step: counters and kernels on one clock", DISPLAY_COLUMNS,
+                                    display_rows(joined), frozenset(DISPLAY_COLUMNS[1:]))]
+    if joined["cpu_only_trace"].any():
+        blocks.append(TextBlock(CPU_ONLY_NOTE))
     return blocks
 
 

@@ -130,8 +130,13 @@ def _with_rank(frame: pd.DataFrame, rank: int) -> pd.DataFrame:
     return frame.assign(rank=rank)[["rank", *frame.columns]]
 
 
-def load(files: Sequence[Path], stage: Stage) -> list[Trace]:
+def load(files: Sequence[Path], stage: Stage, require_gpu: bool = True) -> list[Trace]:
     """Read ``files`` (one progress stage each) and check they are one job; sorted by rank.
+
+    Args:
+        files: Trace files.
+        stage: Called with the stage name before each file.
+        require_gpu: Refuse CPU-only traces (``chopper.trace.load_trace``).
 
     Raises:
         TraceError: a file is bad (the message names it), or the set mixes jobs.
@@ -139,7 +144,7 @@ def load(files: Sequence[Path], stage: Stage) -> list[Trace]:
     traces = []
     for f in files:
         stage(f"reading trace {f.name}")
-        traces.append(load_trace(f))
+        traces.append(load_trace(f, require_gpu))
     traces.sort(key=lambda t: t.rank)
     check_one_job(traces)
     return traces

@@ -73,7 +73,7 @@ def test_cpu_only_trace_joins_steps_without_kernel_figures(tmp_path: Path) -> No
     assert joined is not None and len(joined) == 2
     assert joined["cpu_only_trace"].all() and joined["kernel_busy_s"].isna().all()
     assert all(r["kernel_busy_s"] is None for r in to_records(joined))
-    assert "CPU-only trace" in format_join(joined)
+    assert "CPU-only trace" in format_join(joined) and "–" in format_join(joined)
 
 
 def test_a_directory_without_traces_has_no_join(tmp_path: Path) -> None:

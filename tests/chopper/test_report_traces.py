@@ -150,6 +150,34 @@ def test_combined_run_and_traces_show_both(tmp_path: Path, nccl_dir: Path) -> No
     assert "<caption>Per job</caption>" in page and _table(page, "Per rank, GPU")[0][5] == "321,378"
 
 
+def test_capture_with_cpu_only_traces_reports_the_run_and_the_join(tmp_path: Path) -> None:
+    """What a CPU machine's capture holds: a run, and traces with ProfilerStep ranges but no kernels."""
+    import gzip
+    import json
+
+    from chopper.rundir import read_run
+
+    run = ALL_SCENARIOS["hot_straggler"]().write(tmp_path / "capture")
+    markers = read_run(run).markers
+    mine = markers[(markers["rank"] == 0) & (markers["step"].isin([1, 2]))]
+    base = int(mine["ts_ns"].min()) // 10**9 * 10**9  # Kineto's base: a whole second before the events
+    events = []
+    for step, kind_ts in mine.groupby("step"):
+        begin, end = kind_ts["ts_ns"].min(), kind_ts["ts_ns"].max()
+        events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{step}", "pid": 1, "tid": 1,
+                       "ts": (begin - base) / 1e3 + 2, "dur": (end - begin) / 1e3})
+    (run / "traces").mkdir()
+    with gzip.open(run / "traces" / "rank0.pt.trace.json.gz", "wt") as fh:
+        json.dump({"traceEvents": events, "baseTimeNanoseconds": base}, fh)
+    out = tmp_path / "r.html"
+    assert main(["report", str(run), "-o", str(out)]) == 0
+    page = out.read_text(encoding="utf-8")
+    assert _keys(page) == RUN_KEYS and '<section id="trace-summary">' not in page
+    rows = _table(page, "Per profiled step")
+    assert [(r[1], r[2], r[4]) for r in rows] == [("0", "1", "2"), ("0", "2", "2")]  # rank, step, offset µs
+    assert all(r[6] == "–" for r in rows) and "CPU-only trace" in page
+
+
 def test_trace_files_beside_the_run_tables_count(tmp_path: Path) -> None:
     run = ALL_SCENARIOS["hot_straggler"]().write(tmp_path / "capture")
     shutil.copy(ALEXNET, run)
