@@ -21,12 +21,15 @@ import math
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
+from chopper.jobname import job_name_problem
 from chopper.proto.chopper.v1 import agent_pb2 as pb
 from chopper.schema import MarkerKind
 
 MAX_MARKERS_PER_BATCH = 100_000
 MAX_NAME_CHARS = 256
-MAX_JOB_CHARS = 256
+# Phases and collectives begun and not yet ended, per rank: real loops hold a handful, so this
+# only bounds the agent's memory against a client that begins and never ends.
+MAX_OPEN_INTERVALS = 4096
 # Timestamps further than this from the agent's clock are garbled, not late.
 MAX_CLOCK_SKEW_NS = 24 * 3600 * 10**9
 MAX_ERRORS_REPORTED = 8
@@ -34,7 +37,7 @@ MAX_ERRORS_REPORTED = 8
 # Every reason a marker can be rejected for: the ``reason`` label of
 # ``chopper_agent_markers_rejected_total``, documented in docs/METRICS.md.
 REJECTION_REASONS: dict[str, str] = {
-    "bad_job": "the batch names no job, or an unprintable or over-long one (whole batch)",
+    "bad_job": "the batch names no job, or an unprintable or over-long one (chopper/jobname.py; whole batch)",
     "bad_rank": "the batch names a negative rank (whole batch)",
     "bad_gpu": "the batch names a GPU index this node does not have (whole batch)",
     "batch_too_large": f"the batch holds more than {MAX_MARKERS_PER_BATCH} markers (whole batch)",
@@ -45,6 +48,7 @@ REJECTION_REASONS: dict[str, str] = {
     "bad_payload": "negative or non-finite flops, tokens or bytes",
     "step_never_began": "step_end for a step that has no step_begin on that rank",
     "end_without_begin": "phase_end or collective_end without its begin",
+    "too_many_open": f"phase_begin or collective_begin while the rank has {MAX_OPEN_INTERVALS} begun and not ended",
 }
 
 
@@ -89,6 +93,7 @@ class RankState:
     # Begun, not yet ended, by name: FIFO of (step, begin_ns), paired first-in first-out as offline.
     open_phases: dict[str, deque[tuple[int, int]]] = field(default_factory=dict)
     open_collectives: dict[str, deque[tuple[int, int]]] = field(default_factory=dict)
+    open_intervals: int = 0  # entries of both, bounded by MAX_OPEN_INTERVALS
     received: Counter[MarkerKind] = field(default_factory=Counter)
     last_seq: dict[int, int] = field(default_factory=dict)  # by sender pid
     client_dropped: dict[int, int] = field(default_factory=dict)  # by sender pid, cumulative
@@ -154,10 +159,10 @@ class MarkerIngest:
         return result
 
     def _check_header(self, batch: pb.MarkerBatch) -> tuple[str, str] | None:
-        if not batch.job or len(batch.job) > MAX_JOB_CHARS or not batch.job.isprintable():
+        job_problem = job_name_problem(batch.job)
+        if job_problem is not None:
             return "bad_job", (
-                f"marker batch has job {batch.job[:40]!r}: the job name must be 1-{MAX_JOB_CHARS} printable "
-                "characters; pass chopper.init(job=...) or set CHOPPER_JOB"
+                f"marker batch has job {batch.job[:40]!r}: {job_problem}; pass chopper.init(job=...) or set CHOPPER_JOB"
             )
         if batch.rank < 0:
             return "bad_rank", f"marker batch has rank {batch.rank}: ranks are >= 0; pass chopper.init(rank=...)"
@@ -213,6 +218,7 @@ class MarkerIngest:
             state.open_step = _OpenStep(m.step, m.ts_ns, device_clock)
             state.open_phases.clear()
             state.open_collectives.clear()
+            state.open_intervals = 0
             return None
         if kind is MarkerKind.STEP_END:
             if open_step is None or open_step.step != m.step:
@@ -233,13 +239,21 @@ class MarkerIngest:
             )
             return None
         is_collective = kind in (MarkerKind.COLLECTIVE_BEGIN, MarkerKind.COLLECTIVE_END)
-        opened = (state.open_collectives if is_collective else state.open_phases).setdefault(m.name, deque())
+        table = state.open_collectives if is_collective else state.open_phases
         if kind in (MarkerKind.PHASE_BEGIN, MarkerKind.COLLECTIVE_BEGIN):
-            opened.append((m.step, m.ts_ns))
+            if state.open_intervals >= MAX_OPEN_INTERVALS:
+                return "too_many_open", (
+                    f"{kind.label} {m.name!r} of step {m.step}: {state.open_intervals} phases and collectives are "
+                    "begun and not ended; end each one (the `with chopper.phase(...)` and `chopper.collective(...)` "
+                    "blocks do)"
+                )
+            table.setdefault(m.name, deque()).append((m.step, m.ts_ns))
+            state.open_intervals += 1
             return None
         # Pair within the step, as offline: the oldest open begin of the same step and name.
-        match = next((i for i, (step, _) in enumerate(opened) if step == m.step), None)
-        if match is None:
+        opened = table.get(m.name)
+        match = None if opened is None else next((i for i, (step, _) in enumerate(opened) if step == m.step), None)
+        if opened is None or match is None:
             helper = "phase" if kind is MarkerKind.PHASE_END else "collective"
             return "end_without_begin", (
                 f"{kind.label} {m.name!r} of step {m.step} without its begin; use "
@@ -247,6 +261,9 @@ class MarkerIngest:
             )
         _, begin_ns = opened[match]
         del opened[match]
+        if not opened:  # names seen once must not accumulate
+            del table[m.name]
+        state.open_intervals -= 1
         if open_step is not None and open_step.step == m.step and m.ts_ns > open_step.begin_ns:
             open_step.intervals.append((is_collective, max(begin_ns, open_step.begin_ns), m.ts_ns))
         return None

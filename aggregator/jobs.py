@@ -7,9 +7,9 @@ nodes, so a node whose clock is off by ±30 s changes nothing here.
 
 Algorithm (``JobTable.add`` and ``JobTable.expire``):
 
-1. A summary is validated (non-empty job, rank ≥ 0, step ≥ 0; otherwise rejected as
-   ``invalid``). A summary for a job not seen yet opens a new job, unless ``max_jobs`` jobs are
-   live (rejected as ``job_limit``).
+1. A summary is validated (a job name that ``chopper.jobname`` accepts, rank ≥ 0, step ≥ 0,
+   a finite step time ≥ 0; otherwise rejected as ``invalid``). A summary for a job not seen yet
+   opens a new job, unless ``max_jobs`` jobs are live (rejected as ``job_limit``).
 2. The job's *expected ranks* are the distinct ranks that reported so far (the contract carries
    no world size). A rank first seen after the job's join period is a *rank-set change*
    (counted); so is a rank dropped from the expected set after missing ``vanish_after_steps``
@@ -57,6 +57,7 @@ import pandas as pd
 
 from chopper.attribution import straggler
 from chopper.attribution.columns import DVFS_CAUSES, STEP_COLUMNS
+from chopper.jobname import job_name_problem
 from chopper.proto.chopper.v1 import agent_pb2 as pb
 
 NS = 1_000_000_000
@@ -75,7 +76,8 @@ JOB_COLUMNS: tuple[str, ...] = (
 )
 ROW_COLUMNS: tuple[str, ...] = (*STEP_COLUMNS, *JOB_COLUMNS)
 REJECTION_REASONS: dict[str, str] = {
-    "invalid": "empty job name, negative rank or negative step",
+    "invalid": "a job name chopper/jobname.py refuses (empty, unprintable, too long for the store), a negative rank "
+               "or step, or a step time that is negative or not finite",
     "job_limit": "a new job while max_jobs jobs are live",
     "duplicate_rank_step": "the same rank twice in one open step (the first is kept)",
 }
@@ -275,7 +277,8 @@ class JobTable:
         late: list[tuple[JobState, pb.StepSummary, int]] = []
         touched: dict[str, JobState] = {}
         for s, sid in zip(summaries, ids, strict=True) if ids is not None else ((s, -1) for s in summaries):
-            if not s.job or s.rank < 0 or s.step < 0:
+            # A job name the store cannot name a directory for would fail every write, of every job.
+            if s.rank < 0 or s.step < 0 or not 0 <= s.step_time_s < math.inf or job_name_problem(s.job):
                 self.rejected["invalid"] += 1
                 continue
             job = self.jobs.get(s.job)
