@@ -11,7 +11,12 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+import pandas as pd
+
+from tests.e2e.conftest import AgentProcess, metric_sum
 
 # The issue's bound: training step time within 2 % of its baseline while a fault lasts.
 STEP_TIME_TOLERANCE = 0.02
@@ -98,3 +103,37 @@ def time_until(predicate, timeout_s: float, interval_s: float = 0.05) -> float: 
             raise AssertionError(f"not within {timeout_s} s")
         time.sleep(interval_s)
     return time.monotonic() - started
+
+
+def stored_rows(root: Path) -> pd.DataFrame:
+    """The aggregator's Parquet store as users read it (hive partitions, job as text)."""
+    frame = pd.read_parquet(root)
+    frame["job"] = frame["job"].astype(str)
+    return frame
+
+
+def store_accounting(frame: pd.DataFrame, expected: set[tuple[str, int, int]]) -> tuple[int, int]:
+    """``(lost, duplicated)``: expected (job, rank, step) rows missing from the store, and rows stored twice."""
+    keys = list(zip(frame["job"], frame["rank"].astype(int), frame["step"].astype(int), strict=True))
+    return len(expected - set(keys)), len(keys) - len(set(keys))
+
+
+def delivery_total(agent: AgentProcess, name: str) -> float:
+    """An agent's ``chopper_agent_delivery_<name>`` summed over replicas."""
+    return metric_sum(agent.metrics(), f"chopper_agent_delivery_{name}")
+
+
+def delivered_all(agent: AgentProcess) -> bool:
+    """Every step summary the agent made is acknowledged by the aggregator."""
+    made = metric_sum(agent.metrics(), "chopper_agent_step_summaries_total")
+    return made > 0 and delivery_total(agent, "pending_items") == 0 and delivery_total(agent, "acked_total") == made
+
+
+def start_ranks(target: str, duration_s: float, ranks: int, *extra: str) -> list[subprocess.Popen[str]]:
+    """``ranks`` trainer processes of job ``faults`` (rank r drives GPU r)."""
+    return [start_trainer(target, duration_s, "--rank", str(r), "--gpu", str(r), *extra) for r in range(ranks)]
+
+
+def expected_rows(results: list[TrainerResult], job: str = "faults") -> set[tuple[str, int, int]]:
+    """(job, rank, step) of every step the trainers marked (rank r is the r-th result)."""
+    return {(job, rank, step) for rank, r in enumerate(results) for step in range(r.steps)}
