@@ -121,6 +121,15 @@ METRICS: tuple[MetricSpec, ...] = (
         "chopper_agent_messages_undecodable_total", "counter", "gRPC messages that were not valid protobuf.",
         (*NODE, "method"),
     ),
+    MetricSpec(
+        "chopper_agent_rpc_refused_total", "counter",
+        "RPCs refused by the access checks, by RPC and reason (see docs/METRICS.md, docs/SECURITY.md).",
+        (*NODE, "rpc", "reason"),
+    ),
+    MetricSpec(
+        "chopper_agent_connections_refused_total", "counter",
+        "TCP connections refused before any RPC (TLS handshake, connection cap), by reason.", (*NODE, "reason"),
+    ),
     MetricSpec("chopper_agent_marker_streams", "gauge", "Open PushMarkers streams from trainers.", NODE),
     MetricSpec("chopper_agent_subscribers", "gauge", "Open Subscribe streams from consumers.", NODE),
     MetricSpec("chopper_agent_step_summaries_total", "counter", "Step summaries computed.", NODE),
@@ -179,7 +188,22 @@ def markdown() -> str:
     lines += ["", "## Rejection reasons (`chopper_agent_markers_rejected_total{reason}`)", "",
               "| reason | meaning |", "|---|---|"]
     lines += [f"| `{reason}` | {meaning} |" for reason, meaning in REJECTION_REASONS.items()]
+    lines += refusal_tables("chopper_agent")
     return "\n".join(lines) + "\n"
+
+
+def refusal_tables(prefix: str) -> list[str]:
+    """The reason tables of ``<prefix>_rpc_refused_total`` and ``<prefix>_connections_refused_total``."""
+    from chopper.access import REFUSAL_REASONS
+    from chopper.tls_front import REFUSAL_REASONS as CONNECTION_REASONS
+
+    lines: list[str] = []
+    for name, reasons in (("rpc", REFUSAL_REASONS), ("connections", CONNECTION_REASONS)):
+        lines += ["", f"## Refusal reasons (`{prefix}_{name}_refused_total{{reason}}`)", "",
+                  "| reason | meaning |", "|---|---|"]
+        lines += [f"| `{reason}` | {meaning} |" for reason, meaning in reasons.items()]
+    lines += ["", "A series appears with its first refusal. docs/SECURITY.md says what each check guards."]
+    return lines
 
 
 if __name__ == "__main__":

@@ -35,6 +35,31 @@ class AgentSettings:
     sample_buffer: int = field(default=600_000, metadata={"help": "samples kept in memory (all GPUs)"})
     marker_buffer: int = field(default=1_000_000, metadata={"help": "markers kept in memory"})
     max_message_bytes: int = field(default=4 * 1024 * 1024, metadata={"help": "largest accepted gRPC message"})
+    # Access control (docs/SECURITY.md). Secrets are files, never values: a flag shows in ps.
+    token_file: str = field(
+        default="", metadata={"help": "file of bearer tokens, one per line, that RequestCapture must carry (empty: "
+                              "no token needed)"}
+    )
+    tls_cert: str = field(default="", metadata={"help": "PEM certificate chain: grpc_listen speaks TLS only (empty: "
+                                                        "plaintext)"})
+    tls_key: str = field(default="", metadata={"help": "PEM private key of tls_cert"})
+    tls_client_ca: str = field(
+        default="", metadata={"help": "PEM CA bundle: grpc_listen requires a client certificate it signed (mutual TLS)"}
+    )
+    rate_limit_calls_per_s: float = field(
+        default=100.0, metadata={"help": "calls per second per client and RPC, bursts of 2 s (0: no limit)"}
+    )
+    rate_limit_messages_per_s: float = field(
+        default=1000.0, metadata={"help": "messages per second per client stream, bursts of 2 s (0: no limit)"}
+    )
+    aggregator_tls_ca: str = field(
+        default="", metadata={"help": "PEM CA bundle of the aggregators' certificates: delivery uses TLS (empty: "
+                              "plaintext unless aggregator_tls_cert is set)"}
+    )
+    aggregator_tls_cert: str = field(
+        default="", metadata={"help": "PEM client certificate for mutual TLS to the aggregators (with its key)"}
+    )
+    aggregator_tls_key: str = field(default="", metadata={"help": "PEM private key of aggregator_tls_cert"})
     peak_flops: float = field(default=0.0, metadata={"help": "override peak dense BF16 FLOP/s per GPU (0: spec)"})
     sim_model: str = field(default="MI300X", metadata={"help": "simulated backend: GPU model"})
     sim_gpus: int = field(default=8, metadata={"help": "simulated backend: number of GPUs"})
@@ -135,6 +160,21 @@ def _check(s: AgentSettings) -> None:
             raise bad(key, "is not an absolute path; give the full path or leave it empty to turn this off")
     if not 0.5 <= s.workload_refresh_s <= 300:
         raise bad("workload_refresh_s", "is out of range; use 0.5 to 300 seconds")
+    _check_access(s)
+
+
+def _check_access(s: AgentSettings) -> None:
+    """TLS, token and rate-limit settings: files readable and loadable, pairs complete."""
+    from chopper.auth import TokenFile
+    from chopper.serving import check_server_access
+    from chopper.tls import ClientTLS
+
+    check_server_access(s, "grpc_listen")
+    if s.token_file:
+        TokenFile(s.token_file)
+    if s.aggregator_tls_ca or s.aggregator_tls_cert or s.aggregator_tls_key:
+        ClientTLS(s.aggregator_tls_ca, s.aggregator_tls_cert, s.aggregator_tls_key,
+                  names=("aggregator_tls_ca", "aggregator_tls_cert", "aggregator_tls_key"))
 
 
 DAEMON = _settings.Daemon(

@@ -21,12 +21,13 @@ from agent.backends.base import Backend, BackendUnavailable, DeviceLost, MarkerO
 from agent.buffers import RingBuffer
 from agent.capture import CaptureManager
 from agent.config import AgentSettings
-from agent.delivery import Forwarder
+from agent.delivery import Forwarder, delivery_tls
 from agent.markers import ClosedStep, IngestResult, MarkerIngest, RankState
 from agent.podresources import device_ids
 from agent.sampler import FixedRateTicker
 from agent.steps import RankFigures, SummaryQueue, summarize
 from agent.workload import PciAddressed, build_tracker
+from chopper.access import Refusals
 from chopper.proto.chopper.v1 import agent_pb2 as pb
 from chopper.schema import DeviceInfo, MarkerKind, Sample
 
@@ -92,6 +93,8 @@ class Agent:
         self.rank_figures: dict[tuple[str, int], RankFigures] = {}
         self.rejected: Counter[str] = Counter()
         self.undecodable: Counter[str] = Counter()
+        # Calls and connections refused by the access checks (chopper.access), for the metrics.
+        self.refusals = Refusals()
         self.summaries_total = 0
         # Open streams by RPC ("PushMarkers", "Subscribe"), changed from many gRPC threads.
         self.open_streams: Counter[str] = Counter()
@@ -116,6 +119,7 @@ class Agent:
             self.delivery = Forwarder(
                 self.summaries, settings.node, settings.aggregators, batch=settings.delivery_batch,
                 interval_s=settings.delivery_interval_s, resolve_s=settings.delivery_resolve_s,
+                tls=delivery_tls(settings),
             )
 
     # -- lifecycle ---------------------------------------------------------------------------

@@ -29,6 +29,12 @@ though its ack did not come back. If the buffer overwrites such a number, it is 
 The router itself reads the buffer at least every ``delivery_interval_s``; if it ever fell a whole
 buffer behind (100,000 summaries), the missed summaries were never routed and are counted under
 ``replica=""``.
+
+Transport. Plaintext by default; with ``aggregator_tls_ca`` (and ``aggregator_tls_cert``/``key``
+for mutual TLS) every stream is TLS, the replica's certificate checked against the configured
+name: ``host`` of ``host:port``, or the service name of ``dns:///name:port`` (the resolved pod
+IPs are only where to connect). Certificate files are read at each reconnect, so renewed ones
+are picked up without a restart.
 """
 from __future__ import annotations
 
@@ -41,6 +47,7 @@ import zlib
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 
@@ -48,6 +55,7 @@ from agent.buffers import RingBuffer
 from chopper.proto.chopper.v1 import agent_pb2 as pb
 from chopper.proto.chopper.v1 import aggregator_pb2 as apb
 from chopper.proto.chopper.v1 import aggregator_pb2_grpc as apb_grpc
+from chopper.tls import ClientTLS
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +68,14 @@ READ_CHUNK = 8192
 # Reconnect backoff, doubling from the first to the second figure, seconds.
 BACKOFF_S = (0.2, 5.0)
 UNROUTED = ""
+
+
+def delivery_tls(settings: Any) -> ClientTLS | None:
+    """The TLS of an agent's ``aggregator_tls_*`` settings; None (plaintext) when none is set."""
+    if not (settings.aggregator_tls_ca or settings.aggregator_tls_cert):
+        return None
+    return ClientTLS(settings.aggregator_tls_ca, settings.aggregator_tls_cert, settings.aggregator_tls_key,
+                     names=("aggregator_tls_ca", "aggregator_tls_cert", "aggregator_tls_key"))
 
 
 def stable_hash(job: str) -> int:
@@ -144,6 +160,7 @@ class Forwarder:
         resolve_s: How often a ``dns:///`` target is re-resolved, seconds.
         incarnation: Id of this agent process (random by default).
         getaddrinfo: Name resolution (injected in tests).
+        tls: TLS (and client certificate) for the replicas; None: plaintext.
     """
 
     def __init__(
@@ -156,6 +173,7 @@ class Forwarder:
         resolve_s: float = 30.0,
         incarnation: str | None = None,
         getaddrinfo: Callable[..., list] = socket.getaddrinfo,
+        tls: ClientTLS | None = None,
     ) -> None:
         self.buffer = buffer
         self.agent = agent
@@ -165,6 +183,10 @@ class Forwarder:
         self.interval_s = interval_s
         self.resolve_s = resolve_s
         self._getaddrinfo = getaddrinfo
+        self.tls = tls
+        # A dns:/// name resolves to pod IPs; their certificates carry the service name instead.
+        dns = [e for e in self.entries if e.startswith(DNS_PREFIX)]
+        self._tls_name = dns[0].removeprefix(DNS_PREFIX).rpartition(":")[0] if dns else ""
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._stop = threading.Event()
@@ -326,7 +348,7 @@ class Forwarder:
             r.doubtful.update(r.inflight)
             r.queued.extendleft(reversed(r.inflight))
             r.inflight.clear()
-        channel = grpc.insecure_channel(address)
+        channel = self._channel(address)
         call = None
         try:
             stub = apb_grpc.AggregatorStub(channel)
@@ -351,6 +373,13 @@ class Forwarder:
                     if self._calls.get(address) is call:
                         del self._calls[address]
             channel.close()
+
+    def _channel(self, address: str) -> grpc.Channel:
+        """Plaintext, or TLS checked against the name the replica was configured by (not its IP)."""
+        if self.tls is None:
+            return grpc.insecure_channel(address)
+        options = [("grpc.ssl_target_name_override", self._tls_name)] if self._tls_name else []
+        return grpc.secure_channel(address, self.tls.credentials(), options=options)
 
     def _requests(self, address: str, stream_id: int) -> Iterator[apb.SummaryBatch]:
         """The batches of one stream: a handshake, then summaries as they are routed here.

@@ -163,6 +163,11 @@ class AgentCollector(Collector):
             fam.add("chopper_agent_markers_rejected_total", (node, reason), float(count))
         for method in ("PushMarkers", "GetInfo", "Subscribe"):
             fam.add("chopper_agent_messages_undecodable_total", (node, method), float(agent.undecodable.get(method, 0)))
+        refused_rpcs, refused_connections = agent.refusals.snapshot()
+        for (rpc, reason), count in sorted(refused_rpcs.items()):
+            fam.add("chopper_agent_rpc_refused_total", (node, rpc, reason), float(count))
+        for reason, count in sorted(refused_connections.items()):
+            fam.add("chopper_agent_connections_refused_total", (node, reason), float(count))
         fam.add("chopper_agent_marker_streams", (node,), float(agent.open_streams["PushMarkers"]))
         fam.add("chopper_agent_subscribers", (node,), float(agent.open_streams["Subscribe"]))
         fam.add("chopper_agent_step_summaries_total", (node,), float(agent.summaries_total))

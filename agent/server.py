@@ -3,7 +3,9 @@
 Servicers only decode and encode; logic lives in ``Agent``. Messages are decoded by our own
 deserializers so that a garbled message is counted and answered with a clear
 ``INVALID_ARGUMENT`` instead of gRPC's generic internal error. The server listens on a unix
-socket (for trainers; permission bits and group from the settings) and optionally on TCP.
+socket (for trainers; permission bits and group from the settings) and optionally on TCP, over
+TLS or mutual TLS when configured. Every RPC passes ``chopper.access``: size and per-client rate
+limits, and a bearer token for ``RequestCapture`` when ``token_file`` is set (docs/SECURITY.md).
 """
 from __future__ import annotations
 
@@ -15,18 +17,17 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
-from concurrent import futures
 from pathlib import Path
 from typing import Any
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from agent.capture import CaptureBusy, CaptureError, CaptureInvalid, CaptureNotFound
 from agent.config import AgentSettings, ConfigError
 from agent.daemon import Agent
 from chopper.grpc_decode import Garbled, decoder
 from chopper.proto.chopper.v1 import agent_pb2 as pb
+from chopper.serving import SecureServer, server_tls
 
 log = logging.getLogger(__name__)
 
@@ -242,25 +243,34 @@ def prepare_socket_path(path: Path) -> None:
     raise SocketInUse(f"socket_path: {path} is served by another running agent; stop it or choose another path")
 
 
-def build_server(agent: Agent, hub: TelemetryHub, settings: AgentSettings) -> grpc.Server:
-    """A started gRPC server on the unix socket (and TCP when configured), with health."""
-    options = [
-        ("grpc.max_receive_message_length", settings.max_message_bytes),
-        ("grpc.max_send_message_length", 64 * 1024 * 1024),
-        ("grpc.so_reuseport", 0),
-    ]
-    pool = futures.ThreadPoolExecutor(max_workers=MAX_WORKERS, thread_name_prefix="grpc")
-    server = grpc.server(pool, options=options)
-    server.add_generic_rpc_handlers((_handlers(AgentServicer(agent, hub)),))
-    health_servicer = health.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+# RPCs that make the agent act on trainers (profile, write files): a bearer token guards them when
+# token_file is set. Trainers' own RPCs (PushMarkers, Control, ReportCapture) are guarded by the
+# unix socket's mode and group instead.
+TOKEN_RPCS = frozenset({"RequestCapture"})
+
+
+def build_server(agent: Agent, hub: TelemetryHub, settings: AgentSettings) -> SecureServer:
+    """A started gRPC server on the unix socket (and TCP when configured, over TLS with ``tls_cert``), with health.
+
+    The socket is created under umask 0177 (owner only) and only then given ``socket_group`` and
+    ``socket_mode``, so no other user can connect in between.
+    """
+    server = SecureServer(
+        [_handlers(AgentServicer(agent, hub))], [SERVICE], agent.refusals, max_workers=MAX_WORKERS,
+        max_message_bytes=settings.max_message_bytes, max_send_bytes=64 * 1024 * 1024,
+        calls_per_s=settings.rate_limit_calls_per_s, messages_per_s=settings.rate_limit_messages_per_s,
+        token_file=settings.token_file, token_rpcs=TOKEN_RPCS,
+    )
     sock = Path(settings.socket_path)
     prepare_socket_path(sock)
-    server.add_insecure_port(f"unix:{sock}")
-    if settings.grpc_listen and server.add_insecure_port(settings.grpc_listen) == 0:
-        raise OSError(f"grpc_listen: cannot bind {settings.grpc_listen}; is the port in use?")
-    server.start()
-    os.chmod(sock, int(settings.socket_mode, 8))
+    if settings.grpc_listen:
+        server.add_tcp(settings.grpc_listen, server_tls(settings), key="grpc_listen")
+    umask = os.umask(0o177)
+    try:
+        server.add_unix(str(sock))
+        server.start()
+    finally:
+        os.umask(umask)
     if settings.socket_group:
         try:
             gid = grp.getgrnam(settings.socket_group).gr_gid
@@ -269,8 +279,13 @@ def build_server(agent: Agent, hub: TelemetryHub, settings: AgentSettings) -> gr
             raise ConfigError(
                 f"socket_group: no group {settings.socket_group!r} on this node; create it or leave it empty"
             ) from None
-        os.chown(sock, -1, gid)
-    for name in ("", SERVICE):
-        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    server.health_servicer = health_servicer  # type: ignore[attr-defined]
+        try:
+            os.chown(sock, -1, gid)
+        except PermissionError:
+            server.stop(0)
+            raise ConfigError(
+                f"socket_group: the agent's user is not in group {settings.socket_group!r}, so it cannot give it "
+                "the socket; add the user to the group (no privilege is needed then)"
+            ) from None
+    os.chmod(sock, int(settings.socket_mode, 8))
     return server

@@ -9,7 +9,7 @@ info series per job, its labels change as it moves), per rank a fixed set per ra
 """
 from __future__ import annotations
 
-from agent.catalog import MetricSpec
+from agent.catalog import MetricSpec, refusal_tables
 from aggregator.jobs import CAUSES, REJECTION_REASONS
 
 JOB = ("job",)
@@ -93,6 +93,11 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("chopper_aggregator_batches_invalid_total", "counter",
                "Summary batches refused: no agent or incarnation, or seq and summaries of different length.", ()),
     MetricSpec("chopper_aggregator_delivery_streams", "gauge", "Open Deliver streams from agents.", ()),
+    MetricSpec("chopper_aggregator_rpc_refused_total", "counter",
+               "RPCs refused by the access checks, by RPC and reason (see below, docs/SECURITY.md).",
+               ("rpc", "reason")),
+    MetricSpec("chopper_aggregator_connections_refused_total", "counter",
+               "TCP connections refused before any RPC (TLS handshake, connection cap), by reason.", ("reason",)),
 )
 
 BY_NAME: dict[str, MetricSpec] = {m.name: m for m in METRICS}
@@ -122,6 +127,7 @@ def markdown() -> str:
     lines += ["", "## Rejection reasons (`chopper_aggregator_summaries_rejected_total{reason}`)", "",
               "| reason | meaning |", "|---|---|"]
     lines += [f"| `{reason}` | {meaning} |" for reason, meaning in REJECTION_REASONS.items()]
+    lines += refusal_tables("chopper_aggregator")
     return "\n".join(lines) + "\n"
 
 

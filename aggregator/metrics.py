@@ -148,3 +148,8 @@ class AggregatorCollector(Collector):
                     float(core.undecodable.get(method, 0)))
         fam.add("chopper_aggregator_batches_invalid_total", (), float(core.invalid_batches_total))
         fam.add("chopper_aggregator_delivery_streams", (), float(core.delivery_streams))
+        refused_rpcs, refused_connections = core.refusals.snapshot()
+        for (rpc, reason), count in sorted(refused_rpcs.items()):
+            fam.add("chopper_aggregator_rpc_refused_total", (rpc, reason), float(count))
+        for reason, count in sorted(refused_connections.items()):
+            fam.add("chopper_aggregator_connections_refused_total", (reason,), float(count))

@@ -11,20 +11,23 @@ With a write-ahead log, ``Aggregator.deliver`` returns only once the batch is fs
 acknowledgement is yielded after the commit; the stream's worker thread waits, not the others
 (one group commit releases every waiting stream). A log that cannot write ends the stream with
 ``UNAVAILABLE``: the agent keeps the batch and resends it after reconnecting.
+
+Every RPC passes ``chopper.access`` (size and per-client rate limits); ``listen`` speaks TLS, or
+mutual TLS with ``tls_client_ca``, when ``tls_cert`` is set (docs/SECURITY.md).
 """
 from __future__ import annotations
 
 from collections.abc import Iterator
-from concurrent import futures
 from typing import Any
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from aggregator.config import AggregatorSettings
 from aggregator.service import Aggregator
 from aggregator.wal import WalError
 from chopper.grpc_decode import Garbled, decoder
 from chopper.proto.chopper.v1 import aggregator_pb2 as apb
+from chopper.serving import SecureServer, server_tls
 
 SERVICE = "chopper.v1.Aggregator"
 # Every agent (and replica) holds one Deliver stream, and each stream holds a worker thread.
@@ -99,8 +102,12 @@ def _handlers(servicer: AggregatorServicer) -> grpc.GenericRpcHandler:
     )
 
 
-def build_server(core: Aggregator, listen: str, max_message_bytes: int = 64 * 1024 * 1024) -> tuple[grpc.Server, int]:
+def build_server(core: Aggregator, listen: str, max_message_bytes: int = 64 * 1024 * 1024,
+                 settings: AggregatorSettings | None = None) -> tuple[SecureServer, int]:
     """A started gRPC server on ``listen`` (``host:port``; port 0 picks one), with health.
+
+    ``settings`` supplies TLS (``tls_cert``, ``tls_key``, ``tls_client_ca``) and the rate limits;
+    None: plaintext with the default limits.
 
     Returns:
         The server and the bound port.
@@ -108,24 +115,12 @@ def build_server(core: Aggregator, listen: str, max_message_bytes: int = 64 * 10
     Raises:
         OSError: The address cannot be bound.
     """
-    options = [
-        ("grpc.max_receive_message_length", max_message_bytes),
-        ("grpc.max_send_message_length", max_message_bytes),
-        ("grpc.so_reuseport", 0),
-    ]
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=MAX_WORKERS, thread_name_prefix="grpc"),
-                         options=options)
-    server.add_generic_rpc_handlers((_handlers(AggregatorServicer(core)),))
-    health_servicer = health.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    try:
-        port = server.add_insecure_port(listen)
-    except RuntimeError:
-        port = 0
-    if port == 0:
-        raise OSError(f"listen: cannot bind {listen}; is the port in use?")
+    settings = settings or AggregatorSettings()
+    server = SecureServer(
+        [_handlers(AggregatorServicer(core))], [SERVICE], core.refusals, max_workers=MAX_WORKERS,
+        max_message_bytes=max_message_bytes, max_send_bytes=max_message_bytes,
+        calls_per_s=settings.rate_limit_calls_per_s, messages_per_s=settings.rate_limit_messages_per_s,
+    )
+    port = server.add_tcp(listen, server_tls(settings))
     server.start()
-    for name in ("", SERVICE):
-        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    server.health_servicer = health_servicer  # type: ignore[attr-defined]
     return server, port

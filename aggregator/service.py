@@ -57,6 +57,7 @@ import pyarrow.parquet as pq
 from aggregator.jobs import Finalized, JobTable
 from aggregator.store import Store
 from aggregator.wal import BATCH, FILES, ID_BITS, LEDGER, Wal, WalError, summary_id
+from chopper.access import Refusals
 from chopper.proto.chopper.v1 import aggregator_pb2 as apb
 
 log = logging.getLogger(__name__)
@@ -107,6 +108,8 @@ class Aggregator:
         self.lock = threading.Lock()
         self.recent: dict[str, deque[apb.JobStep]] = {}
         self.undecodable: dict[str, int] = {}
+        # Calls and connections refused by the access checks (chopper.access), for the metrics.
+        self.refusals = Refusals()
         self.invalid_batches_total = 0
         self.delivery_streams = 0
         self.wal = wal

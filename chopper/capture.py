@@ -13,7 +13,7 @@ Algorithm:
 
 Exit codes: 0 every chosen rank wrote a full trace; 1 a rank is missing or partial, or the agent
 went away (what was recorded is still written); 2 the request was refused (no such job, a capture
-already running, bad arguments).
+already running, bad arguments, a missing or wrong bearer token, the agent's rate limit).
 """
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from chopper.connect import ClientSecurity
     from chopper.record import RecordStats
 
 # After the reply: samples of the last profiled step reach the recorder within a batch interval
@@ -44,8 +45,12 @@ class CaptureOutcome:
 
 
 def run_capture(target: str, job: str, steps: int, ranks: list[int], out: Path, *, sample_hz: float = 0.0,
-                timeout_s: float = 600.0) -> CaptureOutcome:
-    """Run one capture end to end (module docstring); never raises for agent or request errors."""
+                timeout_s: float = 600.0, security: ClientSecurity | None = None) -> CaptureOutcome:
+    """Run one capture end to end (module docstring); never raises for agent or request errors.
+
+    ``security`` carries TLS and the bearer token that ``RequestCapture`` needs when the agent
+    has a ``token_file``; a missing or wrong token is a refusal (exit status 2).
+    """
     import grpc
 
     from chopper import consumer
@@ -60,7 +65,7 @@ def run_capture(target: str, job: str, steps: int, ranks: list[int], out: Path, 
     created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     try:
-        consumer.wait_for_info(target, timeout_s=5.0)
+        consumer.wait_for_info(target, timeout_s=5.0, security=security)
     except consumer.AgentUnreachable as exc:
         _remove(out, created)
         return CaptureOutcome(1, str(exc))
@@ -71,7 +76,7 @@ def run_capture(target: str, job: str, steps: int, ranks: list[int], out: Path, 
 
     def recorder() -> None:
         try:
-            recorded.append(record(target, out, None, time.time_ns(), stop, force=True))
+            recorded.append(record(target, out, None, time.time_ns(), stop, force=True, security=security))
         except Exception as exc:  # reported below; the capture itself still answers
             failed.append(f"{type(exc).__name__}: {exc}")
 
@@ -79,7 +84,7 @@ def run_capture(target: str, job: str, steps: int, ranks: list[int], out: Path, 
     thread.start()
     request = pb.CaptureRequest(job=job, steps=steps, ranks=ranks, out_dir=str(out / TRACES_DIR),
                                 sample_hz=sample_hz, timeout_s=timeout_s)
-    channel, stub = consumer.connect(target)
+    channel, stub = consumer.connect(target, security)
     try:
         reply = stub.RequestCapture(request, timeout=timeout_s + 30.0)
     except grpc.RpcError as exc:
@@ -87,7 +92,8 @@ def run_capture(target: str, job: str, steps: int, ranks: list[int], out: Path, 
         stop.set()
         thread.join()
         if code in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION,
-                    grpc.StatusCode.INVALID_ARGUMENT):
+                    grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNAUTHENTICATED,
+                    grpc.StatusCode.RESOURCE_EXHAUSTED):
             _remove(out, created)
             return CaptureOutcome(2, f"capture refused: {exc.details()}")
         return CaptureOutcome(1, f"the agent went away during the capture ({code.name}: {exc.details()}); "
@@ -128,7 +134,7 @@ def _write_manifest(out: Path, job: str, steps: int, reply: Any) -> None:
 
 
 def main_capture(target: str, job: str, steps: int, ranks: str | None, out: str | None, sample_hz: float,
-                 timeout_s: float) -> int:
+                 timeout_s: float, security: ClientSecurity | None = None) -> int:
     """The ``chopper capture`` subcommand; prints the outcome and returns the exit status."""
     try:
         rank_list = [int(r) for r in ranks.split(",") if r.strip()] if ranks else []
@@ -136,7 +142,8 @@ def main_capture(target: str, job: str, steps: int, ranks: str | None, out: str 
         print(f"chopper: --ranks must be comma-separated integers, got {ranks!r}", file=sys.stderr)
         return 2
     path = Path(out) if out else Path(f"capture-{job}-{time.strftime('%Y%m%d-%H%M%S')}")
-    outcome = run_capture(target, job, steps, rank_list, path, sample_hz=sample_hz, timeout_s=timeout_s)
+    outcome = run_capture(target, job, steps, rank_list, path, sample_hz=sample_hz, timeout_s=timeout_s,
+                          security=security)
     print(outcome.message if outcome.code == 0 else f"chopper: {outcome.message}",
           file=sys.stdout if outcome.code == 0 else sys.stderr)
     return outcome.code

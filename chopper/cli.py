@@ -9,6 +9,9 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from chopper import connect
+from chopper.settings import ConfigError
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -36,10 +39,13 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--backend", default="auto", help="agent backend (default auto)")
     info = sub.add_parser("info", help="print an agent's node, backend and devices")
     info.add_argument("--agent", default=DEFAULT_AGENT, help=f"agent gRPC target (default {DEFAULT_AGENT})")
+    connect.add_arguments(info)
     steps = sub.add_parser("steps", help="print step summaries from an agent as they happen")
     steps.add_argument("--agent", default=DEFAULT_AGENT, help=f"agent gRPC target (default {DEFAULT_AGENT})")
+    connect.add_arguments(steps)
     record = sub.add_parser("record", help="record an agent's devices, samples and markers into a run directory")
     record.add_argument("--agent", default=DEFAULT_AGENT, help=f"agent gRPC target (default {DEFAULT_AGENT})")
+    connect.add_arguments(record)
     record.add_argument("--out", required=True, help="run directory to write (Parquet devices/samples/markers)")
     record.add_argument("--duration", type=_positive(float), default=None,
                         help="seconds to record (default: until Ctrl-C, SIGTERM or the agent stops)")
@@ -49,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     capture = sub.add_parser("capture", help="profile the next N steps of a job with torch.profiler and record "
                                              "the same window at a raised sample rate (docs/CAPTURE.md)")
     capture.add_argument("--agent", default=DEFAULT_AGENT, help=f"agent gRPC target (default {DEFAULT_AGENT})")
+    connect.add_arguments(capture)
     capture.add_argument("--job", required=True, help="job to profile (as its processes passed to chopper.init)")
     capture.add_argument("--steps", type=_positive(int), required=True, help="steps to profile")
     capture.add_argument("--ranks", default=None, help="comma-separated ranks (default: every rank on this node)")
@@ -79,15 +86,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command in ("info", "steps", "record", "capture"):
+        try:
+            security = connect.from_args(args)
+            security.check(args.agent)
+        except ConfigError as exc:
+            print(f"chopper: {exc}", file=sys.stderr)
+            return 2
     if args.command == "record":
-        return _record(args)
+        return _record(args, security)
     if args.command == "attribute":
         return _attribute(args)
     if args.command == "capture":
         from chopper.capture import main_capture
 
         return main_capture(args.agent, args.job, int(args.steps), args.ranks, args.out, args.sample_hz or 0.0,
-                            args.timeout)
+                            args.timeout, security)
     if args.command == "report":
         return _report(args)
     if args.command == "trace":
@@ -101,14 +115,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         if args.command == "info":
-            info = consumer.wait_for_info(args.agent, timeout_s=5.0)
+            info = consumer.wait_for_info(args.agent, timeout_s=5.0, security=security)
             print(f"node {info.node}  backend {info.backend}  version {info.version}  sample_hz {info.sample_hz:g}")
             for d in info.devices:
                 print(f"  gpu {d.gpu}: {d.vendor} {d.model} uuid={d.uuid} max_clock={d.max_gfx_clock_mhz:g} MHz "
                       f"peak={d.peak_flops / 1e12:.1f} TFLOP/s memory={d.memory_bytes / 2**30:.0f} GiB "
                       f"cap={d.power_cap_w:g} W")
             return 0
-        return _follow_steps(args.agent)
+        return _follow_steps(args.agent, security)
     except consumer.AgentUnreachable as exc:
         print(f"chopper: {exc}", file=sys.stderr)
         return 1
@@ -211,7 +225,7 @@ def _trace(args: argparse.Namespace) -> int:
     return 0
 
 
-def _record(args: argparse.Namespace) -> int:
+def _record(args: argparse.Namespace, security: connect.ClientSecurity) -> int:
     import signal
     import threading
     import time
@@ -240,7 +254,7 @@ def _record(args: argparse.Namespace) -> int:
     print(f"chopper: recording from {args.agent} into {args.out}"
           f"{f' for {args.duration:g} s' if args.duration else '; Ctrl-C to stop'}", file=sys.stderr, flush=True)
     try:
-        stats = record(args.agent, Path(args.out), args.duration, since_ns, stop, force=args.force)
+        stats = record(args.agent, Path(args.out), args.duration, since_ns, stop, force=args.force, security=security)
     except OutputNotEmpty as exc:
         print(f"chopper: {exc}", file=sys.stderr)
         return 2
@@ -264,14 +278,14 @@ def _record(args: argparse.Namespace) -> int:
     return 0
 
 
-def _follow_steps(target: str) -> int:
+def _follow_steps(target: str, security: connect.ClientSecurity) -> int:
     import grpc
 
     from chopper import consumer, steptable
     from chopper.proto.chopper.v1 import agent_pb2 as pb
 
-    consumer.wait_for_info(target, timeout_s=5.0)
-    channel, stream = consumer.subscribe(target, pb.SubscribeRequest(step_summaries=True))
+    consumer.wait_for_info(target, timeout_s=5.0, security=security)
+    channel, stream = consumer.subscribe(target, pb.SubscribeRequest(step_summaries=True), security)
     print(steptable.header(), flush=True)
     try:
         for batch in stream:

@@ -1,37 +1,41 @@
 """Reading from a running agent: its info and its live stream (used by the CLI and the demo).
 
-Targets are gRPC addresses: ``unix:///run/chopper/agent.sock`` or ``host:port``. grpc is
-imported here, not in ``chopper/__init__``, so ``import chopper`` stays light.
+Targets are gRPC addresses: ``unix:///run/chopper/agent.sock`` or ``host:port``; ``security``
+adds TLS and a bearer token (``chopper.connect``). grpc is imported here, not in
+``chopper/__init__``, so ``import chopper`` stays light.
 """
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
 from chopper.proto.chopper.v1 import agent_pb2 as pb
 from chopper.proto.chopper.v1 import agent_pb2_grpc
 
+if TYPE_CHECKING:
+    from chopper.connect import ClientSecurity
+
 
 class AgentUnreachable(ConnectionError):
     """No agent answered at the target; the message says where we looked and what to check."""
 
 
-def connect(target: str) -> tuple[grpc.Channel, Any]:
-    """A channel and an Agent stub for ``target``."""
-    channel = grpc.insecure_channel(target)
+def connect(target: str, security: ClientSecurity | None = None) -> tuple[grpc.Channel, Any]:
+    """A channel and an Agent stub for ``target`` (plaintext without ``security``)."""
+    channel = security.channel(target) if security is not None else grpc.insecure_channel(target)
     return channel, agent_pb2_grpc.AgentStub(channel)
 
 
-def wait_for_info(target: str, timeout_s: float = 10.0) -> pb.AgentInfo:
+def wait_for_info(target: str, timeout_s: float = 10.0, security: ClientSecurity | None = None) -> pb.AgentInfo:
     """``GetInfo`` from the agent, retrying until it answers or ``timeout_s`` passes.
 
     Raises:
         AgentUnreachable: Nothing answered in time.
     """
-    channel, stub = connect(target)
+    channel, stub = connect(target, security)
     deadline = time.monotonic() + timeout_s
     try:
         while True:
@@ -48,7 +52,8 @@ def wait_for_info(target: str, timeout_s: float = 10.0) -> pb.AgentInfo:
         channel.close()
 
 
-def subscribe(target: str, request: pb.SubscribeRequest) -> tuple[grpc.Channel, Iterator[pb.TelemetryBatch]]:
+def subscribe(target: str, request: pb.SubscribeRequest,
+              security: ClientSecurity | None = None) -> tuple[grpc.Channel, Iterator[pb.TelemetryBatch]]:
     """Open a ``Subscribe`` stream; close the returned channel to end it."""
-    channel, stub = connect(target)
+    channel, stub = connect(target, security)
     return channel, stub.Subscribe(request)

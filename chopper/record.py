@@ -19,7 +19,10 @@ Algorithm:
    or when the stream ends because the agent went away. A watcher thread cancels the stream for
    the first two, so a quiet stream cannot delay the stop.
 5. Write everything collected, in every one of those cases, and report counts, the items the
-   agent said this subscriber missed (``missed_total``) and why the recording ended.
+   agent said this subscriber missed (``missed_total``) and why the recording ended. A write that
+   fails (disk full, no permission) removes the table files it left half-written and raises
+   ``RecordError`` naming the directory, the cause and the way back: the agent's buffers still
+   hold the recent past, which ``since_ns=1`` (``--since-buffer``) records again.
 
 grpc, numpy and pandas are imported here, not in ``chopper/__init__``, so ``import chopper``
 stays light.
@@ -33,11 +36,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+from chopper.rundir import table_files
 from chopper.schema import DEVICE_COLUMNS, MARKER_COLUMNS, SAMPLE_COLUMNS, MarkerKind
 
 if TYPE_CHECKING:
     import pandas as pd
 
+    from chopper.connect import ClientSecurity
     from chopper.proto.chopper.v1 import agent_pb2 as pb
 
 # How often the watcher checks the stop event and the deadline, seconds: the worst-case delay
@@ -161,6 +166,7 @@ def record(
     *,
     force: bool = False,
     connect_timeout_s: float = CONNECT_TIMEOUT_S,
+    security: ClientSecurity | None = None,
 ) -> RecordStats:
     """Record an agent's devices, samples and markers into the run directory ``out``.
 
@@ -175,6 +181,7 @@ def record(
         stop: Set it to end the recording early (from another thread or a signal handler).
         force: Accept an existing non-empty ``out`` (see ``check_output``).
         connect_timeout_s: Seconds to wait for the agent's ``GetInfo``.
+        security: TLS and bearer token for the agent (``chopper.connect``); None: plaintext.
 
     Returns:
         Counts of what was written and why the recording ended.
@@ -189,11 +196,10 @@ def record(
 
     from chopper import consumer
     from chopper.proto.chopper.v1 import agent_pb2 as pb
-    from chopper.rundir import write_run
 
     out = Path(out)
     check_output(out, force)
-    info = consumer.wait_for_info(target, timeout_s=connect_timeout_s)
+    info = consumer.wait_for_info(target, timeout_s=connect_timeout_s, security=security)
     devices = _device_rows(info)
 
     samples = _Columns(SAMPLE_COLUMNS, _SAMPLE_INT, _SAMPLE_TEXT)
@@ -202,7 +208,8 @@ def record(
     missed = 0
     unknown_kinds = 0
     stop = stop if stop is not None else threading.Event()
-    channel, stream = consumer.subscribe(target, pb.SubscribeRequest(samples=True, markers=True, since_ns=since_ns))
+    channel, stream = consumer.subscribe(target, pb.SubscribeRequest(samples=True, markers=True, since_ns=since_ns),
+                                         security)
     started = time.monotonic()
     deadline = None if duration_s is None else started + duration_s
     reading_done = threading.Event()
@@ -252,13 +259,35 @@ def record(
         watcher.join()
     elapsed = time.monotonic() - started
 
-    write_run(out, devices, samples.frame(), markers.frame())
+    _write(out, devices, samples, markers)
     return RecordStats(
         out=out, node=info.node, devices=len(devices), gpus=len(gpus), samples=samples.rows,
         markers=markers.rows, missed=missed, duration_s=elapsed,
         ended_by="agent" if agent_error is not None else cancelled_for[0], agent_error=agent_error,
         unknown_kinds=unknown_kinds,
     )
+
+
+def _write(out: Path, devices: list[dict[str, Any]], samples: _Columns, markers: _Columns) -> None:
+    """``write_run``, turning an I/O failure into a ``RecordError`` without half-written tables."""
+    from chopper.rundir import write_run
+
+    def stamp(path: Path) -> int | None:
+        return path.stat().st_mtime_ns if path.exists() else None
+
+    tables = [path for table in ("devices", "samples", "markers") for path in table_files(out, table)]
+    before = {path: stamp(path) for path in tables}
+    try:
+        write_run(out, devices, samples.frame(), markers.frame())
+    except OSError as exc:
+        for path in tables:
+            if stamp(path) != before[path]:
+                path.unlink(missing_ok=True)
+        raise RecordError(
+            f"cannot write the run into {str(out)!r}: {exc.strerror or exc}; the {samples.rows} samples and "
+            f"{markers.rows} markers recorded were not written. Free space (or choose another --out) and run "
+            "`chopper record --since-buffer` again: the agent's buffers still hold the recent samples and markers"
+        ) from exc
 
 
 def _append_marker(markers: _Columns, r: pb.MarkerRecord) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import ipaddress
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -47,6 +48,17 @@ def is_host_port(value: str) -> bool:
     """``host:port`` with a port in 1-65535."""
     host, sep, port = value.rpartition(":")
     return bool(sep and host and port.isdigit() and 0 < int(port) < 65536)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (of ``host:port``, brackets allowed) is a loopback address or ``localhost``."""
+    host = host.strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _parse(field: dataclasses.Field[Any], raw: Any, source: str) -> Any:

@@ -1,0 +1,197 @@
+"""Access checks on every RPC of a Chopper gRPC server: size, rate, bearer token; refusals counted.
+
+One ``grpc.ServerInterceptor`` wraps each method handler, before the servicer sees anything.
+Per call, in this order:
+
+1. **Rate**, per client and RPC: a token bucket of ``calls_per_s`` (``chopper.ratelimit``).
+   The client is its certificate's common name behind a TLS front (``chopper.tls_front``), else
+   its IP address, and ``unix`` for the local socket (whose file mode and group decide who
+   connects at all).
+2. **Token**, for the RPCs in ``token_rpcs`` when a ``TokenFile`` is configured
+   (``chopper.auth``): no bearer token is ``no_token``, one not in the file ``wrong_token``.
+3. **Size** of each request message: over ``max_message_bytes`` is ``too_large``. The servers'
+   gRPC core limit is twice that (``chopper.serving``), so the messages in between reach this
+   check and are counted; gRPC refuses bigger ones itself, uncounted.
+4. **Stream rate**: each message of a client stream takes a token from that stream's own
+   bucket of ``messages_per_s``.
+
+A refusal is counted in ``Refusals`` by (RPC, reason), logged at most every 10 s per pair, and
+answered with ``RESOURCE_EXHAUSTED`` (rate, size) or ``UNAUTHENTICATED`` (token) and a message
+saying what to change. A trainer's marker stream cut this way costs only markers: the job-side
+client drops and counts them, and never blocks or raises (``chopper.client``).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import grpc
+
+from chopper.auth import TokenFile, presented
+from chopper.ratelimit import RateLimiter
+from chopper.tls_front import Peers
+
+log = logging.getLogger(__name__)
+
+REFUSAL_REASONS = {
+    "rate_limited": "the client exceeded rate_limit_calls_per_s for this RPC, or its stream rate_limit_messages_per_s",
+    "no_token": "a token-protected RPC (RequestCapture) came without an authorization: Bearer token",
+    "wrong_token": "the bearer token is not one of the lines of the server's token_file",
+    "too_large": "a request message over max_message_bytes (gRPC itself refuses those over twice that, uncounted)",
+}
+LOG_INTERVAL_S = 10.0
+
+
+class TooLarge:
+    """Stands in for a request message over the size limit, so the check can answer and count it."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+
+class Refusals:
+    """Refused RPCs by (rpc, reason) and refused connections by reason; safe from any thread."""
+
+    def __init__(self) -> None:
+        self._rpcs: Counter[tuple[str, str]] = Counter()
+        self._connections: Counter[str] = Counter()
+        self._lock = threading.Lock()
+
+    def rpc(self, rpc: str, reason: str) -> None:
+        with self._lock:
+            self._rpcs[(rpc, reason)] += 1
+
+    def connection(self, reason: str) -> None:
+        with self._lock:
+            self._connections[reason] += 1
+
+    def snapshot(self) -> tuple[dict[tuple[str, str], int], dict[str, int]]:
+        """Copies of the RPC and connection counts, for a scrape."""
+        with self._lock:
+            return dict(self._rpcs), dict(self._connections)
+
+
+def client_identity(peer: str, peers: Peers | None = None) -> str:
+    """Who a call comes from, for rate limits: a TLS front's verified identity, an IP, or ``unix``."""
+    known = peers.lookup(peer) if peers is not None else None
+    if known is not None:
+        return known.identity
+    kind, _, rest = peer.partition(":")
+    if kind == "unix":
+        return "unix"
+    if kind in ("ipv4", "ipv6"):
+        return f"{kind}:{rest.rsplit(':', 1)[0]}"
+    return peer
+
+
+def _sized(parse: Callable[[bytes], Any] | None, limit: int) -> Callable[[bytes], Any]:
+    def decode(data: bytes) -> Any:
+        if len(data) > limit:
+            return TooLarge(len(data))
+        return parse(data) if parse is not None else data
+
+    return decode
+
+
+class AccessControl(grpc.ServerInterceptor):
+    """The checks of the module docstring, as a server interceptor.
+
+    Args:
+        refusals: Where refusals are counted.
+        max_message_bytes: Largest request message accepted.
+        calls_per_s: Calls per second per client and RPC (0: unlimited).
+        messages_per_s: Messages per second per client stream (0: unlimited).
+        tokens: Accepted bearer tokens; None: no RPC needs one.
+        token_rpcs: Method names (``RequestCapture``) that need a token when ``tokens`` is set.
+        peers: Identities of TLS-front connections.
+        clock: Monotonic seconds (injected in tests).
+    """
+
+    def __init__(self, refusals: Refusals, *, max_message_bytes: int, calls_per_s: float, messages_per_s: float,
+                 tokens: TokenFile | None = None, token_rpcs: frozenset[str] = frozenset(),
+                 peers: Peers | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.refusals = refusals
+        self.max_message_bytes = max_message_bytes
+        self.calls = RateLimiter(calls_per_s, clock)
+        self.messages = RateLimiter(messages_per_s, clock)
+        self.tokens = tokens
+        self.token_rpcs = token_rpcs if tokens is not None else frozenset()
+        self.peers = peers
+        self.clock = clock
+        self._last_log: dict[tuple[str, str], float] = {}
+
+    def intercept_service(self, continuation: Callable[[Any], Any], details: Any) -> Any:
+        handler = continuation(details)
+        if handler is None:
+            return None
+        rpc = details.method.rsplit("/", 1)[-1]
+        token = presented(details.invocation_metadata) if rpc in self.token_rpcs else None
+        deserializer = _sized(handler.request_deserializer, self.max_message_bytes)
+        if handler.request_streaming:
+            field = "stream_stream" if handler.response_streaming else "stream_unary"
+            inner = getattr(handler, field)
+
+            def streaming(requests: Iterator[Any], context: grpc.ServicerContext) -> Any:
+                self._admit(rpc, token, context)
+                return inner(self._metered(rpc, requests, context), context)
+
+            return handler._replace(request_deserializer=deserializer, **{field: streaming})
+        field = "unary_stream" if handler.response_streaming else "unary_unary"
+        inner = getattr(handler, field)
+
+        def unary(request: Any, context: grpc.ServicerContext) -> Any:
+            self._admit(rpc, token, context)
+            if isinstance(request, TooLarge):
+                self._too_large(rpc, request, context)
+            return inner(request, context)
+
+        return handler._replace(request_deserializer=deserializer, **{field: unary})
+
+    def _admit(self, rpc: str, token: bytes | None, context: grpc.ServicerContext) -> None:
+        client = client_identity(context.peer(), self.peers)
+        if not self.calls.admit((client, rpc)):
+            self._refuse(context, rpc, "rate_limited", client, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                         f"{rpc}: rate limit: more than {self.calls.rate:g} calls/s from this client ({client}); "
+                         "call less often, or raise rate_limit_calls_per_s on the server")
+        if rpc not in self.token_rpcs:
+            return
+        assert self.tokens is not None
+        if token is None:
+            self._refuse(context, rpc, "no_token", client, grpc.StatusCode.UNAUTHENTICATED,
+                         f"{rpc} needs a bearer token: pass --token-file FILE (or set CHOPPER_TOKEN_FILE) naming a "
+                         "file that holds a token of the server's token_file")
+        elif not self.tokens.accepts(token):
+            self._refuse(context, rpc, "wrong_token", client, grpc.StatusCode.UNAUTHENTICATED,
+                         f"{rpc}: the bearer token is not accepted; --token-file must hold a token listed in the "
+                         "server's token_file")
+
+    def _metered(self, rpc: str, requests: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:
+        bucket = self.messages.stream_bucket()
+        for request in requests:
+            if isinstance(request, TooLarge):
+                self._too_large(rpc, request, context)
+            if bucket is not None and not bucket.take(self.clock()):
+                self._refuse(context, rpc, "rate_limited", client_identity(context.peer(), self.peers),
+                             grpc.StatusCode.RESOURCE_EXHAUSTED,
+                             f"{rpc}: rate limit: this stream sent more than {bucket.rate:g} messages/s; put more in "
+                             "each message, or raise rate_limit_messages_per_s on the server")
+            yield request
+
+    def _too_large(self, rpc: str, request: TooLarge, context: grpc.ServicerContext) -> None:
+        self._refuse(context, rpc, "too_large", client_identity(context.peer(), self.peers),
+                     grpc.StatusCode.RESOURCE_EXHAUSTED,
+                     f"{rpc}: a message of {request.size} bytes is over the server's max_message_bytes "
+                     f"({self.max_message_bytes}); send smaller batches")
+
+    def _refuse(self, context: grpc.ServicerContext, rpc: str, reason: str, client: str, code: grpc.StatusCode,
+                message: str) -> None:
+        self.refusals.rpc(rpc, reason)
+        now = self.clock()
+        if now - self._last_log.get((rpc, reason), -LOG_INTERVAL_S) >= LOG_INTERVAL_S:
+            self._last_log[(rpc, reason)] = now
+            log.warning("event=rpc_refused rpc=%s reason=%s client=%s", rpc, reason, client)
+        context.abort(code, message)

@@ -1,0 +1,155 @@
+"""One way both daemons serve gRPC: access checks on every RPC, health, and TLS-fronted TCP listeners.
+
+``SecureServer`` builds the ``grpc.Server`` with ``chopper.access.AccessControl`` as its
+interceptor, registers the health service, and adds listeners: a unix socket, plaintext TCP, or
+TCP behind a ``chopper.tls_front.TlsFront`` (then gRPC itself listens only on the front's private
+socket, so TLS is the only way in on that address). A plaintext TCP listener on an address other
+than loopback is logged as a warning at start.
+
+gRPC's own receive limit is set to twice ``max_message_bytes`` so that messages between the two
+reach the access check and are counted as ``too_large``.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections.abc import Sequence
+from concurrent import futures
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from chopper.access import AccessControl, Refusals
+from chopper.auth import TokenFile
+from chopper.settings import ConfigError, is_loopback
+from chopper.tls import ServerTLS
+from chopper.tls_front import Peers, TlsFront
+
+log = logging.getLogger(__name__)
+
+
+def server_tls(s: Any) -> ServerTLS | None:
+    """The ``ServerTLS`` of a daemon's ``tls_cert``/``tls_key``/``tls_client_ca`` settings, or None."""
+    return ServerTLS(s.tls_cert, s.tls_key, s.tls_client_ca) if s.tls_cert else None
+
+
+def check_server_access(s: Any, listen_key: str) -> None:
+    """Validate a daemon's TLS and rate-limit settings (``listen_key``: the TCP listener TLS applies to).
+
+    Raises:
+        ConfigError: A value is inconsistent, or a file is unreadable or does not load.
+    """
+    if s.tls_cert or s.tls_key or s.tls_client_ca:
+        if not getattr(s, listen_key):
+            raise ConfigError(f"tls_cert: TLS applies to {listen_key}, which is empty; set {listen_key} to host:port "
+                              "or leave the tls_* settings empty")
+        if not (s.tls_cert and s.tls_key):
+            raise ConfigError("tls_cert and tls_key go together: give the server's certificate chain and its key "
+                              "(tls_client_ca needs them too)")
+        server_tls(s)
+    for key in ("rate_limit_calls_per_s", "rate_limit_messages_per_s"):
+        value = getattr(s, key)
+        if not (math.isfinite(value) and value >= 0):
+            raise ConfigError(f"{key}: {value!r} is not a rate; use 0 (no limit) or a positive number per second")
+
+
+class SecureServer:
+    """A started-on-demand gRPC server with Chopper's access checks, health and listeners.
+
+    Args:
+        handlers: The services' generic handlers.
+        services: Their full names, marked SERVING in health once started.
+        refusals: Where refused calls and connections are counted (read by the metrics).
+        max_workers: Worker threads (each open stream holds one).
+        max_message_bytes: Largest request message accepted.
+        max_send_bytes: Largest response message.
+        calls_per_s: Calls per second per client and RPC (0: unlimited).
+        messages_per_s: Messages per second per client stream (0: unlimited).
+        token_file: Bearer tokens for ``token_rpcs`` (empty: none needed).
+        token_rpcs: Method names that need a token when ``token_file`` is set.
+
+    Raises:
+        chopper.auth.TokenError: The token file is unusable.
+    """
+
+    def __init__(self, handlers: Sequence[grpc.GenericRpcHandler], services: Sequence[str], refusals: Refusals, *,
+                 max_workers: int, max_message_bytes: int, max_send_bytes: int, calls_per_s: float,
+                 messages_per_s: float, token_file: str = "", token_rpcs: frozenset[str] = frozenset()) -> None:
+        self.refusals = refusals
+        self.peers = Peers()
+        self.max_connections = max_workers
+        self.access = AccessControl(
+            refusals, max_message_bytes=max_message_bytes, calls_per_s=calls_per_s, messages_per_s=messages_per_s,
+            tokens=TokenFile(token_file) if token_file else None, token_rpcs=token_rpcs, peers=self.peers,
+        )
+        options = [
+            ("grpc.max_receive_message_length", 2 * max_message_bytes),
+            ("grpc.max_send_message_length", max_send_bytes),
+            ("grpc.so_reuseport", 0),
+        ]
+        pool = futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc")
+        self.server = grpc.server(pool, options=options, interceptors=[self.access])
+        self.server.add_generic_rpc_handlers(tuple(handlers))
+        self.health_servicer = health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health_servicer, self.server)
+        self.services = tuple(services)
+        self.fronts: list[TlsFront] = []
+
+    def add_unix(self, path: str) -> None:
+        """Listen on the unix socket ``path`` (the caller sets its mode and group)."""
+        self.server.add_insecure_port(f"unix:{path}")
+
+    def add_tcp(self, address: str, tls: ServerTLS | None, key: str = "listen") -> int:
+        """Listen on ``host:port`` (port 0: any free one), over TLS when ``tls`` is given; returns the port.
+
+        Raises:
+            OSError: The address cannot be bound; the message names the setting ``key``.
+        """
+        host, _, port_text = address.rpartition(":")
+        if tls is None:
+            if not is_loopback(host):
+                log.warning("event=plaintext_listen %s=%s note='gRPC without TLS is reachable from the network: set "
+                            "tls_cert and tls_key (and tls_client_ca), or bind 127.0.0.1'", key, address)
+            try:
+                port = self.server.add_insecure_port(address)
+            except RuntimeError:
+                port = 0
+            if port == 0:
+                raise OSError(f"{key}: cannot bind {address}; is the port in use?")
+            return int(port)
+        front = TlsFront(host, int(port_text), tls, self.refusals.connection, self.peers,
+                         max_connections=self.max_connections)
+        self.server.add_insecure_port(f"unix:{front.upstream_path}")
+        try:
+            port = front.start()
+        except OSError as exc:
+            raise OSError(f"{key}: cannot bind {address} ({exc.strerror or exc}); is the port in use?") from None
+        self.fronts.append(front)
+        log.info("event=tls_listen %s=%s port=%d mutual=%s", key, address, port, tls.mutual)
+        return port
+
+    def start(self) -> None:
+        self.server.start()
+        for name in ("", *self.services):
+            self.health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+
+    def stop(self, grace: float | None) -> threading.Event:
+        """Stop accepting, let calls finish for ``grace`` s, then close the TLS fronts; set when done."""
+        for front in self.fronts:
+            front.stop_accepting()
+        stopped = self.server.stop(grace)
+        done = threading.Event()
+
+        def finish() -> None:
+            stopped.wait()
+            for front in self.fronts:
+                front.close()
+            done.set()
+
+        threading.Thread(target=finish, name="grpc-stop", daemon=True).start()
+        return done
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.server, name)
