@@ -19,7 +19,7 @@ HTA_VENV := .venv-hta
 HTA_VERSION := 0.5.0
 HTA_STAMP := $(HTA_VENV)/.installed-$(HTA_VERSION)
 
-.PHONY: demo test lint bench proto dashboards apt-deps clean
+.PHONY: demo test lint bench proto dashboards apt-deps clean stack
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -43,6 +43,11 @@ apt-deps:
 
 demo: $(STAMP)
 	$(BIN)/chopper demo
+
+# Agent, aggregator, Prometheus with the rules, Alertmanager and the demo job on this machine until
+# Ctrl-C (README, "Local stack"); e.g. STACK_ARGS='--free-ports --ranks 1'.
+stack: $(STAMP) apt-deps
+	$(BIN)/python -m deploy.stack $(STACK_ARGS)
 
 test: $(STAMP) apt-deps
 	$(BIN)/ruff check .
