@@ -11,12 +11,27 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import ipaddress
+import math
 import os
+import reprlib
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+
+# A settings file is a few dozen lines: anything bigger is the wrong file (or /dev/zero).
+MAX_CONFIG_BYTES = 1 << 20
+INT64 = (-(2**63), 2**63 - 1)
+# Values are quoted in messages through this: a YAML alias bomb must not expand in a repr.
+_shown = reprlib.Repr()
+_shown.maxlevel, _shown.maxlist, _shown.maxdict, _shown.maxstring, _shown.maxother = 2, 4, 4, 80, 80
+_FORMS = {
+    "int": "a whole number in 64-bit range",
+    "float": "a finite number",
+    "tuple[int, ...]": "whole numbers, comma-separated or as a YAML list",
+    "str": "text without NUL characters",
+}
 
 
 class ConfigError(ValueError):
@@ -61,39 +76,64 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def _int(raw: Any) -> int:
+    """A whole number in int64 range from a YAML scalar or string; ValueError otherwise."""
+    if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):
+        raise ValueError
+    value = int(raw)
+    if not INT64[0] <= value <= INT64[1]:
+        raise ValueError
+    return value
+
+
 def _parse(field: dataclasses.Field[Any], raw: Any, source: str) -> Any:
-    """Convert one raw value (YAML scalar or string) to the field's type."""
+    """Convert one raw value (YAML scalar or string) to the field's type.
+
+    Integers must be whole and fit in 64 bits, floats must be finite, and text must not hold NUL
+    (no path, name or address can): each daemon's range checks then see only ordinary values.
+    """
     kind = field.type
     try:
         if kind == "tuple[int, ...]":
             if isinstance(raw, list | tuple):
-                return tuple(int(v) for v in raw)
+                return tuple(_int(v) for v in raw)
             text = str(raw).strip()
-            return tuple(int(v) for v in text.split(",") if v.strip()) if text else ()
+            return tuple(_int(v) for v in text.split(",") if v.strip()) if text else ()
         if kind == "int":
-            if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):
-                raise ValueError
-            return int(raw)
+            return _int(raw)
         if kind == "float":
-            if isinstance(raw, bool):
+            if isinstance(raw, bool) or not math.isfinite(value := float(raw)):
                 raise ValueError
-            return float(raw)
-        if isinstance(raw, list | dict):
+            return value
+        if isinstance(raw, list | dict) or "\0" in (text := str(raw)):
             raise ValueError
-        return str(raw)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{field.name}: {raw!r} (from {source}) is not a valid {kind}") from None
+        return text
+    except (TypeError, ValueError, OverflowError):
+        raise ConfigError(f"{field.name}: {_shown.repr(raw)} (from {source}) is not a valid {kind}; "
+                          f"use {_FORMS.get(str(kind), 'a plain value')}") from None
 
 
 def _read_yaml(path: Path, known: Sequence[str]) -> dict[str, Any]:
     import yaml
 
     try:
-        data = yaml.safe_load(path.read_text())
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_CONFIG_BYTES + 1)
     except OSError as exc:
         raise ConfigError(f"config file {path}: cannot be read ({exc.strerror}); check the --config path") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"config file {path}: is larger than {MAX_CONFIG_BYTES} bytes; is --config the settings "
+                          "file (a YAML mapping of setting: value)?")
+    try:
+        data = yaml.safe_load(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {path}: is not UTF-8 text ({exc.reason} at byte {exc.start}); "
+                          "save it as UTF-8 YAML") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"config file {path}: is not valid YAML ({exc}); fix the syntax") from None
+    except RecursionError:
+        raise ConfigError(f"config file {path}: is nested too deeply to be settings; it must be a flat mapping "
+                          "of setting: value") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
