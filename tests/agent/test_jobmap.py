@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from agent.jobmap import MAX_FILE_BYTES, JobMapUnreadable, parse_job_file, read_job_map
+from agent.workload import JobMapSource, Workload, WorkloadTracker
 
 
 def test_one_file_per_gpu_index_with_one_job_per_line(tmp_path: Path) -> None:
@@ -44,3 +45,17 @@ def test_job_ids_are_bounded_printable_tokens() -> None:
     assert parse_job_file("  77  \n") == ("77",)
     with pytest.raises(ValueError, match="line 2"):
         parse_job_file("77\n" + "x" * 129 + "\n")
+
+
+def test_tracker_reports_the_directory_down_until_it_appears_and_counts_bad_files(tmp_path: Path) -> None:
+    source = JobMapSource(tmp_path / "jobmap")
+    tracker = WorkloadTracker([source], refresh_s=1)
+    tracker.refresh()
+    assert not source.health.up and source.health.errors == {"unreadable": 1} and tracker.table() == {}
+    (tmp_path / "jobmap").mkdir()
+    (tmp_path / "jobmap" / "1").write_text("4242\n4243\n")
+    (tmp_path / "jobmap" / "2").write_text("bad id\n")
+    tracker.refresh()
+    assert source.health.up and source.health.errors == {"unreadable": 1, "bad_file": 1}
+    assert tracker.table() == {1: (Workload("jobmap", job="4242"), Workload("jobmap", job="4243"))}
+    assert tracker.jobs() == {1: "4242,4243"}  # what samples of GPU 1 carry
