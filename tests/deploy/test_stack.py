@@ -7,7 +7,6 @@ import signal
 import socket
 import subprocess
 import sys
-import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -15,7 +14,7 @@ import psutil
 import pytest
 
 from deploy.stack import cli
-from tests.e2e.conftest import metric_sum, wait_until
+from tests.e2e.conftest import metric_sum, prom_query, wait_until
 
 ALWAYS_FIRING = """groups:
 - name: stack-test
@@ -29,14 +28,6 @@ ALWAYS_FIRING = """groups:
 def get(url: str) -> bytes:
     with urllib.request.urlopen(url, timeout=5) as response:
         return bytes(response.read())
-
-
-def prom_query(prom: str, expr: str) -> list[dict]:
-    try:
-        body = get(f"{prom}/api/v1/query?" + urllib.parse.urlencode({"query": expr}))
-    except OSError:
-        return []
-    return list(json.loads(body)["data"]["result"])
 
 
 def answers(addr: str) -> bool:
@@ -68,8 +59,8 @@ def test_stack_comes_up_answers_and_stops_cleanly(tmp_path: Path) -> None:
         assert set(urls) == {"agent", "aggregator", "prometheus", "alertmanager"}, out
         assert b"chopper_agent_backend_up" in get(urls["agent"])
         assert b"chopper_aggregator_info" in get(urls["aggregator"])
-        prom, alertmanager = urls["prometheus"], urls["alertmanager"]
-        assert get(f"{prom}/-/ready") and get(f"{alertmanager}/-/ready")
+        prom, alertmanager = urls["prometheus"].removeprefix("http://"), urls["alertmanager"]
+        assert get(f"{urls['prometheus']}/-/ready") and get(f"{alertmanager}/-/ready")
 
         # Prometheus scrapes both daemons, and the demo job's steps reach the agent and the aggregator.
         def scraped() -> bool:
@@ -80,7 +71,7 @@ def test_stack_comes_up_answers_and_stops_cleanly(tmp_path: Path) -> None:
                                              job="demo") > 0, timeout_s=20), (workdir / "training.log").read_text()
         # honor_labels keeps the training job in `job`, as the shipped rules expect.
         assert wait_until(lambda: bool(prom_query(prom, 'chopper_rank_steps_total{job="demo"} > 0')), timeout_s=10)
-        groups = {g["name"] for g in json.loads(get(f"{prom}/api/v1/rules"))["data"]["groups"]}
+        groups = {g["name"] for g in json.loads(get(f"{urls['prometheus']}/api/v1/rules"))["data"]["groups"]}
         assert "stack-test" in groups and (not shipped or len(groups) > 1), groups
 
         # A rule that always fires goes through Prometheus to Alertmanager.
