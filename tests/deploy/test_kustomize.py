@@ -233,7 +233,10 @@ def test_least_privilege(overlay: str) -> None:
     host_paths = {v["hostPath"]["path"] for v in pod_spec(overlay, "DaemonSet", "chopper-agent")["volumes"]
                   if "hostPath" in v}
     expected = {"/run/chopper", "/var/lib/kubelet/pod-resources"}
-    assert host_paths == (expected | {"/dev/kfd", "/dev/dri"} if overlay == "amd" else expected)
+    assert host_paths == (expected | {"/dev/kfd", "/dev/dri", "/opt/rocm"} if overlay == "amd" else expected)
+    rocm = [m for m in pod_spec(overlay, "DaemonSet", "chopper-agent")["containers"][0]["volumeMounts"]
+            if m["mountPath"] == "/opt/rocm"]
+    assert all(m["readOnly"] for m in rocm)
 
 
 def test_vendor_overlays_target_their_gpu_nodes() -> None:
@@ -252,12 +255,12 @@ def test_vendor_overlays_target_their_gpu_nodes() -> None:
     assert one("simulated", "Deployment", "chopper-aggregator")["spec"]["replicas"] == 1
 
 
-def test_images_are_the_project_version() -> None:
+def test_images_are_the_project_version_with_the_vendor_extra() -> None:
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
-    for overlay in OVERLAYS:
+    for overlay, tag in (("amd", f"{version}-amd"), ("nvidia", f"{version}-nvidia"), ("simulated", version)):
         images = {c["image"] for kind in ("DaemonSet", "Deployment") for o in objects(overlay, kind)
                   for c in o["spec"]["template"]["spec"]["containers"]}
-        assert images == {f"{IMAGE}:{version}"}, "update images: in deploy/kubernetes/base/kustomization.yaml"
+        assert images == {f"{IMAGE}:{tag}"}, f"update images: in deploy/kubernetes (overlay {overlay})"
 
 
 def test_generated_rules_and_dashboards_are_deployed() -> None:
