@@ -228,7 +228,7 @@ def test_least_privilege(overlay: str) -> None:
             assert privileged == (overlay == "amd" and kind == "DaemonSet")
             assert sc["allowPrivilegeEscalation"] is privileged
     aggregator = pod_spec(overlay, "Deployment", "chopper-aggregator")
-    assert aggregator["securityContext"]["runAsNonRoot"] is True
+    assert aggregator["securityContext"]["runAsNonRoot"] is True and aggregator["securityContext"]["runAsUser"] > 0
     assert "volumes" in aggregator and all("hostPath" not in v for v in aggregator["volumes"])
     host_paths = {v["hostPath"]["path"] for v in pod_spec(overlay, "DaemonSet", "chopper-agent")["volumes"]
                   if "hostPath" in v}
