@@ -152,3 +152,15 @@ def test_environment_files_name_real_settings_with_valid_values(name: str, prefi
     settings = load([], {k: v for k, v in example.items() if v})
     for key in environment:
         assert hasattr(settings, key), f"{name}.default: {prefix}{key.upper()} is not a setting"
+
+
+def test_sysusers_creates_the_units_user(tmp_path: Path) -> None:
+    binary = shutil.which("systemd-sysusers")
+    if binary is None:
+        pytest.fail("systemd-sysusers is missing: install the Debian package systemd (`make test` does)")
+    (tmp_path / "etc").mkdir()
+    subprocess.run([binary, f"--root={tmp_path}", "-"], input=(UNITS / "chopper.sysusers").read_text(), text=True,
+                   capture_output=True, check=True, timeout=60)
+    passwd = (tmp_path / "etc" / "passwd").read_text()
+    user = values(UNITS / "chopper-agent.service", "User")[0]
+    assert re.search(rf"^{user}:x:2977:2977:.*:/usr/sbin/nologin$", passwd, re.M), passwd
