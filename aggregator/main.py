@@ -67,7 +67,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"chopper-aggregator: store_dir: cannot recover the write-ahead log: {exc}", file=sys.stderr)
         return 2
     try:
-        server, port = build_server(core, settings.listen, settings.max_message_bytes)
+        server, port = build_server(core, settings.listen, settings.max_message_bytes, settings)
     except OSError as exc:
         print(f"chopper-aggregator: {exc}", file=sys.stderr)
         return 2

@@ -7,6 +7,7 @@ import logging
 import os
 import stat
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -18,11 +19,10 @@ from aggregator.config import AggregatorSettings
 from chopper import cli
 from chopper.access import Refusals
 from chopper.proto.chopper.v1 import agent_pb2 as pb
-from chopper.proto.chopper.v1 import agent_pb2_grpc
 from chopper.serving import SecureServer
 from chopper.settings import ConfigError
 from chopper.tls import ClientTLS
-from tests.agent.test_server import Running, running  # noqa: F401 (the fixture)
+from tests.agent.test_server import Running
 from tests.e2e.conftest import wait_until
 from tests.security.conftest import Pki, write_token
 from tests.security.test_tls import Served
@@ -32,6 +32,14 @@ CAPTURE = pb.CaptureRequest(job="nobody", steps=1, out_dir="/tmp/chopper-test-ca
 
 def refused(running: Running, rpc: str, reason: str) -> int:
     return running.agent.refusals.snapshot()[0].get((rpc, reason), 0)
+
+
+@pytest.fixture
+def agent(tmp_path: Path) -> Iterator[Running]:
+    """An in-process agent on a unix socket, with a 64 KiB message limit."""
+    running = Running(tmp_path)
+    yield running
+    running.stop()
 
 
 def test_request_capture_needs_a_token_of_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -112,7 +120,8 @@ def test_a_flooding_trainer_is_cut_without_blocking_or_raising(tmp_path: Path) -
         running.stop()
 
 
-def test_oversized_messages_are_refused_and_counted(running: Running) -> None:
+def test_oversized_messages_are_refused_and_counted(agent: Running) -> None:
+    running = agent
     limit = running.settings.max_message_bytes
     push_raw = running.channel.stream_unary("/chopper.v1.Agent/PushMarkers")
     info_raw = running.channel.unary_unary("/chopper.v1.Agent/GetInfo")
@@ -137,7 +146,8 @@ def test_socket_mode_and_group(tmp_path: Path) -> None:
     finally:
         running.stop()
     with pytest.raises(ConfigError, match="socket_group: no group 'no-such-group-here'"):
-        Running(tmp_path, socket_group="no-such-group-here")
+        (tmp_path / "other").mkdir()
+        Running(tmp_path / "other", socket_group="no-such-group-here")
 
 
 def test_tcp_listeners_bind_loopback_unless_told_otherwise(caplog: pytest.LogCaptureFixture) -> None:
@@ -189,4 +199,5 @@ def test_clients_never_send_a_token_in_clear_text_over_the_network(pki: Pki) -> 
     with pytest.raises(ConfigError, match="refusing to send the token in clear text to node7:9478"):
         plain.check("node7:9478")
     ClientSecurity(ClientTLS(pki.ca), token="t").check("node7:9478")
-    assert cli.main(["info", "--agent", "node7:9478", "--token-file", write_token(Path(pki.ca).parent / "tk", "t")]) == 2
+    token = write_token(Path(pki.ca).parent / "cleartext.token", "t")
+    assert cli.main(["info", "--agent", "node7:9478", "--token-file", token]) == 2
