@@ -25,8 +25,9 @@ from chopper.proto.chopper.v1 import aggregator_pb2_grpc as apb_grpc
 class AgentProcess:
     """``python -m agent`` with a simulated node on a private socket and metrics port."""
 
-    def __init__(self, workdir: Path, *extra: str) -> None:
+    def __init__(self, workdir: Path, *extra: str, nice: int = 0) -> None:
         self.workdir = workdir
+        self.nice = nice  # e.g. 10, as deploy/systemd runs the agent
         self.socket = workdir / "agent.sock"
         self.target = f"unix://{self.socket}"
         self.metrics_addr = f"127.0.0.1:{free_port()}"
@@ -41,7 +42,7 @@ class AgentProcess:
             [sys.executable, "-m", "agent", "--node", "e2e-node", "--backend", "simulated", "--sim-gpus", "4",
              "--sample-hz", "20", "--socket-path", str(self.socket), "--metrics-listen", self.metrics_addr,
              *self.extra],
-            stderr=log,
+            stderr=log, preexec_fn=(lambda: os.nice(self.nice)) if self.nice else None,
         )
         consumer.wait_for_info(self.target, timeout_s=30)
         return self
@@ -67,8 +68,9 @@ class AgentProcess:
 class AggregatorProcess:
     """``chopper-aggregator`` on private ports; restartable on the same ports."""
 
-    def __init__(self, workdir: Path, name: str = "agg", *extra: str) -> None:
+    def __init__(self, workdir: Path, name: str = "agg", *extra: str, nice: int = 0) -> None:
         self.workdir = workdir
+        self.nice = nice
         self.name = name
         self.extra = extra
         self.address = f"127.0.0.1:{free_port()}"
@@ -82,7 +84,7 @@ class AggregatorProcess:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "aggregator.main", "--listen", self.address, "--metrics-listen", self.metrics_addr,
              "--step-timeout-s", "10", *self.extra],
-            stderr=log,
+            stderr=log, preexec_fn=(lambda: os.nice(self.nice)) if self.nice else None,
         )
         assert wait_until(self._up, timeout_s=30), f"aggregator did not start:\n{self.log()}"
         return self
