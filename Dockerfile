@@ -29,8 +29,8 @@ RUN /opt/chopper/venv/bin/pip install --no-cache-dir \
 
 # -- base: what both runtime images share --------------------------------------------------------
 FROM ${PYTHON_IMAGE} AS base
-# A fixed non-root uid/gid, so that the agent's socket volume is shared with trainer containers
-# that run as the same uid or group. /run/chopper holds agent.sock; /var/lib/chopper the store.
+# A fixed non-root uid/gid 10001 (the socket group on every target: sysusers, Kubernetes), so that the
+# agent socket volume is shared with trainers of that group. /run/chopper: agent.sock; /var/lib/chopper: the store.
 RUN groupadd --system --gid 10001 chopper \
     && useradd --system --uid 10001 --gid chopper --home-dir /var/lib/chopper --no-create-home \
        --shell /usr/sbin/nologin chopper \

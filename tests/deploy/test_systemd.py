@@ -163,4 +163,4 @@ def test_sysusers_creates_the_units_user(tmp_path: Path) -> None:
                    capture_output=True, check=True, timeout=60)
     passwd = (tmp_path / "etc" / "passwd").read_text()
     user = values(UNITS / "chopper-agent.service", "User")[0]
-    assert re.search(rf"^{user}:x:2977:2977:.*:/usr/sbin/nologin$", passwd, re.M), passwd
+    assert re.search(rf"^{user}:x:10001:10001:.*:/usr/sbin/nologin$", passwd, re.M), passwd
