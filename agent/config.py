@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from chopper import settings as _settings
+from chopper.serving import access_field, check_server_access
 from chopper.settings import ConfigError, is_host_port
 
 BACKENDS = ("auto", "amd", "nvidia", "simulated", "replay")
@@ -40,18 +41,11 @@ class AgentSettings:
         default="", metadata={"help": "file of bearer tokens, one per line, that RequestCapture must carry (empty: "
                               "no token needed)"}
     )
-    tls_cert: str = field(default="", metadata={"help": "PEM certificate chain: grpc_listen speaks TLS only (empty: "
-                                                        "plaintext)"})
-    tls_key: str = field(default="", metadata={"help": "PEM private key of tls_cert"})
-    tls_client_ca: str = field(
-        default="", metadata={"help": "PEM CA bundle: grpc_listen requires a client certificate it signed (mutual TLS)"}
-    )
-    rate_limit_calls_per_s: float = field(
-        default=100.0, metadata={"help": "calls per second per client and RPC, bursts of 2 s (0: no limit)"}
-    )
-    rate_limit_messages_per_s: float = field(
-        default=1000.0, metadata={"help": "messages per second per client stream, bursts of 2 s (0: no limit)"}
-    )
+    tls_cert: str = access_field("tls_cert", "grpc_listen")
+    tls_key: str = access_field("tls_key", "grpc_listen")
+    tls_client_ca: str = access_field("tls_client_ca", "grpc_listen")
+    rate_limit_calls_per_s: float = access_field("rate_limit_calls_per_s", "grpc_listen")
+    rate_limit_messages_per_s: float = access_field("rate_limit_messages_per_s", "grpc_listen")
     aggregator_tls_ca: str = field(
         default="", metadata={"help": "PEM CA bundle of the aggregators' certificates: delivery uses TLS (empty: "
                               "plaintext unless aggregator_tls_cert is set)"}
@@ -166,7 +160,6 @@ def _check(s: AgentSettings) -> None:
 def _check_access(s: AgentSettings) -> None:
     """TLS, token and rate-limit settings: files readable and loadable, pairs complete."""
     from chopper.auth import TokenFile
-    from chopper.serving import check_server_access
     from chopper.tls import ClientTLS
 
     check_server_access(s, "grpc_listen")

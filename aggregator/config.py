@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from chopper import settings as _settings
+from chopper.serving import access_field, check_server_access
 from chopper.settings import ConfigError, is_host_port
 
 ENV_PREFIX = "CHOPPER_AGGREGATOR_"
@@ -48,18 +49,11 @@ class AggregatorSettings:
     recent_steps_per_job: int = field(default=16, metadata={"help": "finalized steps per job kept for QuerySteps"})
     max_message_bytes: int = field(default=64 * 1024 * 1024, metadata={"help": "largest accepted gRPC message"})
     # Access control (docs/SECURITY.md).
-    tls_cert: str = field(default="", metadata={"help": "PEM certificate chain: listen speaks TLS only (empty: "
-                                                        "plaintext)"})
-    tls_key: str = field(default="", metadata={"help": "PEM private key of tls_cert"})
-    tls_client_ca: str = field(
-        default="", metadata={"help": "PEM CA bundle: agents must present a client certificate it signed (mutual TLS)"}
-    )
-    rate_limit_calls_per_s: float = field(
-        default=100.0, metadata={"help": "calls per second per client and RPC, bursts of 2 s (0: no limit)"}
-    )
-    rate_limit_messages_per_s: float = field(
-        default=1000.0, metadata={"help": "messages per second per Deliver stream, bursts of 2 s (0: no limit)"}
-    )
+    tls_cert: str = access_field("tls_cert", "listen")
+    tls_key: str = access_field("tls_key", "listen")
+    tls_client_ca: str = access_field("tls_client_ca", "listen")
+    rate_limit_calls_per_s: float = access_field("rate_limit_calls_per_s", "listen")
+    rate_limit_messages_per_s: float = access_field("rate_limit_messages_per_s", "listen")
     log_level: str = field(default="info", metadata={"help": "debug, info, warning or error"})
 
 
@@ -98,8 +92,6 @@ def _check(s: AggregatorSettings) -> None:
         raise bad("max_message_bytes", f"is too small; use at least {64 * 1024}")
     if s.log_level not in LOG_LEVELS:
         raise bad("log_level", "is not one of " + ", ".join(LOG_LEVELS))
-    from chopper.serving import check_server_access
-
     check_server_access(s, "listen")
 
 

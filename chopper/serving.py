@@ -11,6 +11,7 @@ reach the access check and are counted as ``too_large``.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import threading
@@ -28,6 +29,22 @@ from chopper.tls import ServerTLS
 from chopper.tls_front import Peers, TlsFront
 
 log = logging.getLogger(__name__)
+
+
+# The access settings both daemons share: (default, help); {listen} is the daemon's TCP listener setting.
+ACCESS_SETTINGS: dict[str, tuple[Any, str]] = {
+    "tls_cert": ("", "PEM certificate chain: {listen} speaks TLS only (empty: plaintext)"),
+    "tls_key": ("", "PEM private key of tls_cert"),
+    "tls_client_ca": ("", "PEM CA bundle: {listen} requires a client certificate it signed (mutual TLS)"),
+    "rate_limit_calls_per_s": (100.0, "calls per second per client and RPC, bursts of 2 s (0: no limit)"),
+    "rate_limit_messages_per_s": (1000.0, "messages per second per client stream, bursts of 2 s (0: no limit)"),
+}
+
+
+def access_field(name: str, listen: str) -> Any:
+    """The dataclass field of the shared access setting ``name`` for a daemon whose TCP listener is ``listen``."""
+    default, help_text = ACCESS_SETTINGS[name]
+    return dataclasses.field(default=default, metadata={"help": help_text.format(listen=listen)})
 
 
 def server_tls(s: Any) -> ServerTLS | None:
