@@ -66,11 +66,14 @@ def test_stack_comes_up_answers_and_stops_cleanly(tmp_path: Path) -> None:
         def scraped() -> bool:
             return {r["metric"]["job"] for r in prom_query(prom, "up == 1")} == {"chopper-agent", "chopper-aggregator"}
 
-        assert wait_until(scraped, timeout_s=15), prom_query(prom, "up")
-        assert wait_until(lambda: metric_sum(get(urls["aggregator"]).decode(), "chopper_job_steps_finalized_total",
-                                             job="demo") > 0, timeout_s=20), (workdir / "training.log").read_text()
+        # Generous limits: each wait ends as soon as its condition holds, and CI machines can be loaded.
+        assert wait_until(scraped, timeout_s=30), prom_query(prom, "up")
+        def finalized() -> float:
+            return metric_sum(get(urls["aggregator"]).decode(), "chopper_job_steps_finalized_total", job="demo")
+
+        assert wait_until(lambda: finalized() > 0, timeout_s=60), (workdir / "training.log").read_text()[-3000:]
         # honor_labels keeps the training job in `job`, as the shipped rules expect.
-        assert wait_until(lambda: bool(prom_query(prom, 'chopper_rank_steps_total{job="demo"} > 0')), timeout_s=10)
+        assert wait_until(lambda: bool(prom_query(prom, 'chopper_rank_steps_total{job="demo"} > 0')), timeout_s=30)
         groups = {g["name"] for g in json.loads(get(f"{urls['prometheus']}/api/v1/rules"))["data"]["groups"]}
         assert "stack-test" in groups and (not shipped or len(groups) > 1), groups
 
@@ -79,7 +82,7 @@ def test_stack_comes_up_answers_and_stops_cleanly(tmp_path: Path) -> None:
             alerts = json.loads(get(f"{alertmanager}/api/v2/alerts"))
             return any(a["labels"]["alertname"] == "StackTestAlwaysFiring" for a in alerts)
 
-        assert wait_until(alerted, timeout_s=15)
+        assert wait_until(alerted, timeout_s=30)
     finally:
         proc.send_signal(signal.SIGTERM)
         rest, _ = proc.communicate(timeout=60)
