@@ -32,7 +32,7 @@ def build(p: RuleParams) -> Dashboard:
         .add(stat_panel("Aggregators up", "Aggregator scrape targets that answered the last scrape.", "none",
                         query(f"sum({aggregators})", instant=True)), w=6, h=4)
         .add(stat_panel("Backends failing", "Agents whose GPU backend's last sample failed.", "none",
-                        query(f"count({C.agent_backend_up} == 0) or vector(0)", instant=True)), w=6, h=4)
+                        query(f"sum({C.agent_backend_up} == bool 0)", instant=True)), w=6, h=4)
         .row("Agents")
         .add(timeseries_panel("Scrape targets up", "1 while Prometheus scrapes the target.", "none",
                               query(agents, "agent {{instance}}"), query(aggregators, "aggregator {{instance}}")))

@@ -1,0 +1,217 @@
+"""The rules and dashboards against real processes: agent, aggregator, gloo training, Prometheus, Alertmanager.
+
+A simulated node whose power cap (300 W on a 750 W MI300X) makes its busy GPUs throttle for power
+is scraped by a real Prometheus that evaluates a fast variant of the rules (seconds-long windows,
+rendered by the same code as ``dashboards/rules/rules.yaml``) and sends alerts to a real
+Alertmanager, which posts them to a webhook served by this test. The DVFS alert must arrive for
+exactly the two GPUs the training ranks drive, labelled ``cause="power"``. While it fires, every
+query of every committed dashboard must return data from that Prometheus. Then the agent restarts
+without the cap, on the same ports, while training continues: the alert must resolve and stay
+resolved with the GPUs busy at full clock.
+"""
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import grpc
+import psutil
+import pytest
+
+from chopper.proto.chopper.v1 import agent_pb2 as pb
+from chopper.proto.chopper.v1 import agent_pb2_grpc as pb_grpc
+from dashboards import render
+from dashboards.params import RuleParams
+from dashboards.recording import GPU_BUSY, GPU_CLOCK
+from dashboards.rulefile import rules_yaml
+from tests.e2e.conftest import (
+    AgentProcess,
+    AggregatorProcess,
+    ServerProcess,
+    alertmanager_process,
+    free_port,
+    prom_query,
+    prometheus_process,
+    start_training,
+    wait_until,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
+
+FAST = RuleParams(rate_window="4s", dvfs_for="3s")
+CAP = ("--sim-power-cap-w", "300")
+RATE_INTERVAL = "5s"  # Grafana's $__rate_interval for 1 s scrapes: four scrape intervals and a bit
+ALERT = "ChopperGPUThrottling"
+
+
+class Webhook:
+    """Alertmanager's webhook receiver: keeps every alert it is sent, in order."""
+
+    def __init__(self) -> None:
+        received: list[dict] = []
+        lock = threading.Lock()
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                with lock:
+                    received.extend(body["alerts"])
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:  # keep pytest output clean
+                pass
+
+        self.received, self.lock = received, lock
+        self.server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}/"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def gpus(self, status: str) -> dict[str, str]:
+        """``{gpu: cause}`` of the DVFS alerts received with ``status`` (firing or resolved)."""
+        with self.lock:
+            return {a["labels"]["gpu"]: a["labels"]["cause"] for a in self.received
+                    if a["labels"]["alertname"] == ALERT and a["status"] == status}
+
+    def labels(self) -> list[tuple[str, dict[str, str]]]:
+        with self.lock:
+            return [(a["status"], a["labels"]) for a in self.received]
+
+    def close(self) -> None:
+        self.server.shutdown()
+
+
+@pytest.fixture
+def stack(tmp_path: Path) -> Iterator[tuple[Webhook, ServerProcess, AgentProcess, AggregatorProcess]]:
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(rules_yaml(FAST))
+    hook = Webhook()
+    started: list = []
+    try:
+        am = alertmanager_process(tmp_path, hook.url).start()
+        started.append(am)
+        agg = AggregatorProcess(tmp_path, "agg", "--store-dir", str(tmp_path / "store")).start()
+        started.append(agg)
+        agent = AgentProcess(tmp_path, *CAP, "--aggregators", agg.address).start()
+        started.append(agent)
+        prom = prometheus_process(tmp_path, {"chopper-agent": [agent.metrics_addr],
+                                             "chopper-aggregator": [agg.metrics_addr]},
+                                  rule_files=(rules,), alertmanager=am.address).start()
+        started.append(prom)
+        yield hook, prom, agent, agg
+    finally:
+        for process in reversed(started):
+            if isinstance(process, AgentProcess):
+                if process.proc is not None and process.proc.poll() is None:
+                    process.terminate()
+            else:
+                process.stop()
+        hook.close()
+
+
+def _reject_one_batch(agent: AgentProcess) -> None:
+    """A batch without a job: the agent rejects it, so the rejection counter the health panel reads exists."""
+    with grpc.insecure_channel(agent.target) as channel:
+        reply = pb_grpc.AgentStub(channel).PushMarkers(iter([pb.MarkerBatch(job="", rank=0, gpu=0, seq=1)]), timeout=10)
+    assert reply.accepted == 0
+
+
+def _fetch(prom: str, path: str, params: dict[str, str]) -> list[dict]:
+    url = f"http://{prom}/api/v1/{path}?" + urllib.parse.urlencode(params)
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return list(json.load(response)["data"]["result"] if path != "series" else json.load(response)["data"])
+    except urllib.error.HTTPError as exc:  # a bad query: Prometheus says why
+        raise AssertionError(f"{params}: {exc.read().decode()}") from None
+
+
+def _variables(prom: str, board: dict) -> dict[str, str]:
+    """A value for every query variable, from the label_values() query Grafana would run, in order."""
+    values: dict[str, str] = {}
+    for var in board["templating"]["list"]:
+        if var["type"] != "query":
+            continue
+        selector, label = re.fullmatch(r"label_values\((.*), (\w+)\)", var["query"]).groups()  # type: ignore[union-attr]
+        series = _fetch(prom, "series", {"match[]": _substitute(selector, values)})
+        found = sorted({s[label] for s in series if label in s})
+        assert found, f"variable ${var['name']} has no values: {var['query']}"
+        values[var["name"]] = found[0]
+    return values
+
+
+def _substitute(expr: str, values: dict[str, str]) -> str:
+    expr = expr.replace("$__rate_interval", RATE_INTERVAL)
+    return re.sub(r"\$(\w+)", lambda m: values[m.group(1)], expr)
+
+
+def _empty_panel_queries(prom: str) -> list[str]:
+    """Every query of every committed dashboard that returns no data now (or over the last 20 s)."""
+    empty, now = [], time.time()
+    for path in sorted((render.ROOT / render.JSON_DIR).glob("*.json")):
+        board = json.loads(path.read_text())
+        values = _variables(prom, board)
+        for panel in board["panels"]:
+            for target in panel.get("targets", []):
+                expr = _substitute(target["expr"], values)
+                if target.get("instant"):
+                    result = _fetch(prom, "query", {"query": expr})
+                else:
+                    result = _fetch(prom, "query_range", {"query": expr, "start": str(now - 20), "end": str(now),
+                                                          "step": "1"})
+                if not result:
+                    empty.append(f"{path.name} / {panel['title']} / {target['refId']}: {expr}")
+    return empty
+
+
+def _value(prom: str, expr: str) -> dict[str, float]:
+    return {r["metric"]["gpu"]: float(r["value"][1]) for r in prom_query(prom, expr)}
+
+
+def test_dvfs_alert_fires_with_gpu_and_cause_then_resolves_and_every_panel_has_data(stack) -> None:  # type: ignore[no-untyped-def]
+    hook, prom_server, agent, _ = stack
+    prom = prom_server.address
+    _reject_one_batch(agent)
+    training = start_training(agent.target, ranks=2, duration_s=55)
+    try:
+        # 1. Capped: the two GPUs the ranks drive throttle for power; the idle two do not alert.
+        assert wait_until(lambda: set(hook.gpus("firing")) >= {"0", "1"}, timeout_s=50), (
+            f"no DVFS alert for GPUs 0 and 1; received {hook.labels()}\n{prom_server.log()[-2000:]}")
+        assert hook.gpus("firing") == {"0": "power", "1": "power"}
+        assert training.poll() is None, "training ended before the alert fired"
+
+        # 2. While it fires: every panel query of every dashboard returns data.
+        assert wait_until(lambda: not _empty_panel_queries(prom), timeout_s=10, interval_s=1), (
+            "panel queries without data:\n" + "\n".join(_empty_panel_queries(prom)))
+
+        # 3. Cap lifted (the agent restarts without it, same socket and ports): the alert resolves.
+        agent.terminate()
+        agent.extra = tuple(a for a in agent.extra if a not in CAP)
+        agent.start()
+        assert wait_until(lambda: set(hook.gpus("resolved")) >= {"0", "1"}, timeout_s=30), (
+            f"DVFS alert did not resolve; received {hook.labels()}")
+        assert training.poll() is None, "training ended before the alert resolved: it must resolve for the clock"
+
+        # 4. And stays resolved for longer than its `for`, with both GPUs busy at full clock.
+        time.sleep(4 + 2)
+        assert not prom_query(prom, f'ALERTS{{alertname="{ALERT}"}}')
+        busy, clock = _value(prom, GPU_BUSY), _value(prom, GPU_CLOCK)
+        assert min(busy["0"], busy["1"]) > FAST.dvfs_busy_ratio, busy
+        assert min(clock["0"], clock["1"]) > FAST.dvfs_clock_ratio, clock
+        assert training.poll() is None
+    finally:
+        _kill_tree(training.pid)
+        training.communicate(timeout=30)
+
+
+def _kill_tree(pid: int) -> None:
+    """Kill the training launcher and the rank processes it spawned (they hold its pipes open)."""
+    parent = psutil.Process(pid)
+    for process in [*parent.children(recursive=True), parent]:
+        process.kill()
