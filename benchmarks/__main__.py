@@ -1,17 +1,23 @@
 """``python -m benchmarks``: run every benchmark, print the figures against their goals.
 
 ``--write docs/PERFORMANCE.md`` regenerates that file (the whole file is generated). ``--only``
-runs a subset by name. One benchmark failing is reported in the table and the exit code; the
-others still run. Every goal is judged within one run (a ratio or a CPU-time share), never
-against a wall-clock figure from another machine or another day.
+runs a subset by name; with ``--write``, the other benchmarks' rows and sections are kept from the
+existing file (each section says when and at which commit it was measured), so one long benchmark
+can be rerun alone, e.g. ``--only load_held --load-held-duration 600``. One benchmark failing is
+reported in the table and the exit code; the others still run. Every goal is judged within one
+run (a ratio or a CPU-time share), never against a wall-clock figure from another machine or
+another day.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
+import functools
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -27,6 +33,7 @@ from benchmarks import (
     bench_aggregator,
     bench_attribution,
     bench_instrument_overhead,
+    bench_load_held,
     bench_marker_cost,
     bench_trace_vs_hta,
 )
@@ -95,6 +102,23 @@ BENCHES = (
         "20 ms (`benchmarks/bench_aggregator.py`).",
     ),
     Bench(
+        "load_held", bench_load_held.run,
+        f"agent held at {bench_load_held.GPUS} GPUs x {bench_load_held.SAMPLE_HZ:g} Hz and {bench_load_held.RANKS} "
+        "trainers' marker streams",
+        lambda r: (f"{r['duration_s']} s: {r['agent_core_pct']:g}% of a core, RSS {r['rss_mib']['start']:g} / "
+                   f"{r['rss_mib']['middle']:g} / {r['rss_mib']['end']:g} MiB (start/middle/end, slope "
+                   f"{r['rss_slope_mib_per_min']:g} MiB/min), {r['markers']['received']:,} of "
+                   f"{r['markers']['marked']:,} markers received, {r['markers']['client_dropped']} dropped, "
+                   f"{r['sampler']['missed_ratio']:.2%} ticks missed"),
+        f"RSS slope < {bench_load_held.GOAL_RSS_SLOPE_MIB_PER_MIN:g} MiB/min after warm-up, no marker lost, "
+        f"< {bench_load_held.GOAL_MISSED_TICK_RATIO:.0%} ticks missed",
+        "real agent process at nice 10 (simulated backend, buffers sized to fill in 20 s), 64 `chopper.client` "
+        f"ranks in {bench_load_held.LOAD_PROCESSES} processes marking {bench_load_held.STEPS_PER_S:g} steps/s of 10 "
+        "markers each, /metrics scraped every 5 s; agent CPU and VmRSS from /proc every 5 s, least-squares RSS "
+        "slope after the warm-up (`benchmarks/bench_load_held.py`; `make bench` runs "
+        f"{bench_load_held.DEFAULT_DURATION_S:g} s, the recorded figure `--only load_held --load-held-duration 600`).",
+    ),
+    Bench(
         "attribution", bench_attribution.run,
         f"offline attribution, {bench_attribution.RANKS} ranks x {bench_attribution.STEPS} steps at "
         f"{bench_attribution.SAMPLE_HZ:g} Hz",
@@ -154,8 +178,34 @@ def _git_commit() -> str:
         return "unknown"
 
 
-def _markdown(results: list[tuple[Bench, dict[str, Any] | None, str, float]]) -> str:
+def _kept(previous: str) -> tuple[dict[str, str], dict[str, list[str]]]:
+    """Summary rows and sections by benchmark name from an earlier ``_markdown`` output."""
+    rows: dict[str, str] = {}
+    sections: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    # Files from before per-section dates: their sections were all measured when the header says.
+    found = re.search(r"^Measured (.+?) at commit `(\w+)` on ", previous, re.MULTILINE)
+    for line in previous.splitlines():
+        if line.startswith("### "):
+            current = sections.setdefault(line[4:].strip(), [])
+            if found:
+                current += [line, "", f"Measured {found.group(1)} at commit `{found.group(2)}`."]
+                continue
+        elif line.startswith("## "):
+            current = None
+        elif current is None and line.startswith("| ") and not line.startswith("| benchmark "):
+            rows[line.split("|")[1].strip()] = line
+        if current is not None:
+            current.append(line)
+    return rows, sections
+
+
+def _markdown(results: list[tuple[Bench, dict[str, Any] | None, str, float]], previous: str = "") -> str:
+    """The whole PERFORMANCE.md; benchmarks not in ``results`` keep their row and section from ``previous``."""
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    commit = _git_commit()
+    kept_rows, kept_sections = _kept(previous)
+    ran = {bench.name: (bench, result, error, seconds) for bench, result, error, seconds in results}
     out = [
         "# Performance",
         "",
@@ -170,23 +220,35 @@ def _markdown(results: list[tuple[Bench, dict[str, Any] | None, str, float]]) ->
         "machine whose speed varies with other load. Each benchmark's module docstring states its "
         "method in full.",
         "",
-        f"Measured {now} at commit `{_git_commit()}` on {platform.machine()} with {os.cpu_count()} "
-        f"logical CPUs, {platform.system()} {platform.release()}, Python {platform.python_version()}.",
+        f"Last run {now} at commit `{commit}` on {platform.machine()} with {os.cpu_count()} "
+        f"logical CPUs, {platform.system()} {platform.release()}, Python {platform.python_version()}; each "
+        "section below says when it was measured.",
         "",
         "## Summary",
         "",
         "| benchmark | what | figure | goal | met |",
         "|---|---|---|---|---|",
     ]
-    for bench, result, error, _ in results:
+    for bench in BENCHES:
+        if bench.name not in ran:
+            if bench.name in kept_rows:
+                out.append(kept_rows[bench.name])
+            continue
+        _, result, error, _ = ran[bench.name]
         if result is None:
             out.append(f"| {bench.name} | {bench.what} | error: {error.strip().splitlines()[-1]} | {bench.goal} | no |")
         else:
             met = "yes" if result.get("meets_goal") else "**no**"
             out.append(f"| {bench.name} | {bench.what} | {bench.figure(result)} | {bench.goal} | {met} |")
     out += ["", "## Figures", ""]
-    for bench, result, error, seconds in results:
-        out += [f"### {bench.name}", "", f"Method: {bench.method} Took {seconds:.0f} s.", ""]
+    for bench in BENCHES:
+        if bench.name not in ran:
+            if bench.name in kept_sections:
+                out += kept_sections[bench.name]
+            continue
+        _, result, error, seconds = ran[bench.name]
+        out += [f"### {bench.name}", "", f"Measured {now} at commit `{commit}`.", "",
+                f"Method: {bench.method} Took {seconds:.0f} s.", ""]
         if result is None:
             out += ["```", error.rstrip(), "```", ""]
             continue
@@ -206,11 +268,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--write", type=Path, metavar="PATH",
                         help="write the figures as Markdown, e.g. docs/PERFORMANCE.md")
     parser.add_argument("--json", action="store_true", help="also print every figure as JSON")
+    parser.add_argument("--load-held-duration", type=float, metavar="S",
+                        help=f"seconds of load_held (default {bench_load_held.DEFAULT_DURATION_S:g}; recorded: 600)")
     args = parser.parse_args(argv)
     results = []
     for bench in BENCHES:
         if args.only and bench.name not in args.only:
             continue
+        if bench.name == "load_held" and args.load_held_duration:
+            bench = dataclasses.replace(bench, run=functools.partial(bench.run, args.load_held_duration))
         print(f"running {bench.name} ...", file=sys.stderr, flush=True)
         result, error, seconds = _run_one(bench)
         if error:
@@ -226,7 +292,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps({b.name: r for b, r, _, _ in results}, indent=1, sort_keys=True, default=str))
     if args.write:
         args.write.parent.mkdir(parents=True, exist_ok=True)
-        args.write.write_text(_markdown(results) + "\n")
+        previous = args.write.read_text() if args.only and args.write.exists() else ""
+        args.write.write_text(_markdown(results, previous) + "\n")
         print(f"wrote {args.write}", file=sys.stderr)
     return 1 if any(r is None for _, r, _, _ in results) else 0
 
