@@ -19,7 +19,7 @@ HTA_VENV := .venv-hta
 HTA_VERSION := 0.5.0
 HTA_STAMP := $(HTA_VENV)/.installed-$(HTA_VERSION)
 
-.PHONY: demo test lint bench proto dashboards apt-deps clean stack
+.PHONY: demo test lint bench reliability proto dashboards apt-deps clean stack
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -59,6 +59,10 @@ lint: $(STAMP)
 
 bench: $(STAMP) $(HTA_STAMP)
 	CHOPPER_HTA_PYTHON=$(HTA_VENV)/bin/python $(BIN)/python -m benchmarks --write docs/PERFORMANCE.md
+
+# The fault-injection suite and the bad-input tests, rendered as docs/RELIABILITY.md (every row from this run).
+reliability: $(STAMP) apt-deps
+	$(BIN)/python -m tests.faults --write docs/RELIABILITY.md
 
 proto: $(STAMP)
 	$(BIN)/python -m chopper.proto.generate

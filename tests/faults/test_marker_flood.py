@@ -1,0 +1,93 @@
+"""A broken client floods the agent with markers: memory stays bounded, the other ranks' markers still arrive.
+
+The flooder (``tests/faults/flood.py``) offers markers as fast as gRPC takes them, in big
+batches on one stream, beside a well-behaved trainer on the same agent. The agent runs with
+``--marker-buffer 100000 --summary-buffer 10000`` so that the flood fills its ring buffers within
+the test and the RSS ceiling checks the bound they promise. The agent runs at nice 10 as
+``deploy/systemd`` runs it, and so does the flooder (a rank that would have its own cores on a
+real node; this machine has two for all of them).
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.e2e.conftest import AgentProcess, metric_sum
+from tests.faults.harness import (
+    STEP_TIME_TOLERANCE,
+    finish_trainer,
+    peak_rss_mib,
+    rss_mib,
+    start_trainer,
+    step_time_ratio,
+    time_until,
+)
+from tests.faults.records import FaultRecord
+
+AGENT_RSS_CEILING_MIB = 512.0
+FLOOD_S = 4.0
+SETTLE_S = 0.5
+
+
+def test_marker_flood(tmp_path: Path, fault_record: FaultRecord) -> None:
+    rec = fault_record
+    rec.fault = (f"a broken client floods the agent's socket with markers for {FLOOD_S:g} s (batches of 50,000 "
+                 "well-formed markers, as fast as gRPC takes them) beside a well-behaved trainer")
+    rec.promise = ("training unaffected; the agent's memory bounded by its buffers; the other ranks' markers all "
+                   "arrive; what the agent drops or refuses is counted")
+    agent = AgentProcess(tmp_path, "--marker-buffer", "100000", "--summary-buffer", "10000", nice=10).start()
+    assert agent.proc is not None
+    try:
+        trainer = start_trainer(agent.target, 11.0)
+        time_until(lambda: metric_sum(agent.metrics(), "chopper_rank_steps_total", job="faults") > 0, timeout_s=30)
+        time.sleep(1.5)
+        flood_at = time.monotonic()
+        flooder = subprocess.Popen(
+            ["nice", "-n", "10", sys.executable, "-m", "tests.faults.flood", "--agent", agent.target,
+             "--duration", str(FLOOD_S)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        rss = []
+        while flooder.poll() is None:
+            rss.append(rss_mib(agent.proc.pid))
+            time.sleep(0.25)
+        flood_end = time.monotonic()
+        result = finish_trainer(trainer)
+        # The agent may still be reading flood messages it had taken in: wait for the trainer's markers.
+        trainer_done = time.monotonic()
+        time_until(lambda: metric_sum(agent.metrics(), "chopper_rank_markers_received_total", job="faults")
+                   >= result.marked - result.client["dropped"], timeout_s=30)
+        rec.recovery_s = round(time.monotonic() - trainer_done, 2)
+        text = agent.metrics()
+        rec.peak_rss_mib = round(peak_rss_mib(agent.proc.pid), 1)
+    finally:
+        agent.terminate()
+    out, err = flooder.communicate()
+    assert flooder.returncode == 0, err[-2000:]
+    flood = json.loads(out.strip().splitlines()[-1])
+    received = metric_sum(text, "chopper_rank_markers_received_total", job="faults")
+    flood_received = metric_sum(text, "chopper_rank_markers_received_total", job="flood")
+    overwritten = metric_sum(text, "chopper_agent_buffer_overwritten_total")
+    rejected = metric_sum(text, "chopper_agent_markers_rejected_total")
+    refused = metric_sum(text, "chopper_agent_rpc_refused_total", rpc="PushMarkers")
+    ratio, inside, outside = step_time_ratio(result.times, [(flood_at, flood_end + SETTLE_S)])
+    rec.step_time_ratio = round(ratio, 4)
+    rec.rss_ceiling_mib = AGENT_RSS_CEILING_MIB
+    rec.lost = result.uncounted + int(result.marked - result.client["dropped"] - received)
+    rec.counted_losses = int(result.client["dropped"] + overwritten + rejected)
+    rec.outcome = (f"flood offered {flood['offered']:,} markers in {flood['seconds']:.1f} s "
+                   f"({flood['offered_per_s']:,.0f}/s), agent accepted {flood_received:,.0f}, {flood['streams']} "
+                   f"streams, refused calls {refused:.0f}; buffers overwrote {overwritten:,.0f} old items (counted); "
+                   f"trainer: {received:.0f} of {result.marked} markers arrived ({rec.recovery_s:g} s after it ended), "
+                   f"{result.client['dropped']} dropped; agent RSS during the flood {rss[0]:.0f} → "
+                   f"{rss[len(rss) // 2]:.0f} → {rss[-1]:.0f} MiB")
+    assert rec.lost == 0, "a well-behaved rank's markers went missing"
+    assert flood["offered"] > 0 and flood_received > 0
+    assert overwritten > 0, "the flood did not reach the buffers' bound: the RSS ceiling tested nothing"
+    assert abs(ratio - 1) <= STEP_TIME_TOLERANCE, f"step time ratio {ratio:.4f} ({inside} in, {outside} out)"
+    assert rec.peak_rss_mib < AGENT_RSS_CEILING_MIB
+    # Bounded, not merely below a ceiling: the second half of the flood adds little.
+    assert rss[-1] < 1.15 * rss[len(rss) // 2], rss
