@@ -27,6 +27,7 @@ from agent.config import AgentSettings
 from agent.config import load_settings as load_agent_settings
 from aggregator.config import AggregatorSettings
 from aggregator.config import load_settings as load_aggregator_settings
+from dashboards.params import RuleParams
 
 ROOT = Path(__file__).resolve().parents[2]
 KUBE = ROOT / "deploy" / "kubernetes"
@@ -198,10 +199,15 @@ def test_services_and_monitors_select_what_exists(overlay: str) -> None:
         [workload] = [w for w in workloads if selector <= w["spec"]["template"]["metadata"]["labels"].items()]
         ports = {p["name"] for c in workload["spec"]["template"]["spec"]["containers"] for p in c.get("ports", [])}
         assert {p["targetPort"] for p in service["spec"]["ports"]} <= ports
+    selectors = {"chopper-agent": RuleParams().agent_selector, "chopper-aggregator": RuleParams().aggregator_selector}
     for monitor in objects(overlay, "ServiceMonitor"):
         wanted = monitor["spec"]["selector"]["matchLabels"].items()
         [service] = [s for s in services if wanted <= s["metadata"]["labels"].items()]
         assert {e["port"] for e in monitor["spec"]["endpoints"]} <= {p["name"] for p in service["spec"]["ports"]}
+        # The training job travels in `job`: it must survive the scrape (dashboards and rules group by it).
+        assert all(e.get("honorLabels") is True for e in monitor["spec"]["endpoints"])
+        # `up{job=...}` gets the Service name as its job; the down alerts select on it.
+        assert selectors[service["metadata"]["name"]] == f'job="{service["metadata"]["name"]}"'
     for workload in workloads:
         assert workload["spec"]["selector"]["matchLabels"].items() <= workload["spec"]["template"]["metadata"][
             "labels"].items()
