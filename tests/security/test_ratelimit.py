@@ -4,14 +4,7 @@ from __future__ import annotations
 from chopper.access import client_identity
 from chopper.ratelimit import BURST_S, RateLimiter
 from chopper.tls_front import Peer, Peers
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.agent.test_sampler import FakeClock as Clock  # any number serves as seconds here
 
 
 def test_burst_then_rate_then_refill() -> None:
