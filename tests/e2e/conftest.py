@@ -25,9 +25,10 @@ from chopper.proto.chopper.v1 import aggregator_pb2_grpc as apb_grpc
 class AgentProcess:
     """``python -m agent`` with a simulated node on a private socket and metrics port."""
 
-    def __init__(self, workdir: Path, *extra: str, nice: int = 0) -> None:
+    def __init__(self, workdir: Path, *extra: str, nice: int = 0, module: str = "agent") -> None:
         self.workdir = workdir
         self.nice = nice  # e.g. 10, as deploy/systemd runs the agent
+        self.module = module  # or a launcher that fakes a vendor library, then runs agent.main
         self.socket = workdir / "agent.sock"
         self.target = f"unix://{self.socket}"
         self.metrics_addr = f"127.0.0.1:{free_port()}"
@@ -39,7 +40,7 @@ class AgentProcess:
         self.starts += 1
         log = open(self.workdir / f"agent-{self.starts}.log", "wb")  # noqa: SIM115 (lives as long as the process)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "agent", "--node", "e2e-node", "--backend", "simulated", "--sim-gpus", "4",
+            [sys.executable, "-m", self.module, "--node", "e2e-node", "--backend", "simulated", "--sim-gpus", "4",
              "--sample-hz", "20", "--socket-path", str(self.socket), "--metrics-listen", self.metrics_addr,
              *self.extra],
             stderr=log, preexec_fn=(lambda: os.nice(self.nice)) if self.nice else None,
