@@ -87,6 +87,11 @@ METRICS: tuple[MetricSpec, ...] = (
         "Step time by cause of the attribution model (ideal, matrix_util_loss, dvfs_<cause>, exposed_comm, idle, "
         "compute_unknown), s.", (*RANK, "cause"),
     ),
+    MetricSpec(
+        "chopper_rank_collective_seconds_total", "counter",
+        "Time inside the union of the steps' collective windows, s; minus the exposed_comm cause of "
+        "chopper_rank_step_seconds_total it is the communication hidden behind compute.", RANK,
+    ),
     MetricSpec("chopper_rank_mfu_ratio", "gauge", "Model FLOPs utilisation over the steps of the last minute, 0-1.",
                RANK),
     MetricSpec("chopper_rank_tokens_total", "counter", "Tokens the rank's summarised steps processed.", RANK),

@@ -25,7 +25,7 @@ from agent.delivery import Forwarder, delivery_tls
 from agent.markers import ClosedStep, IngestResult, MarkerIngest, RankState
 from agent.podresources import device_ids
 from agent.sampler import FixedRateTicker
-from agent.steps import RankFigures, SummaryQueue, summarize
+from agent.steps import RankFigures, RankFiguresNow, SummaryQueue, summarize
 from agent.workload import PciAddressed, build_tracker
 from chopper.access import Refusals
 from chopper.proto.chopper.v1 import agent_pb2 as pb
@@ -271,11 +271,11 @@ class Agent:
                 self._pending.add(result.closed_steps)
         return result
 
-    def rank_figures_now(self) -> dict[tuple[str, int], tuple[dict[str, float], float, float, dict[str, int]]]:
-        """Per (job, rank): seconds by cause, tokens, rolling MFU and flag counts, consistently."""
+    def rank_figures_now(self) -> dict[tuple[str, int], RankFiguresNow]:
+        """Per (job, rank): seconds by cause, collective seconds, tokens, rolling MFU and flag counts, consistently."""
         now = self.realtime_ns()
         with self._state_lock:
-            return {k: (dict(f.seconds), f.tokens, f.mfu(now), dict(f.flags)) for k, f in self.rank_figures.items()}
+            return {k: f.snapshot(now) for k, f in self.rank_figures.items()}
 
     def count(self, counter: Counter[str], key: str, delta: int = 1) -> None:
         """Change a counter shared by gRPC threads (``+=`` on a Counter is not atomic)."""

@@ -132,12 +132,13 @@ class AgentCollector(Collector):
             fam.add("chopper_rank_client_dropped_markers_total", rl, float(st.client_dropped_total))
             fam.add("chopper_rank_batches_lost_total", rl, float(st.batches_lost))
             if (job, rank) in figures:
-                seconds, tokens, mfu, flags = figures[(job, rank)]
-                for cause, value in seconds.items():
+                now = figures[(job, rank)]
+                for cause, value in now.seconds.items():
                     fam.add("chopper_rank_step_seconds_total", (*rl, cause), value)
-                fam.add("chopper_rank_mfu_ratio", rl, mfu)
-                fam.add("chopper_rank_tokens_total", rl, tokens)
-                for flag, count in sorted(flags.items()):
+                fam.add("chopper_rank_collective_seconds_total", rl, now.collective_s)
+                fam.add("chopper_rank_mfu_ratio", rl, now.mfu)
+                fam.add("chopper_rank_tokens_total", rl, now.tokens)
+                for flag, count in sorted(now.flags.items()):
                     fam.add("chopper_rank_flagged_steps_total", (*rl, flag), float(count))
 
     def _self(self, fam: Families) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -53,10 +54,13 @@ def summarize(
     else:
         fig = {k: np.full(n, np.nan) for k in FIGURES}
     intervals = [(i, coll, lo, hi) for i, s in enumerate(steps) for coll, lo, hi in s.intervals]
-    exposed = exposed_comm.exposed_seconds(
-        n, np.array([iv[0] for iv in intervals], dtype=np.int64), np.array([iv[1] for iv in intervals], dtype=bool),
-        np.array([iv[2] for iv in intervals], dtype=np.int64), np.array([iv[3] for iv in intervals], dtype=np.int64),
-    )
+    index = np.array([iv[0] for iv in intervals], dtype=np.int64)
+    is_coll = np.array([iv[1] for iv in intervals], dtype=bool)
+    lo = np.array([iv[2] for iv in intervals], dtype=np.int64)
+    hi = np.array([iv[3] for iv in intervals], dtype=np.int64)
+    exposed = exposed_comm.exposed_seconds(n, index, is_coll, lo, hi)
+    # Without the phases, "exposed" is the whole union of the collectives.
+    collective = exposed_comm.exposed_seconds(n, index[is_coll], is_coll[is_coll], lo[is_coll], hi[is_coll])
     nan = float("nan")
     terms = rank_terms(
         (e - b) / 1e9, fig, exposed, np.full(n, device.max_gfx_clock_mhz if device else nan),
@@ -71,7 +75,7 @@ def summarize(
             job=s.job, node=node, rank=s.rank, gpu=s.gpu, step=s.step, begin_ns=s.begin_ns, end_ns=s.end_ns,
             flops=s.flops, tokens=s.tokens, phases=s.phases, collectives=s.collectives,
             clock=pb.CLOCK_SOURCE_DEVICE if s.device_clock else pb.CLOCK_SOURCE_CPU,
-            **figures,
+            collective_s=float(collective[i]), **figures,
         )
         summary.mean_power_w = summary.energy_j / summary.step_time_s if summary.step_time_s > 0 else float("nan")
         summary.flags.extend(flags[i] if s.device_clock else (*flags[i], "cpu_clock"))
@@ -118,15 +122,28 @@ STEP_CAUSES = ("ideal", "matrix_util_loss", "dvfs_power", "dvfs_thermal", "dvfs_
 MFU_WINDOW_NS = 60 * 10**9
 
 
+@dataclass(frozen=True)
+class RankFiguresNow:
+    """One rank's totals at one instant (:meth:`RankFigures.snapshot`); seconds, tokens, 0-1, counts."""
+
+    seconds: dict[str, float]
+    collective_s: float
+    tokens: float
+    mfu: float
+    flags: dict[str, int]
+
+
 class RankFigures:
     """Running totals of one rank's step summaries, for ``/metrics``.
 
-    Seconds by cause and tokens are counters; MFU is rolling over the steps that ended in the
+    Seconds by cause, collective seconds (the union of collective windows, hidden or not) and
+    tokens are counters; MFU is rolling over the steps that ended in the
     last ``MFU_WINDOW_NS``: ``Σ ideal / Σ step time`` over steps whose ideal time is known.
     """
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = dict.fromkeys((*STEP_CAUSES, "compute_unknown"), 0.0)
+        self.collective_s = 0.0
         self.tokens = 0.0
         self.flags: dict[str, int] = {}
         self._recent: deque[tuple[int, float, float]] = deque()  # (end_ns, ideal_s, step_s)
@@ -141,9 +158,14 @@ class RankFigures:
             self.seconds["compute_unknown"] += s.compute_at_clock_s
         else:
             self._recent.append((s.end_ns, s.ideal_s, s.step_time_s))
+        self.collective_s += s.collective_s
         self.tokens += s.tokens
         for flag in s.flags:
             self.flags[flag] = self.flags.get(flag, 0) + 1
+
+    def snapshot(self, now_ns: int) -> RankFiguresNow:
+        """A copy of the totals for one scrape, MFU over the window ending at ``now_ns``."""
+        return RankFiguresNow(dict(self.seconds), self.collective_s, self.tokens, self.mfu(now_ns), dict(self.flags))
 
     def mfu(self, now_ns: int) -> float:
         while self._recent and self._recent[0][0] < now_ns - MFU_WINDOW_NS:

@@ -1,9 +1,9 @@
 """Job dashboard (variable ``job``): where one job's step time goes, rank by rank.
 
 Step time and MFU over time, the step time split by cause, straggler wait per rank (rank × time),
-the slowest rank with its hardware evidence, exposed communication, tokens/s and tokens/J. Step
-figures come from the aggregator, which joins ranks by step; tokens and per-rank step times from
-the agents. Collective time hidden behind compute is not shown: no metric measures it yet.
+the slowest rank with its hardware evidence, collectives exposed vs hidden behind compute, tokens/s
+and tokens/J. Step figures come from the aggregator, which joins ranks by step; tokens, per-rank step
+times and collective time from the agents.
 """
 from __future__ import annotations
 
@@ -86,10 +86,21 @@ def build(p: RuleParams) -> Dashboard:
         .row("Communication")
         .add(timeseries_panel("Exposed communication and straggler wait", "Share of all ranks' step time spent "
                               "in collectives that no compute phase hides (exposed_comm) and waiting for the "
-                              "slowest rank (straggler_wait). Hidden collective time is not measured yet.",
+                              "slowest rank (straggler_wait).",
                               "percentunit",
                               query(f'{JOB_CAUSE}{{job="$job", cause=~"exposed_comm|straggler_wait"}}\n'
                                     f"/ ignoring (cause) group_left {JOB_SECONDS}{J}", "{{cause}}"),
+                              stack=True))
+        .add(timeseries_panel("Collectives: exposed vs hidden", "Share of the ranks' step time spent in "
+                              "collectives, split into the part no compute phase covered (exposed, at the agents: "
+                              "it still includes straggler wait) and the part that ran behind forward, backward "
+                              "or the optimizer (hidden).", "percentunit",
+                              query(f'sum (rate({C.rank_step_seconds_total}{{job="$job", cause="exposed_comm"}}'
+                                    f'[{RATE}]))\n/ sum (rate({C.rank_step_seconds_total}{J}[{RATE}]))', "exposed"),
+                              query(f"clamp_min(\n  sum (rate({C.rank_collective_seconds_total}{J}[{RATE}]))\n"
+                                    f'  - sum (rate({C.rank_step_seconds_total}{{job="$job", cause="exposed_comm"}}'
+                                    f"[{RATE}])),\n  0\n)\n/ sum (rate({C.rank_step_seconds_total}{J}[{RATE}]))",
+                                    "hidden"),
                               stack=True))
         .add(timeseries_panel("Collectives per step", "Collectives each rank ran per step.", "short",
                               query(f'sum by (rank) (rate({C.rank_markers_received_total}{{job="$job", '

@@ -5,7 +5,7 @@ import math
 import pytest
 
 from agent.markers import ClosedStep
-from agent.steps import SummaryQueue, summarize
+from agent.steps import RankFigures, SummaryQueue, summarize
 from chopper.schema import DeviceInfo, Sample
 
 S = 10**9
@@ -63,3 +63,18 @@ def test_queue_waits_for_covering_sample_or_timeout() -> None:
     assert [c.gpu for c in q.ready({0: 4 * S}, now_ns=int(4.0 * S))] == [0]
     q.add([step(gpu=1, end=3.5)])
     assert [c.gpu for c in q.ready({}, now_ns=int(5.5 * S))] == [1]
+
+
+def test_collective_time_counts_hidden_and_exposed_collectives_once() -> None:
+    # all_reduce 2.0-2.8 s half inside forward (1.5-2.5 s), a second one 2.6-3.0 s overlapping it:
+    # union 2.0-3.0 s = 1 s of collectives, 0.5 s of it outside every phase.
+    intervals = ((False, int(1.5 * S), int(2.5 * S)), (True, int(2.0 * S), int(2.8 * S)),
+                 (True, int(2.6 * S), int(3.0 * S)))
+    closed = ClosedStep("j", 0, 0, 7, int(1.5 * S), int(3.5 * S), 2e14, 1000, intervals, True)
+    (s,) = summarize([closed], "n", samples(), DEVICE, period_ns=S)
+    assert s.collective_s == pytest.approx(1.0) and s.exposed_comm_s == pytest.approx(0.5)
+    figures = RankFigures()
+    figures.add(s)
+    figures.add(s)
+    now = figures.snapshot(int(3.5 * S))
+    assert now.collective_s == pytest.approx(2.0) and now.seconds["exposed_comm"] == pytest.approx(1.0)

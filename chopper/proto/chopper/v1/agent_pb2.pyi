@@ -182,7 +182,7 @@ class MarkerRecord(_message.Message):
     def __init__(self, job: _Optional[str] = ..., node: _Optional[str] = ..., rank: _Optional[int] = ..., gpu: _Optional[int] = ..., marker: _Optional[_Union[Marker, _Mapping]] = ...) -> None: ...
 
 class StepSummary(_message.Message):
-    __slots__ = ("job", "node", "rank", "gpu", "step", "begin_ns", "end_ns", "step_time_s", "flops", "tokens", "phases", "collectives", "mean_gfx_clock_mhz", "min_gfx_clock_mhz", "mean_power_w", "energy_j", "max_temp_c", "busy_ratio", "clock", "ideal_s", "matrix_util_loss_s", "compute_at_clock_s", "dvfs_loss_s", "dvfs_power_s", "dvfs_thermal_s", "dvfs_current_s", "dvfs_other_s", "dvfs_unattributed_s", "exposed_comm_s", "idle_s", "mfu", "matrix_ratio", "tokens_per_s", "tokens_per_j", "flags")
+    __slots__ = ("job", "node", "rank", "gpu", "step", "begin_ns", "end_ns", "step_time_s", "flops", "tokens", "phases", "collectives", "mean_gfx_clock_mhz", "min_gfx_clock_mhz", "mean_power_w", "energy_j", "max_temp_c", "busy_ratio", "clock", "ideal_s", "matrix_util_loss_s", "compute_at_clock_s", "dvfs_loss_s", "dvfs_power_s", "dvfs_thermal_s", "dvfs_current_s", "dvfs_other_s", "dvfs_unattributed_s", "exposed_comm_s", "idle_s", "mfu", "matrix_ratio", "tokens_per_s", "tokens_per_j", "flags", "collective_s")
     JOB_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
@@ -218,6 +218,7 @@ class StepSummary(_message.Message):
     TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
     TOKENS_PER_J_FIELD_NUMBER: _ClassVar[int]
     FLAGS_FIELD_NUMBER: _ClassVar[int]
+    COLLECTIVE_S_FIELD_NUMBER: _ClassVar[int]
     job: str
     node: str
     rank: int
@@ -253,7 +254,8 @@ class StepSummary(_message.Message):
     tokens_per_s: float
     tokens_per_j: float
     flags: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, job: _Optional[str] = ..., node: _Optional[str] = ..., rank: _Optional[int] = ..., gpu: _Optional[int] = ..., step: _Optional[int] = ..., begin_ns: _Optional[int] = ..., end_ns: _Optional[int] = ..., step_time_s: _Optional[float] = ..., flops: _Optional[float] = ..., tokens: _Optional[int] = ..., phases: _Optional[int] = ..., collectives: _Optional[int] = ..., mean_gfx_clock_mhz: _Optional[float] = ..., min_gfx_clock_mhz: _Optional[float] = ..., mean_power_w: _Optional[float] = ..., energy_j: _Optional[float] = ..., max_temp_c: _Optional[float] = ..., busy_ratio: _Optional[float] = ..., clock: _Optional[_Union[ClockSource, str]] = ..., ideal_s: _Optional[float] = ..., matrix_util_loss_s: _Optional[float] = ..., compute_at_clock_s: _Optional[float] = ..., dvfs_loss_s: _Optional[float] = ..., dvfs_power_s: _Optional[float] = ..., dvfs_thermal_s: _Optional[float] = ..., dvfs_current_s: _Optional[float] = ..., dvfs_other_s: _Optional[float] = ..., dvfs_unattributed_s: _Optional[float] = ..., exposed_comm_s: _Optional[float] = ..., idle_s: _Optional[float] = ..., mfu: _Optional[float] = ..., matrix_ratio: _Optional[float] = ..., tokens_per_s: _Optional[float] = ..., tokens_per_j: _Optional[float] = ..., flags: _Optional[_Iterable[str]] = ...) -> None: ...
+    collective_s: float
+    def __init__(self, job: _Optional[str] = ..., node: _Optional[str] = ..., rank: _Optional[int] = ..., gpu: _Optional[int] = ..., step: _Optional[int] = ..., begin_ns: _Optional[int] = ..., end_ns: _Optional[int] = ..., step_time_s: _Optional[float] = ..., flops: _Optional[float] = ..., tokens: _Optional[int] = ..., phases: _Optional[int] = ..., collectives: _Optional[int] = ..., mean_gfx_clock_mhz: _Optional[float] = ..., min_gfx_clock_mhz: _Optional[float] = ..., mean_power_w: _Optional[float] = ..., energy_j: _Optional[float] = ..., max_temp_c: _Optional[float] = ..., busy_ratio: _Optional[float] = ..., clock: _Optional[_Union[ClockSource, str]] = ..., ideal_s: _Optional[float] = ..., matrix_util_loss_s: _Optional[float] = ..., compute_at_clock_s: _Optional[float] = ..., dvfs_loss_s: _Optional[float] = ..., dvfs_power_s: _Optional[float] = ..., dvfs_thermal_s: _Optional[float] = ..., dvfs_current_s: _Optional[float] = ..., dvfs_other_s: _Optional[float] = ..., dvfs_unattributed_s: _Optional[float] = ..., exposed_comm_s: _Optional[float] = ..., idle_s: _Optional[float] = ..., mfu: _Optional[float] = ..., matrix_ratio: _Optional[float] = ..., tokens_per_s: _Optional[float] = ..., tokens_per_j: _Optional[float] = ..., flags: _Optional[_Iterable[str]] = ..., collective_s: _Optional[float] = ...) -> None: ...
 
 class SubscribeRequest(_message.Message):
     __slots__ = ("samples", "markers", "step_summaries", "since_ns")
