@@ -125,3 +125,42 @@ def test_failed_fsync_fails_every_waiter(tmp_path: Path, monkeypatch: pytest.Mon
         wal.wait(lsn, timeout_s=5)
     assert wal.stats()["failed"] == 1
     wal.close()
+
+
+_FULL_DISK = """
+import resource, sys, time
+from pathlib import Path
+from aggregator.wal import BATCH, LEDGER, Wal, WalError, read_segment
+wal = Wal(Path(sys.argv[1]), commit_interval_s=0.0)
+wal.start([(LEDGER, b"snapshot")])
+wal.sync(wal.append(BATCH, b"before" * 100))
+soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+resource.setrlimit(resource.RLIMIT_FSIZE, (1, hard))  # the disk is full: no file may grow
+lsn = wal.append(BATCH, b"during" * 100)
+try:
+    wal.wait(lsn, timeout_s=5)
+    sys.exit("acknowledged on a full disk")
+except WalError:
+    pass
+assert wal.failing and wal.stats()["failed"] == 1 and wal.stats()["write_errors_total"] >= 1
+resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))  # space is back
+deadline = time.monotonic() + 10
+while wal.failing and time.monotonic() < deadline:  # waiters are refused at once until a retry succeeds
+    time.sleep(0.05)
+wal.wait(lsn, timeout_s=1)
+wal.sync(wal.append(BATCH, b"after"))
+wal.close()
+records, torn = read_segment(sorted(Path(sys.argv[1]).glob("segment-*.log"))[-1])
+assert not torn and [r.payload[:6] for r in records] == [b"snapsh", b"before", b"during", b"after"], records
+"""
+
+
+def test_a_full_disk_fails_the_acks_then_the_log_retries_by_itself(tmp_path: Path) -> None:
+    # RLIMIT_FSIZE makes writes fail like ENOSPC (EFBIG; Python ignores SIGXFSZ); it is set in a
+    # child process so that nothing else of the test run is cut off.
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _FULL_DISK, str(tmp_path / "wal")], capture_output=True, text=True,
+                          timeout=60, cwd=Path(__file__).parents[2])
+    assert done.returncode == 0, done.stderr[-3000:]
