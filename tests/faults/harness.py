@@ -77,22 +77,22 @@ def step_time_ratio(times: list[tuple[float, float]], windows: list[tuple[float,
     return statistics.median(inside) / statistics.median(outside), len(inside), len(outside)
 
 
-def peak_rss_mib(pid: int) -> float:
-    """Peak resident set size of a live process (``VmHWM``), MiB."""
+def _status_mib(pid: int, key: str) -> float:
     with open(f"/proc/{pid}/status") as f:
         for line in f:
-            if line.startswith("VmHWM:"):
+            if line.startswith(key + ":"):
                 return int(line.split()[1]) / 1024
-    raise RuntimeError(f"no VmHWM for pid {pid}")
+    raise RuntimeError(f"no {key} for pid {pid}")
+
+
+def peak_rss_mib(pid: int) -> float:
+    """Peak resident set size of a live process (``VmHWM``), MiB."""
+    return _status_mib(pid, "VmHWM")
 
 
 def rss_mib(pid: int) -> float:
     """Current resident set size of a live process (``VmRSS``), MiB."""
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    raise RuntimeError(f"no VmRSS for pid {pid}")
+    return _status_mib(pid, "VmRSS")
 
 
 def time_until(predicate, timeout_s: float, interval_s: float = 0.05) -> float:  # type: ignore[no-untyped-def]
