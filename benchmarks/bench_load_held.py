@@ -113,22 +113,25 @@ def run(duration_s: float = DEFAULT_DURATION_S, warmup_s: float | None = None) -
             for i in range(LOAD_PROCESSES)
         ]
         stop = threading.Event()
-        scrapes = [0]
+        scrapes = {"answered": 0, "failed": 0}
 
         def scrape() -> None:
             while not stop.wait(SCRAPE_S):
-                agent.metrics()
-                scrapes[0] += 1
+                try:
+                    agent.metrics()
+                    scrapes["answered"] += 1
+                except OSError:  # a starved agent that misses a scrape is a figure, not a crash
+                    scrapes["failed"] += 1
 
         scraper = threading.Thread(target=scrape, daemon=True)
         scraper.start()
         started = time.monotonic()
         samples: list[tuple[float, float, float]] = []  # (seconds since start, cpu s, rss MiB)
         try:
-            while time.monotonic() - started < duration_s:
+            # Sampled only while every load process runs (they started before this loop).
+            while time.monotonic() - started < duration_s - SAMPLE_S:
                 samples.append((time.monotonic() - started, _cpu_s(pid), _rss_mib(pid)))
                 time.sleep(SAMPLE_S)
-            samples.append((time.monotonic() - started, _cpu_s(pid), _rss_mib(pid)))
             outs = [p.communicate(timeout=60) for p in loads]
             time.sleep(1.0)  # the last batches reach the agent
             text = agent.metrics()
@@ -165,10 +168,11 @@ def run(duration_s: float = DEFAULT_DURATION_S, warmup_s: float | None = None) -
         "rss_mib": {"start": round(r0, 1), "middle": round(middle[2], 1), "end": round(r1, 1),
                     "peak": round(max(r for _, _, r in samples), 1)},
         "rss_slope_mib_per_min": round(slope, 3),
+        "rss_every_minute_mib": [round(r) for t, _, r in samples if int(t) % 60 < SAMPLE_S],
         "markers": {"marked": marked, "received": int(received), "client_dropped": dropped,
                     "rejected": int(rejected), "batches_lost": int(batches_lost)},
         "sampler": {"ticks": int(ticks), "missed": int(missed), "missed_ratio": round(missed_ratio, 5)},
-        "scrapes": scrapes[0],
+        "scrapes": scrapes,
         "goal_rss_slope_mib_per_min": GOAL_RSS_SLOPE_MIB_PER_MIN,
         "meets_goal": (abs(slope) < GOAL_RSS_SLOPE_MIB_PER_MIN and dropped == 0 and rejected == 0
                        and batches_lost == 0 and received == marked and missed_ratio < GOAL_MISSED_TICK_RATIO),
