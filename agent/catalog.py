@@ -135,6 +135,8 @@ METRICS: tuple[MetricSpec, ...] = (
         "chopper_agent_connections_refused_total", "counter",
         "TCP connections refused before any RPC (TLS handshake, connection cap), by reason.", (*NODE, "reason"),
     ),
+    MetricSpec("chopper_agent_socket_recreated_total", "counter",
+               "Times the trainers' unix socket was served again after its file was removed.", NODE),
     MetricSpec("chopper_agent_marker_streams", "gauge", "Open PushMarkers streams from trainers.", NODE),
     MetricSpec("chopper_agent_subscribers", "gauge", "Open Subscribe streams from consumers.", NODE),
     MetricSpec("chopper_agent_step_summaries_total", "counter", "Step summaries computed.", NODE),

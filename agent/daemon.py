@@ -96,6 +96,8 @@ class Agent:
         # Calls and connections refused by the access checks (chopper.access), for the metrics.
         self.refusals = Refusals()
         self.summaries_total = 0
+        # Times the trainers' socket was served again after its file was removed (agent.server.SocketKeeper).
+        self.socket_recreated = 0
         # Open streams by RPC ("PushMarkers", "Subscribe"), changed from many gRPC threads.
         self.open_streams: Counter[str] = Counter()
         self._count_lock = threading.Lock()

@@ -16,7 +16,7 @@ from agent.config import ConfigError, load_settings
 from agent.daemon import Agent
 from agent.host import HostSampler
 from agent.metrics import AgentCollector
-from agent.server import SocketInUse, TelemetryHub, build_server
+from agent.server import SocketInUse, SocketKeeper, TelemetryHub, build_server
 from chopper import logs, sdnotify
 
 log = logging.getLogger("agent")
@@ -72,9 +72,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"serving node={settings.node} backend={backend.name} gpus={len(agent.devices)}",
     )
     supervision.start()
+    keeper = SocketKeeper(server, agent).start()
     stop.wait()
     log.info("event=stopping")
     supervision.stop()
+    keeper.stop()
     server.stop(grace=2.0).wait(5.0)
     agent.stop()
     httpd.shutdown()

@@ -169,6 +169,7 @@ class AgentCollector(Collector):
             fam.add("chopper_agent_rpc_refused_total", (node, rpc, reason), float(count))
         for reason, count in sorted(refused_connections.items()):
             fam.add("chopper_agent_connections_refused_total", (node, reason), float(count))
+        fam.add("chopper_agent_socket_recreated_total", (node,), float(agent.socket_recreated))
         fam.add("chopper_agent_marker_streams", (node,), float(agent.open_streams["PushMarkers"]))
         fam.add("chopper_agent_subscribers", (node,), float(agent.open_streams["Subscribe"]))
         fam.add("chopper_agent_step_summaries_total", (node,), float(agent.summaries_total))

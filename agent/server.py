@@ -9,6 +9,7 @@ limits, and a bearer token for ``RequestCapture`` when ``token_file`` is set (do
 """
 from __future__ import annotations
 
+import contextlib
 import grp
 import logging
 import os
@@ -265,27 +266,117 @@ def build_server(agent: Agent, hub: TelemetryHub, settings: AgentSettings) -> Se
     prepare_socket_path(sock)
     if settings.grpc_listen:
         server.add_tcp(settings.grpc_listen, server_tls(settings), key="grpc_listen")
-    umask = os.umask(0o177)
     try:
-        server.add_unix(str(sock))
-        server.start()
+        with _owner_only():
+            server.add_unix(str(sock))
+            server.start()
+        share_socket(sock, settings)
+    except ConfigError:
+        server.stop(0)
+        raise
+    return server
+
+
+@contextlib.contextmanager
+def _owner_only() -> Iterator[None]:
+    """umask 0177 for the block, so a socket is created reachable by its owner only."""
+    saved = os.umask(0o177)
+    try:
+        yield
     finally:
-        os.umask(umask)
+        os.umask(saved)
+
+
+def share_socket(sock: Path, settings: AgentSettings) -> None:
+    """Give the socket ``socket_group`` (when set) and ``socket_mode``.
+
+    Raises:
+        ConfigError: The group does not exist, or the agent's user is not in it.
+    """
     if settings.socket_group:
         try:
             gid = grp.getgrnam(settings.socket_group).gr_gid
         except KeyError:
-            server.stop(0)
             raise ConfigError(
                 f"socket_group: no group {settings.socket_group!r} on this node; create it or leave it empty"
             ) from None
         try:
             os.chown(sock, -1, gid)
         except PermissionError:
-            server.stop(0)
             raise ConfigError(
                 f"socket_group: the agent's user is not in group {settings.socket_group!r}, so it cannot give it "
                 "the socket; add the user to the group (no privilege is needed then)"
             ) from None
     os.chmod(sock, int(settings.socket_mode, 8))
-    return server
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of ``path``, or None when it does not exist."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+class SocketKeeper:
+    """Serves the trainers' unix socket again after something removed it.
+
+    ``rm -rf /run/chopper``, a tmpfiles cleanup or a second agent's cleanup leaves the agent
+    listening on a socket no new trainer can reach (its file is gone; open streams are unaffected).
+    Every ``period_s`` the keeper compares the path's (device, inode) with the socket it made; when
+    they differ it recreates the directory, serves the path from a spare gRPC server
+    (:meth:`chopper.serving.SecureServer.serve_unix_again`) with the same mode and group, and
+    counts it in ``agent.socket_recreated`` (its only writer; on ``/metrics``). A path another live
+    agent now serves is left to it (logged once).
+
+    Args:
+        server: The agent's gRPC server.
+        agent: The agent; its settings give ``socket_path``, ``socket_group``, ``socket_mode``.
+        period_s: Seconds between checks.
+    """
+
+    def __init__(self, server: SecureServer, agent: Agent, period_s: float = 1.0) -> None:
+        self.server = server
+        self.agent = agent
+        self.settings = agent.settings
+        self.path = Path(agent.settings.socket_path)
+        self.period_s = period_s
+        self._ours = _identity(self.path)
+        self._last_problem = ""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="socket-keeper", daemon=True)
+
+    def start(self) -> SocketKeeper:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5.0)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period_s):
+            self.check()
+
+    def check(self) -> bool:
+        """Recreate the socket if its file is no longer the one this agent made; True when it did."""
+        if _identity(self.path) == self._ours:
+            return False
+        try:
+            prepare_socket_path(self.path)
+            with _owner_only():
+                self.server.serve_unix_again(str(self.path))
+            share_socket(self.path, self.settings)
+        except (OSError, RuntimeError, SocketInUse, ConfigError) as exc:
+            problem = f"{type(exc).__name__}: {exc}"
+            if problem != self._last_problem:  # once per distinct problem, not once a second
+                log.warning("event=socket_not_recreated path=%s error=%r", self.path, problem)
+                self._last_problem = problem
+            return False
+        self._ours = _identity(self.path)
+        self._last_problem = ""
+        log.warning("event=socket_recreated path=%s note='its file had been removed; new trainers connect again'",
+                    self.path)
+        self.agent.socket_recreated += 1
+        return True

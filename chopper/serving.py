@@ -101,22 +101,42 @@ class SecureServer:
             refusals, max_message_bytes=max_message_bytes, calls_per_s=calls_per_s, messages_per_s=messages_per_s,
             tokens=TokenFile(token_file) if token_file else None, token_rpcs=token_rpcs, peers=self.peers,
         )
-        options = [
+        self._options = [
             ("grpc.max_receive_message_length", 2 * max_message_bytes),
             ("grpc.max_send_message_length", max_send_bytes),
             ("grpc.so_reuseport", 0),
         ]
-        pool = futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc")
-        self.server = grpc.server(pool, options=options, interceptors=[self.access])
-        self.server.add_generic_rpc_handlers(tuple(handlers))
+        self._handlers = tuple(handlers)
+        self._max_workers = max_workers
         self.health_servicer = health.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(self.health_servicer, self.server)
+        self.server = self._grpc_server()
         self.services = tuple(services)
         self.fronts: list[TlsFront] = []
+        # Servers that took over a unix socket path after its file was removed (serve_unix_again).
+        self.spares: list[grpc.Server] = []
+
+    def _grpc_server(self) -> grpc.Server:
+        pool = futures.ThreadPoolExecutor(max_workers=self._max_workers, thread_name_prefix="grpc")
+        server = grpc.server(pool, options=self._options, interceptors=[self.access])
+        server.add_generic_rpc_handlers(self._handlers)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health_servicer, server)
+        return server
 
     def add_unix(self, path: str) -> None:
         """Listen on the unix socket ``path`` (the caller sets its mode and group)."""
         self.server.add_insecure_port(f"unix:{path}")
+
+    def serve_unix_again(self, path: str) -> None:
+        """Listen on ``path`` anew, from a second gRPC server with the same services and checks.
+
+        For a unix socket whose file was removed while the server ran: the first server keeps its
+        open streams (their connections do not need the file), and new clients reach the second.
+        gRPC cannot add a port to a started server, hence a spare server rather than a new port.
+        """
+        spare = self._grpc_server()
+        spare.add_insecure_port(f"unix:{path}")
+        spare.start()
+        self.spares.append(spare)
 
     def add_tcp(self, address: str, tls: ServerTLS | None, key: str = "listen") -> int:
         """Listen on ``host:port`` (port 0: any free one), over TLS when ``tls`` is given; returns the port.
@@ -156,11 +176,12 @@ class SecureServer:
         """Stop accepting, let calls finish for ``grace`` s, then close the TLS fronts; set when done."""
         for front in self.fronts:
             front.stop_accepting()
-        stopped = self.server.stop(grace)
+        stopped = [server.stop(grace) for server in (self.server, *self.spares)]
         done = threading.Event()
 
         def finish() -> None:
-            stopped.wait()
+            for event in stopped:
+                event.wait()
             for front in self.fronts:
                 front.close()
             done.set()

@@ -16,7 +16,7 @@ from agent.backends.simulated import SimulatedBackend
 from agent.config import load_settings
 from agent.daemon import Agent
 from agent.metrics import AgentCollector
-from agent.server import SocketInUse, TelemetryHub, build_server
+from agent.server import SocketInUse, SocketKeeper, TelemetryHub, build_server
 from chopper.proto.chopper.v1 import agent_pb2 as pb
 from chopper.proto.chopper.v1 import agent_pb2_grpc
 
@@ -136,6 +136,28 @@ def test_optional_tcp_listener(tmp_path: Path) -> None:
 def test_second_agent_on_same_socket_refused(running: Running, tmp_path: Path) -> None:
     with pytest.raises(SocketInUse, match="served by another running agent"):
         Running(tmp_path)
+
+
+def test_removed_socket_is_served_again_with_its_mode(tmp_path: Path) -> None:
+    sub = tmp_path / "run"
+    r = Running(tmp_path, socket_path=str(sub / "a.sock"))
+    keeper = SocketKeeper(r.server, r.agent)
+    try:
+        open_stream = r.stub.GetInfo(pb.GetInfoRequest(), timeout=5)
+        assert open_stream.node == "n1" and keeper.check() is False  # our own socket: nothing to do
+        for child in sub.iterdir():
+            child.unlink()
+        sub.rmdir()  # rm -rf /run/chopper under a running agent
+        assert keeper.check() is True and keeper.check() is False
+        assert stat.S_IMODE(os.stat(sub / "a.sock").st_mode) == 0o660
+        with grpc.insecure_channel(f"unix://{sub / 'a.sock'}") as channel:  # a trainer that starts now
+            assert agent_pb2_grpc.AgentStub(channel).GetInfo(pb.GetInfoRequest(), timeout=5).node == "n1"
+        assert r.stub.GetInfo(pb.GetInfoRequest(), timeout=5).node == "n1"  # the old connection still works
+        registry = CollectorRegistry()
+        registry.register(AgentCollector(r.agent))
+        assert "chopper_agent_socket_recreated_total{node=\"n1\"} 1.0" in generate_latest(registry).decode()
+    finally:
+        r.stop()
 
 
 def test_metrics_exposition(running: Running) -> None:
