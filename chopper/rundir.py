@@ -180,9 +180,16 @@ def _load(base: Path, table: str) -> pd.DataFrame:
         try:
             # Text columns stay text (a node named "001" must not become the integer 1).
             dtypes = {c: "str" for c in _STR_COLUMNS[table]}
-            return pd.read_csv(csv, dtype=dtypes, keep_default_na=True)
+            frame = pd.read_csv(csv, dtype=dtypes, keep_default_na=True)
         except Exception as exc:
             err = exc
+        else:
+            # More cells than header names make pandas take the first ones as an index, shifting
+            # every value into the wrong column.
+            if not isinstance(frame.index, pd.RangeIndex):
+                raise RunDirError(f"{str(csv)!r}: rows have more cells than the header has column names; "
+                                  f"re-export the {table} table with one header name per column")
+            return frame
     else:
         raise RunDirError(f"recorded run {str(base)!r} has no {table} table: expected "
                           f"{parquet.name} or {csv.name} in that directory")
@@ -241,22 +248,32 @@ def _normalise(table: str, frame: pd.DataFrame, source: str) -> pd.DataFrame:
                 raise RunDirError(f"{source}: column {col} has non-numeric value {example!r} "
                                   f"(row {int(np.flatnonzero(bad.to_numpy())[0])}); it must hold numbers")
             if col in _INT_COLUMNS[table]:
-                # Integers go straight through: ts_ns (~1.7e18) does not survive a float64 trip.
-                if numeric.dtype.kind in "iu" and not numeric.hasnans:
-                    arr = numeric.to_numpy(dtype=np.int64)
-                else:
-                    arr = numeric.to_numpy(dtype=float, na_value=np.nan)
-                if arr.dtype.kind == "f":
-                    whole = np.isfinite(arr) & (arr == np.round(arr))
-                    if not whole.all():
-                        row = int(np.flatnonzero(~whole)[0])
-                        raise RunDirError(f"{source}: column {col} must hold whole numbers (integer "
-                                          f"{'nanoseconds' if col == 'ts_ns' else 'values'}) with no "
-                                          f"empty cells; row {row} has {arr[row]!r}")
-                out[col] = pd.Series(arr.astype(np.int64), index=frame.index)
+                out[col] = pd.Series(_int64(numeric, col, source), index=frame.index)
             else:
                 out[col] = numeric.astype(np.float64)
     return pd.DataFrame(out, columns=list(expected)).reset_index(drop=True)
+
+
+def _int64(numeric: pd.Series, col: str, source: str) -> Any:
+    """An integer column as int64, or a ``RunDirError`` naming the first value that is not a whole
+    number in int64 range (a uint64 above 2**63, a float such as 1e20 or inf, an empty cell)."""
+    import numpy as np
+
+    # Integers go straight through: ts_ns (~1.7e18) does not survive a float64 trip.
+    if numeric.dtype.kind in "iu" and not numeric.hasnans:
+        if numeric.dtype.kind == "i" or not len(numeric) or numeric.max() < 2**63:
+            return numeric.to_numpy(dtype=np.int64)
+        arr = numeric.to_numpy(dtype=float)
+    else:
+        arr = numeric.to_numpy(dtype=float, na_value=np.nan)
+    # Every float below 2**63 in magnitude converts exactly; 2**63 itself does not fit.
+    whole = np.isfinite(arr) & (arr == np.round(arr)) & (np.abs(arr) < 2.0**63)
+    if not whole.all():
+        row = int(np.flatnonzero(~whole)[0])
+        raise RunDirError(f"{source}: column {col} must hold whole numbers (integer "
+                          f"{'nanoseconds' if col == 'ts_ns' else 'values'}) within 64 bits, with no "
+                          f"empty cells; row {row} has {float(arr[row])!r}")
+    return arr.astype(np.int64)
 
 
 def _kinds(values: pd.Series, source: str) -> pd.Series:

@@ -16,7 +16,9 @@ on several nodes needs ``recorded_node`` to choose one.
 End of run. Without ``loop`` every later call returns ``[]`` and ``finished`` turns True. With
 ``loop`` the run restarts one recorded sample interval after its last sample, and cumulative
 counters continue from where they were (each cycle adds the recorded span ``last − first``
-per GPU), so consumers that difference counters never see them go backwards.
+per GPU), so consumers that difference counters never see them go backwards. Cycles that ended
+before the previous one are skipped, not emitted, so one call returns at most two cycles' samples
+(a stalled sampler, or a recording a few nanoseconds long, cannot make it replay millions).
 """
 from __future__ import annotations
 
@@ -35,6 +37,8 @@ CUMULATIVE_COLUMNS: tuple[str, ...] = (
     "throttle_power_s", "throttle_thermal_s", "throttle_current_s", "throttle_other_s",
 )
 _VALUE_COLUMNS: tuple[str, ...] = SAMPLE_COLUMNS[3:]
+# A recording longer than this is not in nanoseconds; it also keeps offsets far from int64 overflow.
+MAX_SPAN_NS = 100 * 365 * 24 * 3600 * 10**9
 
 
 class ReplayBackend:
@@ -96,6 +100,10 @@ class ReplayBackend:
                                      "nothing to replay")
 
         ts = samples["ts_ns"].to_numpy(dtype=np.int64)  # read_run sorted by ts_ns
+        span = int(ts[-1]) - int(ts[0])  # Python ints: the int64 difference could wrap
+        if span > MAX_SPAN_NS:
+            raise BackendUnavailable(f"replay: {self.run_dir} samples span {span} ns (over 100 years); ts_ns must be "
+                                     "nanoseconds since the epoch, as chopper record writes them")
         self._offsets = ts - ts[0]
         self._gpus = samples["gpu"].to_numpy(dtype=np.int64)
         self._values = samples[list(_VALUE_COLUMNS)].to_numpy(dtype=np.float64)
@@ -134,6 +142,11 @@ class ReplayBackend:
         played = (int(now_ns) - self.start_ns) * self.speed
         out: list[Sample] = []
         while True:
+            if self._cursor == 0 and self.loop:
+                # Cycles wholly in the past are skipped, not emitted: a recording whose period is a
+                # few ns (timestamps in seconds, say) would otherwise be replayed millions of
+                # times per call. Counters stay monotonic: they grow by whole cycles regardless.
+                self._cycle = max(self._cycle, int(played // self._period_ns) - 1)
             base = self._cycle * self._period_ns
             end = int(np.searchsorted(self._offsets, played - base, side="right"))
             if end > self._cursor:
