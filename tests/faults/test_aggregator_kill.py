@@ -33,7 +33,7 @@ def test_aggregator_kill_and_restart(tmp_path: Path, fault_record: FaultRecord) 
     agg = AggregatorProcess(tmp_path, "agg", "--store-dir", str(store), "--flush-interval-s", "1").start()
     agent = AgentProcess(tmp_path, "--aggregators", agg.address, "--delivery-interval-s", "0.05").start()
     try:
-        trainers = start_ranks(agent.target, 9.0, 2)
+        trainers = start_ranks(agent.target, 7.0, 2)
         time_until(lambda: delivery_total(agent, "acked_total") > 0, timeout_s=30)
         time.sleep(1.5)
         killed_at = time.monotonic()

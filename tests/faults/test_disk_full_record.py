@@ -39,7 +39,7 @@ def test_disk_full_while_recording(tmp_path: Path, fault_record: FaultRecord) ->
     out = tmp_path / "run"
     try:
         began_ns = time.time_ns()
-        full = _record(agent, out, "--duration", "1", limit=LIMIT_BYTES)
+        full = _record(agent, out, "--duration", "2", limit=LIMIT_BYTES)
         ended_ns = time.time_ns()
         left = sorted(p.name for p in out.iterdir()) if out.exists() else []
         again = _record(agent, out, "--duration", "0.5", "--since-buffer")

@@ -46,7 +46,7 @@ def test_disk_full_under_the_store(tmp_path: Path, fault_record: FaultRecord) ->
     agent = AgentProcess(tmp_path, "--aggregators", agg.address, "--delivery-interval-s", "0.05").start()
     assert agg.proc is not None
     try:
-        trainers = start_ranks(agent.target, 9.0, 2)
+        trainers = start_ranks(agent.target, 8.0, 2)
         time_until(lambda: delivery_total(agent, "acked_total") > 0, timeout_s=30)
         time.sleep(1.0)
         full_at = time.monotonic()

@@ -48,7 +48,7 @@ def test_marker_flood(tmp_path: Path, fault_record: FaultRecord) -> None:
     agent = AgentProcess(tmp_path, "--marker-buffer", "100000", "--summary-buffer", "10000", nice=10).start()
     assert agent.proc is not None
     try:
-        trainer = start_trainer(agent.target, 11.0)
+        trainer = start_trainer(agent.target, 9.0)
         time_until(lambda: metric_sum(agent.metrics(), "chopper_rank_steps_total", job="faults") > 0, timeout_s=30)
         time.sleep(1.5)
         flood_at = time.monotonic()
