@@ -82,7 +82,8 @@ def render(rows: list[dict[str, Any]], command: str, status: int) -> str:
     faults = [r for r in rows if r["type"] == "fault"]
     modules: dict[str, dict[str, Any]] = {}
     for r in (r for r in rows if r["type"] == "bad_input"):
-        m = modules.setdefault(r["module"], {"about": r["about"], "passed": 0, "tests": 0})
+        m = modules.setdefault(r["module"], {"about": r["about"], "passed": 0, "tests": 0, "names": []})
+        m["names"].append(r.get("name", ""))
         m["tests"] += 1
         m["passed"] += bool(r["passed"])
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
@@ -121,7 +122,9 @@ def render(rows: list[dict[str, Any]], command: str, status: int) -> str:
         "|---|---|---|---|",
     ]
     for name, m in sorted(modules.items()):
-        out.append(f"| {_cell(m['about'])} | `{name}` | {m['passed']} of {m['tests']} | "
+        # A module without a docstring is described by its first tests' names.
+        about = m["about"] or "tests: " + ", ".join(n.removeprefix("test_").replace("_", " ") for n in m["names"][:3])
+        out.append(f"| {_cell(about)} | `{name}` | {m['passed']} of {m['tests']} | "
                    f"{'yes' if m['passed'] == m['tests'] else '**NO**'} |")
     out += ["", "## Method", "", METHOD]
     return "\n".join(out)

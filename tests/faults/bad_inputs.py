@@ -26,4 +26,4 @@ def pytest_runtest_makereport(item: pytest.Item, call: Any) -> Iterator[None]:
         module = getattr(item, "module", None)
         doc = (getattr(module, "__doc__", None) or "").strip().splitlines()
         append(path, {"type": "bad_input", "test": item.nodeid, "module": item.nodeid.split("::")[0],
-                      "about": doc[0] if doc else "", "passed": report.passed})
+                      "about": doc[0] if doc else "", "name": item.name, "passed": report.passed})

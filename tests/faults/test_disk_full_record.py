@@ -46,6 +46,7 @@ def test_disk_full_while_recording(tmp_path: Path, fault_record: FaultRecord) ->
     finally:
         agent.terminate()
     message = full.stderr.strip().splitlines()[-1] if full.stderr.strip() else ""
+    shown = message.replace(str(tmp_path), "TMP")
     found = re.search(r"the (\d+) samples and (\d+) markers recorded were not written", message)
     collected = int(found.group(1)) if found else -1
     samples = pd.read_parquet(out / "samples.parquet") if again.returncode == 0 else pd.DataFrame({"ts_ns": []})
@@ -53,7 +54,7 @@ def test_disk_full_while_recording(tmp_path: Path, fault_record: FaultRecord) ->
     rec.lost = max(0, collected - recovered)
     rec.duplicated = int(samples.duplicated(["ts_ns", "gpu"]).sum()) if len(samples) else 0
     rec.counted_losses = 0
-    rec.outcome = (f"exit {full.returncode}: \"{message[:150]}…\"; files left: {left}; "
+    rec.outcome = (f"exit {full.returncode}: \"{shown[:200]}…\"; files left: {left}; "
                    f"`--since-buffer` rerun wrote {recovered} of the {collected} samples of the failed window")
     assert full.returncode == 1, full.stderr
     assert found and str(out) in message and "File too large" in message and "--since-buffer" in message
