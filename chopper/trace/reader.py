@@ -49,6 +49,9 @@ FLOW_CATS = frozenset({"fwdbwd", "ac2g"})
 FLOW_PHASES = frozenset({"s", "f", "t"})
 
 _TAIL_BYTES = 1 << 16
+# Times and durations beyond ±2**62 ns (146 years) are garbage; the bound also keeps ts + dur in int64.
+_MAX_NS = 2**62
+_MAX_US = _MAX_NS / 1000
 _RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
 
 
@@ -164,16 +167,26 @@ class _Columns:
 
 
 def _to_int(v: Any, default: int = -1) -> int:
+    """An id or index as an int64 (``default`` when it is no whole number within int64)."""
     if isinstance(v, int) and not isinstance(v, bool):
-        return v
-    if isinstance(v, float) and v.is_integer():
-        return int(v)
-    if isinstance(v, str):
+        out = v
+    elif isinstance(v, float) and v.is_integer():
+        out = int(v)
+    elif isinstance(v, str):
         try:
-            return int(v, 0)
+            out = int(v, 0)
         except ValueError:
             return default
-    return default
+    else:
+        return default
+    return out if -(2**63) <= out < 2**63 else default
+
+
+def _time_ns(v: Any) -> int | None:
+    """A Kineto time in µs as int ns, or None when it is not a number within ±``_MAX_NS``."""
+    if isinstance(v, bool) or not isinstance(v, int | float) or not abs(v) < _MAX_US:  # NaN fails too
+        return None
+    return _us_to_ns(v)
 
 
 def _us_to_ns(v: Any) -> int:
@@ -266,7 +279,7 @@ def _read_tail(tail: bytes) -> dict[str, Any]:
         if rest.startswith(","):
             try:
                 obj = json.loads("{" + rest[1:])
-            except ValueError:
+            except (ValueError, RecursionError):
                 continue
             if isinstance(obj, dict):
                 found = obj
@@ -335,6 +348,7 @@ def _read_events(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     f = _Columns({"id": "q", "cat": "i", "phase": "i", "ts": "q", "pid": "q", "tid": "q"})
     fractional = False
     kernels_without_corr = 0
+    bad_times = 0
     with _open(path) as raw:
         fh = _TailKeeper(raw)
         for e in ijson.items(fh, "traceEvents.item", use_float=True):
@@ -344,12 +358,19 @@ def _read_events(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
             ts = e.get("ts")
             if isinstance(ts, float):
                 fractional = True
-            if ts is None or cat is None:
-                continue
             ph = e.get("ph")
+            # Only string categories and phases route events (anything else is not Kineto's).
+            if ts is None or not isinstance(cat, str) or not isinstance(ph, str):
+                continue
+            ts_ns = _time_ns(ts)
             if ph == "X":
-                dur = e.get("dur", 0) or 0
-                args = e.get("args") or {}
+                dur_ns = _time_ns(e.get("dur", 0) or 0)
+                if ts_ns is None or dur_ns is None or dur_ns < 0:
+                    bad_times += 1
+                    continue
+                args = e.get("args")
+                if not isinstance(args, dict):
+                    args = {}
                 if cat in KERNEL_CATS or cat in SYNC_CATS:
                     cols = k.cols if cat in KERNEL_CATS else s.cols
                     corr = _to_int(args.get("correlation"))
@@ -357,16 +378,16 @@ def _read_events(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
                         kernels_without_corr += 1
                     cols["name"].append(names.code(e.get("name")))
                     cols["cat"].append(cats.code(cat))
-                    cols["ts"].append(_us_to_ns(ts))
-                    cols["dur"].append(_us_to_ns(dur))
+                    cols["ts"].append(ts_ns)
+                    cols["dur"].append(dur_ns)
                     cols["device"].append(_to_int(args.get("device", e.get("pid"))))
                     cols["stream"].append(_to_int(args.get("stream", e.get("tid"))))
                     cols["correlation"].append(corr)
                 elif cat in RUNTIME_CATS:
                     cols = r.cols
                     cols["name"].append(names.code(e.get("name")))
-                    cols["ts"].append(_us_to_ns(ts))
-                    cols["dur"].append(_us_to_ns(dur))
+                    cols["ts"].append(ts_ns)
+                    cols["dur"].append(dur_ns)
                     cols["pid"].append(_to_int(e.get("pid")))
                     cols["tid"].append(_to_int(e.get("tid")))
                     cols["correlation"].append(_to_int(args.get("correlation")))
@@ -374,31 +395,34 @@ def _read_events(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
                     cols = c.cols
                     cols["name"].append(names.code(e.get("name")))
                     cols["cat"].append(cats.code(cat))
-                    cols["ts"].append(_us_to_ns(ts))
-                    cols["dur"].append(_us_to_ns(dur))
+                    cols["ts"].append(ts_ns)
+                    cols["dur"].append(dur_ns)
                     cols["pid"].append(_to_int(e.get("pid")))
                     cols["tid"].append(_to_int(e.get("tid")))
                     cols["external_id"].append(_to_int(args.get("External id")))
                 elif cat in GPU_ANNOTATION_CATS:
                     cols = g.cols
                     cols["name"].append(names.code(e.get("name")))
-                    cols["ts"].append(_us_to_ns(ts))
-                    cols["dur"].append(_us_to_ns(dur))
+                    cols["ts"].append(ts_ns)
+                    cols["dur"].append(dur_ns)
                     cols["device"].append(_to_int(args.get("device", e.get("pid"))))
                     cols["stream"].append(_to_int(args.get("stream", e.get("tid"))))
             elif ph in FLOW_PHASES and cat in FLOW_CATS:
+                if ts_ns is None:
+                    bad_times += 1
+                    continue
                 cols = f.cols
                 cols["id"].append(_to_int(e.get("id")))
                 cols["cat"].append(cats.code(cat))
                 cols["phase"].append(cats.code(ph))
-                cols["ts"].append(_us_to_ns(ts))
+                cols["ts"].append(ts_ns)
                 cols["pid"].append(_to_int(e.get("pid")))
                 cols["tid"].append(_to_int(e.get("tid")))
         tail = fh.tail
     parsed = {
         "names": names, "cats": cats, "kernels": k, "syncs": s, "runtime": r, "cpu_ops": c,
         "gpu_annotations": g, "flows": f, "fractional": fractional,
-        "kernels_without_corr": kernels_without_corr,
+        "kernels_without_corr": kernels_without_corr, "bad_times": bad_times,
     }
     return _read_tail(tail), parsed
 
@@ -437,7 +461,8 @@ def clock_offset_ns(meta: dict[str, Any]) -> int:
     markers and samples (DESIGN "Data model").
     """
     base = meta.get("baseTimeNanoseconds")
-    return base if isinstance(base, int) and not isinstance(base, bool) and base > 0 else 0
+    # Bounded like every time (``_MAX_NS``), so that ts + base + dur stays within int64.
+    return base if isinstance(base, int) and not isinstance(base, bool) and 0 < base < _MAX_NS else 0
 
 
 def _any_name_starts(frame: Columns, prefix: str) -> bool:
@@ -446,7 +471,8 @@ def _any_name_starts(frame: Columns, prefix: str) -> bool:
 
 
 def _detect_device_type(meta: dict[str, Any], runtime: Columns, kernels: Columns) -> str:
-    props = meta.get("deviceProperties") or []
+    props = meta.get("deviceProperties")
+    props = props if isinstance(props, list) else []
     gpu_names = " ".join(str(p.get("name", "")) for p in props if isinstance(p, dict))
     if re.search(r"AMD|Radeon|Instinct|MI\d{3}", gpu_names):
         return "rocm"
@@ -476,6 +502,10 @@ def _assemble(path: Path, meta: dict[str, Any], p: dict[str, Any], require_gpu: 
         return _columns(p[key], contract, names, cats, offset)
 
     kernels = columns("kernels", KERNEL_COLUMNS)
+    if require_gpu and not len(kernels) and p["bad_times"]:
+        raise _bad(path, f"no usable GPU kernels: {p['bad_times']} events have a ts or dur that is not a number of "
+                   f"µs within ±{_MAX_NS} ns, or a negative dur", "The file is not a trace torch.profiler wrote; "
+                   "record it again")
     if require_gpu and not len(kernels):
         raise _bad(path, "no GPU kernels (no events with cat kernel / gpu_memcpy / gpu_memset): a CPU-only profile",
                    "Record with torch.profiler activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA] "
@@ -487,6 +517,10 @@ def _assemble(path: Path, meta: dict[str, Any], p: dict[str, Any], require_gpu: 
     syncs = columns("syncs", KERNEL_COLUMNS)
     rank, world = _detect_rank(path, meta)
     warnings: list[str] = []
+    if p["bad_times"]:
+        warnings.append(
+            f"{path}: {p['bad_times']} events were skipped: their ts or dur is not a number of µs within "
+            f"±{_MAX_NS} ns, or their dur is negative")
     missing = p["kernels_without_corr"]
     if missing:
         warnings.append(
