@@ -165,7 +165,10 @@ class Wal:
         self._segments: list[_Segment] = []
         if self.directory.is_dir():
             for p in sorted(self.directory.iterdir()):
-                if m := _SEGMENT.fullmatch(p.name):
+                if (m := _SEGMENT.fullmatch(p.name)) and not p.is_file():
+                    # Not ours (the log writes only files): replaying it would stop the aggregator.
+                    log.warning("event=wal_not_a_segment path=%s", p)
+                elif m:
                     first = int(m.group(1))
                     self._segments.append(_Segment(p, first, first - 1, p.stat().st_size, closed=True))
         # The segments found at start, which ``replay`` reads (also after ``start``).
