@@ -8,8 +8,9 @@ nodes, so a node whose clock is off by ±30 s changes nothing here.
 Algorithm (``JobTable.add`` and ``JobTable.expire``):
 
 1. A summary is validated (a job name that ``chopper.jobname`` accepts, rank ≥ 0, step ≥ 0,
-   a finite step time ≥ 0; otherwise rejected as ``invalid``). A summary for a job not seen yet
-   opens a new job, unless ``max_jobs`` jobs are live (rejected as ``job_limit``).
+   a finite step time ≥ 0, each cause's seconds NaN or within it, energy NaN or finite ≥ 0;
+   otherwise rejected as ``invalid``). A summary for a job not seen yet opens a new job, unless
+   ``max_jobs`` jobs are live (rejected as ``job_limit``).
 2. The job's *expected ranks* are the distinct ranks that reported so far (the contract carries
    no world size). A rank first seen after the job's join period is a *rank-set change*
    (counted); so is a rank dropped from the expected set after missing ``vanish_after_steps``
@@ -77,7 +78,8 @@ JOB_COLUMNS: tuple[str, ...] = (
 ROW_COLUMNS: tuple[str, ...] = (*STEP_COLUMNS, *JOB_COLUMNS)
 REJECTION_REASONS: dict[str, str] = {
     "invalid": "a job name chopper/jobname.py refuses (empty, unprintable, too long for the store), a negative rank "
-               "or step, or a step time that is negative or not finite",
+               "or step, a step time that is negative or not finite, seconds by cause outside [0, step time], or "
+               "energy that is negative or infinite",
     "job_limit": "a new job while max_jobs jobs are live",
     "duplicate_rank_step": "the same rank twice in one open step (the first is kept)",
 }
@@ -86,6 +88,9 @@ REJECTION_REASONS: dict[str, str] = {
 _FLOATS = tuple(c for c in STEP_COLUMNS if c not in ("job", "node", "rank", "gpu", "step", "begin_ns", "end_ns",
                                                      "straggler_wait_s", "flags"))
 _INTS = ("rank", "gpu", "step", "begin_ns", "end_ns")
+# Seconds of a step by cause that may be NaN (unknown) in a summary, else within the step time.
+_CAUSE_FIELDS = ("ideal_s", "matrix_util_loss_s", "compute_at_clock_s", "dvfs_loss_s",
+                 *(f"dvfs_{c}_s" for c in DVFS_CAUSES), "idle_s")
 # Window vector layout: known ideal, time with known ideal, all time, seconds by cause, energy and
 # tokens of rows with both known.
 _W_IDEAL, _W_TIME_KNOWN, _W_TIME = 0, 1, 2
@@ -277,8 +282,7 @@ class JobTable:
         late: list[tuple[JobState, pb.StepSummary, int]] = []
         touched: dict[str, JobState] = {}
         for s, sid in zip(summaries, ids, strict=True) if ids is not None else ((s, -1) for s in summaries):
-            # A job name the store cannot name a directory for would fail every write, of every job.
-            if s.rank < 0 or s.step < 0 or not 0 <= s.step_time_s < math.inf or job_name_problem(s.job):
+            if _invalid(s):
                 self.rejected["invalid"] += 1
                 continue
             job = self.jobs.get(s.job)
@@ -520,6 +524,25 @@ class JobTable:
                 state.last_step_time_s = float(step_s[i])
                 state.excess_s = state.excess_at(now_ns) + max(0.0, float(excess[i]))
                 state.excess_ns = now_ns
+
+
+def _invalid(s: pb.StepSummary) -> bool:
+    """A summary the job view cannot take (module step 1).
+
+    A job name the store cannot name a directory for would fail every write, of every job; a step
+    time or a cause outside ``[0, step time]`` (beyond rounding) would turn the job's rolling
+    shares into infinities or NaN for the whole window.
+    """
+    if s.rank < 0 or s.step < 0 or job_name_problem(s.job):
+        return True
+    total = s.step_time_s
+    if not 0 <= total < math.inf:
+        return True
+    top = total * (1 + 1e-6) + 1e-9
+    if not (0 <= s.exposed_comm_s <= top and (math.isnan(s.energy_j) or 0 <= s.energy_j < math.inf)):
+        return True
+    # NaN where the agent could not tell (no FLOPs, no samples); otherwise a share of the step.
+    return any(not (math.isnan(v) or 0 <= v <= top) for v in (getattr(s, c) for c in _CAUSE_FIELDS))
 
 
 def _frame(summaries: list[pb.StepSummary]) -> pd.DataFrame:

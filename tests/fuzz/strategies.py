@@ -13,6 +13,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
 from google.protobuf.message_factory import GetMessageClass
@@ -33,9 +34,17 @@ def _long_examples() -> int:
 LONG_EXAMPLES = _long_examples()
 
 
-def fuzz(examples: int) -> Callable[[Any], Any]:
-    """Settings of one fuzz test: ``examples`` in ``make test``, ``CHOPPER_FUZZ_EXAMPLES`` in a long run."""
-    return settings(max_examples=LONG_EXAMPLES or examples)
+def fuzz(examples: int, timeout_s: float) -> Callable[[Any], Any]:
+    """Settings of one fuzz test: ``examples`` in ``make test``, ``CHOPPER_FUZZ_EXAMPLES`` in a long run.
+
+    ``timeout_s`` bounds the test (a hang fails it); a long run scales it with the examples.
+    """
+    scale = max(1.0, LONG_EXAMPLES / examples)
+
+    def apply(test: Any) -> Any:
+        return pytest.mark.timeout(timeout_s * scale)(settings(max_examples=LONG_EXAMPLES or examples)(test))
+
+    return apply
 
 
 _INT_RANGES = {

@@ -45,8 +45,7 @@ REQUESTS = (pb.MarkerBatch, pb.GetInfoRequest, pb.SubscribeRequest, pb.ControlHe
 HEADER_REASONS = {"bad_job", "bad_rank", "bad_gpu", "batch_too_large"}
 
 
-@pytest.mark.timeout(120)
-@fuzz(400)
+@fuzz(400, timeout_s=120)
 @given(st.sampled_from(REQUESTS).flatmap(lambda c: st.tuples(st.just(c), wire(c))))
 @example((pb.MarkerBatch, length_delimited(1, b"\xff")))  # invalid UTF-8 in a string field
 @example((apb.SummaryBatch, length_delimited(4, b"\x08\x01", 2**40)))  # claims 1 TiB
@@ -103,8 +102,7 @@ def _check_ingest(ingest: MarkerIngest, batch: pb.MarkerBatch) -> None:
         assert held <= markers.MAX_OPEN_INTERVALS
 
 
-@pytest.mark.timeout(120)
-@fuzz(300)
+@fuzz(300, timeout_s=120)
 @given(st.lists(st.one_of(_plausible_batch, wire(pb.MarkerBatch, _plausible_batch)), min_size=1, max_size=6))
 def test_marker_ingest_accounts_for_every_marker(batches: list[pb.MarkerBatch | bytes]) -> None:
     ingest = MarkerIngest("n1", gpu_count=2)
@@ -151,10 +149,12 @@ _summary_batch = st.builds(
 )
 
 
-@pytest.mark.timeout(180)
-@fuzz(60)
+@fuzz(150, timeout_s=180)
 @given(st.lists(st.one_of(_summary_batch, wire(apb.SummaryBatch, _summary_batch)), min_size=1, max_size=4))
 @example([apb.SummaryBatch(agent="a", incarnation="i", seq=[1], summaries=[pb.StepSummary(job="x" * 256)])])
+@example([apb.SummaryBatch(agent="a", incarnation="i", seq=[1], summaries=[  # shares overflowed to inf
+    pb.StepSummary(job="j", step_time_s=5e-324, idle_s=1e308)])])
+@pytest.mark.filterwarnings("error::RuntimeWarning")  # an overflow or a NaN division is a defect here
 def test_aggregator_ingest_stores_what_it_accepts(batches: list[apb.SummaryBatch | bytes]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         now = [NOW]

@@ -21,7 +21,6 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
-import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
@@ -139,8 +138,7 @@ def _case_dir() -> Path:
     return Path(tempfile.mkdtemp(dir=ROOT))
 
 
-@pytest.mark.timeout(180)
-@fuzz(120)
+@fuzz(120, timeout_s=180)
 @given(st.lists(_mutation(), min_size=1, max_size=3), st.booleans())
 @example([("samples", "values", ("ts_ns", [1e20], 0))], False)  # beyond int64: was cast to garbage
 @example([("samples", "uint64", "ts_ns")], False)  # uint64 2**64-1: wrapped to -1
@@ -211,8 +209,7 @@ _store_mutation = st.tuples(
 )
 
 
-@pytest.mark.timeout(120)
-@fuzz(60)
+@fuzz(100, timeout_s=120)
 @given(st.lists(_store_mutation, min_size=1, max_size=3), st.sampled_from([None, "j", "k/1", "nope"]))
 def test_step_store_reads_or_says_why(mutations: list[tuple[str, int, bytes]], job: str | None) -> None:
     root = Path(shutil.copytree(VALID_STORE, _case_dir() / "steps"))

@@ -118,8 +118,7 @@ def agent(tmp_path: Path) -> Iterator[RunningAgent]:
     r.stop()
 
 
-@pytest.mark.timeout(180)
-@fuzz(40)
+@fuzz(60, timeout_s=180)
 @given(st.lists(st.sampled_from(sorted(AGENT)).flatmap(
     lambda m: st.tuples(st.just(m), st.lists(wire(AGENT[m][0]), min_size=1, max_size=3))), min_size=1, max_size=4))
 def test_agent_answers_every_request_and_keeps_serving(agent: RunningAgent,
@@ -156,8 +155,7 @@ def aggregator(tmp_path: Path) -> Iterator[RunningAggregator]:
     r.stop()
 
 
-@pytest.mark.timeout(180)
-@fuzz(40)
+@fuzz(60, timeout_s=180)
 @given(st.lists(st.sampled_from(sorted(AGGREGATOR)).flatmap(
     lambda m: st.tuples(st.just(m), st.lists(wire(AGGREGATOR[m][0]), min_size=1, max_size=3))), min_size=1,
     max_size=4))

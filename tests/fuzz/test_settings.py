@@ -74,8 +74,7 @@ def _inputs(draw: st.DrawFn) -> tuple[str, bytes | None, dict[str, str], list[st
     return daemon, config, env, argv
 
 
-@pytest.mark.timeout(120)
-@fuzz(200)
+@fuzz(200, timeout_s=120)
 @given(_inputs())
 @example(("agent", b"\xff\xfe garbage", {}, []))  # not UTF-8
 @example(("agent", b"[" * 5000 + b"]" * 5000, {}, []))  # nested past the parser's recursion limit

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
@@ -94,8 +93,7 @@ def _trace_bytes(draw: st.DrawFn) -> tuple[str, bytes]:
     return "rank1.json.gz", packed
 
 
-@pytest.mark.timeout(120)
-@fuzz(300)
+@fuzz(300, timeout_s=120)
 @given(_trace_bytes(), st.booleans())
 @example(("t.json", b'{"traceEvents": [{"ph": "X", "cat": "kernel", "ts": 1, "args": "x"}]}'), True)  # args text
 @example(("t.json", b'{"traceEvents": [{"ph": "X", "cat": "kernel", "ts": "1", "dur": 1}]}'), True)  # ts text

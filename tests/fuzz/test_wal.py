@@ -15,7 +15,6 @@ import shutil
 import tempfile
 from pathlib import Path
 
-import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
@@ -48,8 +47,7 @@ def _key(r: Record) -> tuple[int, int, bytes]:
     return r.kind, r.lsn, r.payload
 
 
-@pytest.mark.timeout(60)
-@fuzz(400)
+@fuzz(400, timeout_s=60)
 @given(st.one_of(st.binary(max_size=512), st.tuples(st.integers(0, 1 << 16), st.binary(max_size=8))))
 def test_read_segment_returns_a_genuine_prefix(case: bytes | tuple[int, bytes]) -> None:
     path = Path(tempfile.mkdtemp(dir=ROOT)) / "segment-00000000000000000001.log"
@@ -70,8 +68,7 @@ def test_read_segment_returns_a_genuine_prefix(case: bytes | tuple[int, bytes]) 
     assert torn or len(records) == len(original) or genuine.startswith(data)
 
 
-@pytest.mark.timeout(180)
-@fuzz(40)
+@fuzz(80, timeout_s=180)
 @given(st.lists(_edit, min_size=1, max_size=3))
 @example([("stray_dir", 0, b"x")])  # a directory named like a segment
 @example([("flip", 40, b"\x01")])  # a flipped byte inside the first record
