@@ -124,6 +124,19 @@ def length_delimited(number: int, payload: bytes, claimed: int | None = None) ->
     return varint(number << 3 | 2) + varint(len(payload) if claimed is None else claimed) + payload
 
 
+def edit(data: bytes, op: str, at: int, extra: bytes) -> bytes:
+    """``data`` cut at, flipped at (xor with ``extra[0]``) or with ``extra`` inserted at ``at`` (mod its length)."""
+    out = bytearray(data)
+    at %= len(out) + 1
+    if op == "cut":
+        del out[at:]
+    elif op == "flip" and out:
+        out[min(at, len(out) - 1)] ^= extra[0] or 1
+    elif op == "insert":
+        out[at:at] = extra
+    return bytes(out)
+
+
 @st.composite
 def _mutate(draw: st.DrawFn, cls: type[Message], base: st.SearchStrategy[bytes]) -> bytes:
     data = bytearray(draw(base))
@@ -131,14 +144,9 @@ def _mutate(draw: st.DrawFn, cls: type[Message], base: st.SearchStrategy[bytes])
     nested = [f.number for f in cls.DESCRIPTOR.fields if f.type == FieldDescriptor.TYPE_MESSAGE]
     for _ in range(draw(st.integers(1, 4))):
         op = draw(st.sampled_from(["flip", "cut", "insert", "splice", "utf8", "claim", "unknown"]))
-        at = draw(st.integers(0, len(data)))
-        if op == "flip" and data:
-            i = min(at, len(data) - 1)
-            data[i] ^= draw(st.integers(1, 255))
-        elif op == "cut":
-            del data[at:]
-        elif op == "insert":
-            data[at:at] = draw(st.binary(min_size=1, max_size=8))
+        if op in ("flip", "cut", "insert"):
+            data = bytearray(edit(bytes(data), op, draw(st.integers(0, len(data))), draw(st.binary(min_size=1,
+                                                                                                   max_size=8))))
         elif op == "splice":  # a second message after the first: protobuf merges them
             data += draw(base)
         elif op == "utf8" and strings:

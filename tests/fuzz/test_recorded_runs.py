@@ -33,7 +33,7 @@ from chopper.attribution.store_reader import read_step_store
 from chopper.rundir import COLUMNS, TABLES, RunDirError, read_run, write_run
 from chopper.schema import DeviceInfo, MarkerKind, Sample
 from tests.aggregator.summaries import summary
-from tests.fuzz.strategies import fuzz
+from tests.fuzz.strategies import edit, fuzz
 
 NS = 1_000_000_000
 T0 = 1_700_000_000 * NS
@@ -82,16 +82,8 @@ def _apply(run: Path, table: str, op: str, arg: Any) -> None:
             pd.read_parquet(parquet).to_csv(csv, index=False)
             parquet.unlink()
             current = csv
-        data = bytearray(current.read_bytes())
         at, extra = arg
-        at = min(at, len(data))
-        if op == "cut":
-            del data[at:]
-        elif op == "flip" and data:
-            data[min(at, len(data) - 1)] ^= extra[0] or 1
-        else:
-            data[at:at] = extra
-        current.write_bytes(bytes(data))
+        current.write_bytes(edit(current.read_bytes(), "insert" if op == "csv_text" else op, at, extra))
         return
     try:
         frame = pd.read_parquet(parquet) if current == parquet else pd.read_csv(csv, dtype=str)
@@ -216,12 +208,8 @@ def test_step_store_reads_or_says_why(mutations: list[tuple[str, int, bytes]], j
     for op, at, extra in mutations:
         parts = sorted(root.rglob("part-*.parquet"))
         part = parts[at % len(parts)] if parts else None
-        data = bytearray(part.read_bytes()) if part is not None else bytearray()
-        if op == "cut" and data:
-            part.write_bytes(bytes(data[:at % len(data)]))  # type: ignore[union-attr]
-        elif op == "flip" and data:
-            data[at % len(data)] ^= extra[0] or 1
-            part.write_bytes(bytes(data))  # type: ignore[union-attr]
+        if op in ("cut", "flip") and part is not None:
+            part.write_bytes(edit(part.read_bytes(), op, at, extra))
         elif op == "junk_file":
             (root / "job=j" / "notes.txt").write_bytes(extra)
         elif op == "bad_partition":

@@ -118,9 +118,15 @@ def agent(tmp_path: Path) -> Iterator[RunningAgent]:
     r.stop()
 
 
+def _calls(methods: dict) -> st.SearchStrategy[list[tuple[str, list[bytes]]]]:
+    """Up to 4 calls, each of one method with 1-3 request messages (only the first for unary requests)."""
+    call = st.sampled_from(sorted(methods)).flatmap(
+        lambda m: st.tuples(st.just(m), st.lists(wire(methods[m][0]), min_size=1, max_size=3)))
+    return st.lists(call, min_size=1, max_size=4)
+
+
 @fuzz(60, timeout_s=180)
-@given(st.lists(st.sampled_from(sorted(AGENT)).flatmap(
-    lambda m: st.tuples(st.just(m), st.lists(wire(AGENT[m][0]), min_size=1, max_size=3))), min_size=1, max_size=4))
+@given(_calls(AGENT))
 def test_agent_answers_every_request_and_keeps_serving(agent: RunningAgent,
                                                        calls: list[tuple[str, list[bytes]]]) -> None:
     registry = CollectorRegistry(auto_describe=False)
@@ -156,9 +162,7 @@ def aggregator(tmp_path: Path) -> Iterator[RunningAggregator]:
 
 
 @fuzz(60, timeout_s=180)
-@given(st.lists(st.sampled_from(sorted(AGGREGATOR)).flatmap(
-    lambda m: st.tuples(st.just(m), st.lists(wire(AGGREGATOR[m][0]), min_size=1, max_size=3))), min_size=1,
-    max_size=4))
+@given(_calls(AGGREGATOR))
 def test_aggregator_answers_every_request_and_keeps_serving(aggregator: RunningAggregator,
                                                             calls: list[tuple[str, list[bytes]]]) -> None:
     before = aggregator.scrape()

@@ -19,7 +19,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from chopper.trace.reader import TraceError, read_trace
-from tests.fuzz.strategies import fuzz
+from tests.fuzz.strategies import edit, fuzz
 
 ROOT = Path(tempfile.mkdtemp(prefix="chopper-fuzz-traces-"))
 
@@ -73,15 +73,10 @@ def _trace_bytes(draw: st.DrawFn) -> tuple[str, bytes]:
     events = draw(st.lists(st.one_of(_event(), _json), max_size=12))
     tail = draw(st.booleans())  # metadata after the events, as some exporters write it
     text = json.dumps({"traceEvents": events, **top} if tail else {**top, "traceEvents": events})
-    data = bytearray(text.encode())
+    data = text.encode()
     for _ in range(draw(st.integers(0, 2))):
-        op, at = draw(st.sampled_from(["cut", "flip", "insert"])), draw(st.integers(0, len(data)))
-        if op == "cut":
-            del data[at:]
-        elif op == "flip" and data:
-            data[min(at, len(data) - 1)] ^= draw(st.integers(1, 255))
-        else:
-            data[at:at] = draw(st.binary(min_size=1, max_size=4))
+        data = edit(data, draw(st.sampled_from(["cut", "flip", "insert"])), draw(st.integers(0, len(data))),
+                    draw(st.binary(min_size=1, max_size=4)))
     form = draw(st.sampled_from(["json", "gz", "gz_cut", "gz_garbage"]))
     if form == "json":
         return "rank1.json", bytes(data)

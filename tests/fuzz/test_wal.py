@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from aggregator.wal import Record, Wal, read_segment
 from tests.aggregator.test_recovery import Clock, FakeAgent, life, run_steps
-from tests.fuzz.strategies import fuzz
+from tests.fuzz.strategies import edit, fuzz
 
 ROOT = Path(tempfile.mkdtemp(prefix="chopper-fuzz-wal-"))
 
@@ -80,15 +80,7 @@ def test_recovery_of_a_mutated_log(edits: list[tuple[str, int, bytes]]) -> None:
         files = [s for s in segments if s.is_file()]
         target = files[at % len(files)] if files else None
         if op in ("cut", "flip", "insert") and target is not None:
-            data = bytearray(target.read_bytes())
-            i = at % (len(data) + 1)
-            if op == "cut":
-                del data[i:]
-            elif op == "flip" and data:
-                data[min(i, len(data) - 1)] ^= extra[0] or 1
-            else:
-                data[i:i] = extra
-            target.write_bytes(bytes(data))
+            target.write_bytes(edit(target.read_bytes(), op, at, extra))
         elif op == "stray_file":
             (wal_dir / f"segment-{at:020d}.log").write_bytes(extra)
         elif op == "stray_dir":
