@@ -402,7 +402,7 @@ class JobTable:
             wal_ids.extend(ids.get(r, -1) for r in order)
             self._account_missing(job, rows, complete)
         frame = _frame(summaries)
-        frame["compute_s"] = frame["step_time_s"] - frame["idle_s"] - frame["exposed_comm_s"]
+        frame["compute_s"] = _compute_s(frame)
         frame = straggler.straggler_wait(frame)
         slow = straggler.slowest_ranks(frame)
         keys = frame.groupby(["job", "step"], sort=False)
@@ -451,7 +451,7 @@ class JobTable:
 
     def _late_frame(self, late: list[tuple[JobState, pb.StepSummary, int]]) -> pd.DataFrame:
         frame = _frame([s for _, s, _ in late])
-        frame["compute_s"] = frame["step_time_s"] - frame["idle_s"] - frame["exposed_comm_s"]
+        frame["compute_s"] = _compute_s(frame)
         frame["straggler_wait_s"] = 0.0
         finals = [job.finalized.get(s.step) for job, s, _ in late]
         frame["job_step_time_s"] = [f.job_step_time_s if f else math.nan for f in finals]
@@ -543,6 +543,15 @@ def _invalid(s: pb.StepSummary) -> bool:
         return True
     # NaN where the agent could not tell (no FLOPs, no samples); otherwise a share of the step.
     return any(not (math.isnan(v) or 0 <= v <= top) for v in (getattr(s, c) for c in _CAUSE_FIELDS))
+
+
+def _compute_s(frame: pd.DataFrame) -> pd.Series:
+    """Compute time before the straggler split, s: step time − idle − exposed communication.
+
+    Idle is NaN for a rank without GPU samples (no GPU, or a backend down); it counts as 0 here as
+    in the rolling windows, so the slowest rank of a step is found among finite figures.
+    """
+    return frame["step_time_s"] - frame["idle_s"].fillna(0.0) - frame["exposed_comm_s"]
 
 
 def _frame(summaries: list[pb.StepSummary]) -> pd.DataFrame:

@@ -114,7 +114,7 @@ def read_run(path: str | Path) -> RecordedRun:
     if not base.is_dir():
         raise RunDirError(f"recorded run {str(base)!r} is a file, not a directory; pass the directory "
                           "that holds devices/samples/markers (.parquet or .csv)")
-    frames = {table: _normalise(table, _load(base, table), source=_source(base, table)) for table in TABLES}
+    frames = {table: _read_table(base, table) for table in TABLES}
     _check_sample_gpus(frames["devices"], frames["samples"])
     return RecordedRun(
         path=base,
@@ -163,6 +163,18 @@ def write_run(
 def _source(base: Path, table: str) -> str:
     parquet, csv = table_files(base, table)
     return str(parquet if parquet.exists() else csv)
+
+
+def _read_table(base: Path, table: str) -> pd.DataFrame:
+    """One table of a run directory, loaded and normalised."""
+    import pyarrow as pa
+
+    frame, source = _load(base, table), _source(base, table)
+    try:
+        return _normalise(table, frame, source=source)
+    except (pa.ArrowException, UnicodeError) as exc:  # corrupt text (invalid UTF-8) fails only when converted
+        raise RunDirError(f"{source}: holds text that cannot be decoded ({type(exc).__name__}: {exc}); the file is "
+                          f"corrupt: re-export the {table} table") from exc
 
 
 def _load(base: Path, table: str) -> pd.DataFrame:

@@ -17,8 +17,9 @@ End of run. Without ``loop`` every later call returns ``[]`` and ``finished`` tu
 ``loop`` the run restarts one recorded sample interval after its last sample, and cumulative
 counters continue from where they were (each cycle adds the recorded span ``last − first``
 per GPU), so consumers that difference counters never see them go backwards. Cycles that ended
-before the previous one are skipped, not emitted, so one call returns at most two cycles' samples
-(a stalled sampler, or a recording a few nanoseconds long, cannot make it replay millions).
+before the current one began are skipped, not emitted, so one call returns at most the rest of
+the cycle it was in and the due part of the current one (a stalled sampler, or a recording a few
+nanoseconds long, cannot make it replay millions).
 """
 from __future__ import annotations
 
@@ -146,7 +147,7 @@ class ReplayBackend:
                 # Cycles wholly in the past are skipped, not emitted: a recording whose period is a
                 # few ns (timestamps in seconds, say) would otherwise be replayed millions of
                 # times per call. Counters stay monotonic: they grow by whole cycles regardless.
-                self._cycle = max(self._cycle, int(played // self._period_ns) - 1)
+                self._cycle = max(self._cycle, int(played // self._period_ns))
             base = self._cycle * self._period_ns
             end = int(np.searchsorted(self._offsets, played - base, side="right"))
             if end > self._cursor:

@@ -11,7 +11,8 @@ Algorithm of ``read_step_store``:
 2. Order rows by job, step, rank, and turn ``flags`` back into tuples.
 3. Name the slowest rank of each step again with ``straggler.slowest_ranks`` on the rows that
    took part in the step's finalization (``late`` rows did not), with compute time before the
-   split: ``step − idle − exposed − straggler wait``. This is what the aggregator computed live.
+   split: ``step − idle − exposed − straggler wait`` (unknown idle as 0). This is what the
+   aggregator computed live.
 
 pandas and pyarrow are imported inside the functions, because ``import chopper`` must stay light.
 """
@@ -59,5 +60,9 @@ def read_step_store(path: str | Path, job: str | None = None) -> Attribution:
     steps["flags"] = [tuple(f) if f is not None else () for f in steps["flags"]]
     steps["job"] = steps["job"].astype(str)
     taken = steps[~steps["late"].astype(bool)].copy()
-    taken["compute_s"] = taken["step_time_s"] - taken["idle_s"] - taken["exposed_comm_s"] - taken["straggler_wait_s"]
+    # Unknown idle (a rank without GPU samples) counts as 0, as the aggregator counted it; rows
+    # without a step time (a part file missing the column) cannot be ranked.
+    waits = taken[["idle_s", "exposed_comm_s", "straggler_wait_s"]].fillna(0.0).sum(axis=1)
+    taken["compute_s"] = taken["step_time_s"] - waits
+    taken = taken[taken["compute_s"].notna()]
     return Attribution(steps[list(STEP_COLUMNS)], straggler.slowest_ranks(taken), [])

@@ -154,6 +154,8 @@ _summary_batch = st.builds(
 @example([apb.SummaryBatch(agent="a", incarnation="i", seq=[1], summaries=[pb.StepSummary(job="x" * 256)])])
 @example([apb.SummaryBatch(agent="a", incarnation="i", seq=[1], summaries=[  # shares overflowed to inf
     pb.StepSummary(job="j", step_time_s=5e-324, idle_s=1e308)])])
+@example([apb.SummaryBatch(agent="a", incarnation="i", seq=[1, 2], summaries=[  # ranks without GPU samples
+    pb.StepSummary(job="j", rank=r, step=1, step_time_s=1.0, idle_s=math.nan) for r in range(2)])])
 @pytest.mark.filterwarnings("error::RuntimeWarning")  # an overflow or a NaN division is a defect here
 def test_aggregator_ingest_stores_what_it_accepts(batches: list[apb.SummaryBatch | bytes]) -> None:
     with tempfile.TemporaryDirectory() as tmp:

@@ -25,10 +25,12 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.metrics import AgentCollector
-from aggregator.server import _batch_problem
+from aggregator.config import AggregatorSettings
+from aggregator.server import _batch_problem, build_server
 from chopper.grpc_decode import Garbled, decoder
 from chopper.proto.chopper.v1 import agent_pb2 as pb
 from chopper.proto.chopper.v1 import aggregator_pb2 as apb
+from chopper.proto.chopper.v1 import aggregator_pb2_grpc
 from tests.agent.test_server import Running as RunningAgent
 from tests.agent.test_server import steps_batch
 from tests.aggregator.summaries import summary
@@ -111,9 +113,27 @@ def _scrape(registry: CollectorRegistry) -> dict[tuple[str, tuple[tuple[str, str
             for s in f.samples}
 
 
+# The fuzz loop calls far faster than the per-client rate limits allow (100 calls/s): a refusal
+# for rate would hide what the servicer does with the message, so both servers run without them.
+NO_LIMITS = {"rate_limit_calls_per_s": "0", "rate_limit_messages_per_s": "0"}
+
+
+class UnlimitedAggregator(RunningAggregator):
+    """The aggregator tests' in-process server (``tests/aggregator/test_server.py``), without rate limits."""
+
+    def __init__(self, tmp: Path) -> None:
+        super().__init__(tmp)
+        self.channel.close()
+        self.server.stop(0)
+        self.server, port = build_server(self.core, "127.0.0.1:0",
+                                         settings=AggregatorSettings(**{k: float(v) for k, v in NO_LIMITS.items()}))
+        self.channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+        self.stub = aggregator_pb2_grpc.AggregatorStub(self.channel)
+
+
 @pytest.fixture
 def agent(tmp_path: Path) -> Iterator[RunningAgent]:
-    r = RunningAgent(tmp_path)
+    r = RunningAgent(tmp_path, **NO_LIMITS)
     yield r
     r.stop()
 
@@ -156,7 +176,7 @@ def test_agent_answers_every_request_and_keeps_serving(agent: RunningAgent,
 
 @pytest.fixture
 def aggregator(tmp_path: Path) -> Iterator[RunningAggregator]:
-    r = RunningAggregator(tmp_path)
+    r = UnlimitedAggregator(tmp_path)
     yield r
     r.stop()
 
