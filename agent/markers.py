@@ -23,9 +23,8 @@ from dataclasses import dataclass, field
 
 from chopper.jobname import job_name_problem
 from chopper.proto.chopper.v1 import agent_pb2 as pb
-from chopper.schema import MarkerKind
+from chopper.schema import MAX_MARKERS_PER_BATCH, MarkerKind
 
-MAX_MARKERS_PER_BATCH = 100_000
 MAX_NAME_CHARS = 256
 # Phases and collectives begun and not yet ended, per rank: real loops hold a handful, so this
 # only bounds the agent's memory against a client that begins and never ends.

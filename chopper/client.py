@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from chopper._device_clock import DeviceClock
-from chopper.schema import ClockSource, MarkerKind
+from chopper.schema import MAX_MARKERS_PER_BATCH, ClockSource, MarkerKind
 
 if TYPE_CHECKING:
     from chopper.proto.chopper.v1 import agent_pb2
@@ -218,7 +218,7 @@ class Client:
         self.pid = os.getpid() if pid is None else pid
         self._q: deque[Item] = deque()
         self._cap = max(0, int(queue_size))
-        self._max_batch = max(1, int(max_batch))
+        self._max_batch = min(max(1, int(max_batch)), MAX_MARKERS_PER_BATCH)  # larger batches are refused
         self._flush_s = flush_interval_s
         self._initial_backoff = initial_backoff_s
         self._max_backoff = max(max_backoff_s, initial_backoff_s)

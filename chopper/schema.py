@@ -13,6 +13,11 @@ from dataclasses import dataclass, fields
 
 NAN = math.nan
 
+# Most markers in one MarkerBatch. The agent validates a batch under one lock; 4096 markers hold it
+# for ~20 ms, so a broken client's huge batches cannot delay the other ranks' markers for long. The
+# client sends at most this many (512 by default).
+MAX_MARKERS_PER_BATCH = 4096
+
 
 class MarkerKind(enum.IntEnum):
     """Marker kinds; the integer values are the wire values of ``chopper.v1.MarkerKind``."""
