@@ -47,16 +47,22 @@ def read_step_store(path: str | Path, job: str | None = None) -> Attribution:
         partitioning = ds.partitioning(pa.schema([("job", pa.string()), ("date", pa.string())]), flavor="hive")
         dataset = ds.dataset(root, format="parquet", partitioning=partitioning)
         table = dataset.to_table(filter=ds.field("job") == job) if job is not None else dataset.to_table()
-    except (OSError, pa.ArrowException) as exc:
+        names = table.column_names  # decoded here: a corrupt schema fails now, not later
+    except (OSError, pa.ArrowException, UnicodeError) as exc:
         raise AttributionError(f"step store {root}: cannot be read ({exc}); is it an aggregator store_dir?") from None
-    missing = [c for c in (*STEP_COLUMNS, "late") if c not in table.column_names]
+    missing = [c for c in (*STEP_COLUMNS, "late") if c not in names]
     if missing:
         raise AttributionError(f"step store {root}: rows lack column(s) {', '.join(missing)}; written by an "
                                "aggregator of another version?")
     if table.num_rows == 0:
         where = f"job {job!r}" if job is not None else "any job"
         raise AttributionError(f"step store {root}: no rows of {where}; check --job and the store_dir")
-    steps = table.to_pandas().sort_values(["job", "step", "rank"], kind="stable").reset_index(drop=True)
+    try:
+        steps = table.to_pandas()
+    except (pa.ArrowException, UnicodeError) as exc:  # invalid UTF-8 in a text column fails only here
+        raise AttributionError(f"step store {root}: holds values that cannot be decoded ({exc}); a part file is "
+                               "corrupt: move it out of the store") from None
+    steps = steps.sort_values(["job", "step", "rank"], kind="stable").reset_index(drop=True)
     steps["flags"] = [tuple(f) if f is not None else () for f in steps["flags"]]
     steps["job"] = steps["job"].astype(str)
     taken = steps[~steps["late"].astype(bool)].copy()

@@ -219,6 +219,7 @@ _store_mutation = st.tuples(
 @fuzz(100, timeout_s=120)
 @given(st.lists(_store_mutation, min_size=1, max_size=3), st.sampled_from([None, "j", "k/1", "nope"]))
 @example([("drop_column", 397, b"\x00")], None)  # a part file without a column: idxmax over all-NaN failed
+@example([("flip", 3848, b"\x80")], None)  # a column name no longer UTF-8: UnicodeDecodeError
 def test_step_store_reads_or_says_why(mutations: list[tuple[str, int, bytes]], job: str | None) -> None:
     root = Path(shutil.copytree(VALID_STORE, _case_dir() / "steps"))
     for op, at, extra in mutations:
