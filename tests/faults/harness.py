@@ -123,10 +123,15 @@ def delivery_total(agent: AgentProcess, name: str) -> float:
     return metric_sum(agent.metrics(), f"chopper_agent_delivery_{name}")
 
 
-def delivered_all(agent: AgentProcess) -> bool:
-    """Every step summary the agent made is acknowledged by the aggregator."""
+def delivered_all(agent: AgentProcess, at_least: int = 1) -> bool:
+    """The agent made at least ``at_least`` step summaries and the aggregator acknowledged every one.
+
+    Pass the number of steps the trainers marked once they finished: the agent summarises a step
+    only when a sample covers its end, so right after training the last steps may not be made yet.
+    """
     made = metric_sum(agent.metrics(), "chopper_agent_step_summaries_total")
-    return made > 0 and delivery_total(agent, "pending_items") == 0 and delivery_total(agent, "acked_total") == made
+    return (made >= at_least and delivery_total(agent, "pending_items") == 0
+            and delivery_total(agent, "acked_total") == made)
 
 
 def start_ranks(target: str, duration_s: float, ranks: int, *extra: str) -> list[subprocess.Popen[str]]:

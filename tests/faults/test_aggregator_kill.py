@@ -45,7 +45,7 @@ def test_aggregator_kill_and_restart(tmp_path: Path, fault_record: FaultRecord) 
         time_until(lambda: delivery_total(agent, "acked_total") > acked, timeout_s=20)
         recovered_at = time.monotonic()
         results = [finish_trainer(t) for t in trainers]
-        time_until(lambda: delivered_all(agent), timeout_s=30)
+        time_until(lambda: delivered_all(agent, len(expected_rows(results))), timeout_s=30)
         counted = delivery_total(agent, "lost_total") + agg.value("chopper_aggregator_summaries_lost_total")
         rec.peak_rss_mib = round(peak_rss_mib(agg.proc.pid), 1)  # type: ignore[union-attr]
         made = metric_sum(agent.metrics(), "chopper_agent_step_summaries_total")

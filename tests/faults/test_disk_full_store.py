@@ -62,7 +62,7 @@ def test_disk_full_under_the_store(tmp_path: Path, fault_record: FaultRecord) ->
                    and delivery_total(agent, "acked_total") > acked, timeout_s=20)
         recovered_at = time.monotonic()
         results = [finish_trainer(t) for t in trainers]
-        time_until(lambda: delivered_all(agent), timeout_s=30)
+        time_until(lambda: delivered_all(agent, len(expected_rows(results))), timeout_s=30)
         counted = delivery_total(agent, "lost_total") + agg.value("chopper_aggregator_store_rows_dropped_total")
         rec.peak_rss_mib = round(peak_rss_mib(agg.proc.pid), 1)
     finally:

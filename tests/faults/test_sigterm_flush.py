@@ -58,7 +58,7 @@ def test_sigterm_during_flush(tmp_path: Path, fault_record: FaultRecord) -> None
             windows.append((began, time.monotonic()))
             assert not leftovers, f"temporary files after a graceful stop: {leftovers}"
         results = [finish_trainer(t) for t in trainers]
-        time_until(lambda: delivered_all(agent), timeout_s=30)
+        time_until(lambda: delivered_all(agent, len(expected_rows(results))), timeout_s=30)
         counted = delivery_total(agent, "lost_total") + agg.value("chopper_aggregator_summaries_lost_total")
         rec.peak_rss_mib = round(peak_rss_mib(agg.proc.pid), 1)
     finally:
