@@ -30,10 +30,9 @@ from tests.faults.records import FaultRecord
 # Measured: ~250 MiB once the ring buffers are full. The servers run without HTTP/2 BDP probing
 # (chopper/serving.py), so a stream's receive window stays small and gRPC paces the flooder to what
 # the agent parses: RSS plateaus instead of growing with the offered rate (it reached 528 MiB with
-# probing on). The unit's MemoryMax is 2G.
+# probing on). When the buffers fill depends on how fast this machine lets the agent parse, so the
+# bound is the ceiling, not the shape of the climb. The unit's MemoryMax is 2G.
 AGENT_RSS_CEILING_MIB = 400.0
-# Once the buffers are full, RSS over the second half of the flood may grow at most this much.
-PLATEAU_GROWTH_MIB = 32.0
 FLOOD_S = 4.0
 # Markers per flood message: big enough to offer far more than the agent takes, small enough that
 # what it already took in when the flood is cancelled is worked off within a second or two.
@@ -98,4 +97,3 @@ def test_marker_flood(tmp_path: Path, fault_record: FaultRecord) -> None:
     assert overwritten > 0, "the flood did not reach the buffers' bound: the RSS ceiling tested nothing"
     assert abs(ratio - 1) <= STEP_TIME_TOLERANCE, f"step time ratio {ratio:.4f} ({inside} in, {outside} out)"
     assert rec.peak_rss_mib < AGENT_RSS_CEILING_MIB
-    assert rss[-1] - rss[len(rss) // 2] < PLATEAU_GROWTH_MIB, f"RSS still growing during the flood: {rss}"
