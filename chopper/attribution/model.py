@@ -142,6 +142,8 @@ def rank_terms(
     compute_s = step_s - idle_s - exposed
     # Busy-weighted clock; a step the GPU idled through has no busy weight, so the plain mean.
     mean_clock = np.where(fig["busy_w"] > 0, _ratio(fig["busy_clock"], fig["busy_w"]), fig["clock"])
+    # Differences of cumulative integrals can put the mean of equal clocks a few ulp above them.
+    mean_clock = np.fmin(mean_clock, max_clock_mhz)
     ratio = dvfs.clock_ratio(mean_clock, max_clock_mhz)
     dvfs_s = dvfs.dvfs_loss(compute_s, ratio)
     by_cause = dvfs.split_by_cause(dvfs_s, {c: fig[f"res_{c}"] for c in THROTTLE_CAUSES})
@@ -193,6 +195,9 @@ def attribute(
         markers = markers[markers["job"] == job]
         if markers.empty:
             raise AttributionError(f"job {job!r} has no markers in this run; check --job")
+    if markers.empty:
+        raise AttributionError("the run has no markers: record while a job marks steps (chopper.step() or "
+                               "chopper.torch.instrument)")
     tables = marker_tables(markers)
     steps = tables.steps
     base_ns = int(min(markers["ts_ns"].min(), samples["ts_ns"].min() if len(samples) else markers["ts_ns"].min()))
