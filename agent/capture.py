@@ -34,6 +34,7 @@ from chopper.proto.chopper.v1 import agent_pb2 as pb
 CAPTURE_SAMPLE_HZ = 100.0
 MAX_SAMPLE_HZ = 1000.0
 DEFAULT_TIMEOUT_S = 600.0
+MAX_TIMEOUT_S = 24 * 3600.0  # a capture waits for N steps; a day covers the slowest real step
 
 
 class CaptureError(Exception):
@@ -137,8 +138,11 @@ class CaptureManager:
             raise CaptureInvalid(f"steps must be at least 1, got {req.steps}")
         if not req.out_dir or not Path(req.out_dir).is_absolute():
             raise CaptureInvalid(f"out_dir must be an absolute path on the node, got {req.out_dir!r}")
-        if req.sample_hz < 0 or req.sample_hz > MAX_SAMPLE_HZ:
+        if not 0 <= req.sample_hz <= MAX_SAMPLE_HZ:  # also refuses NaN
             raise CaptureInvalid(f"sample_hz must be 0 (default) to {MAX_SAMPLE_HZ:g}, got {req.sample_hz:g}")
+        if not (req.timeout_s <= MAX_TIMEOUT_S or req.timeout_s <= 0):  # NaN and inf fail both
+            raise CaptureInvalid(f"timeout_s must be 0 (default {DEFAULT_TIMEOUT_S:g} s) to {MAX_TIMEOUT_S:g} s, "
+                                 f"got {req.timeout_s:g}")
         timeout_s = req.timeout_s if req.timeout_s > 0 else DEFAULT_TIMEOUT_S
         with self._cond:
             active = self._start(req)

@@ -15,9 +15,12 @@ from prometheus_client.registry import Collector
 from agent import __version__
 from agent.catalog import BY_NAME
 from agent.daemon import Agent
+from chopper.proto.chopper.v1 import agent_pb2 as pb
 from chopper.schema import THROTTLE_CAUSES, MarkerKind
 
 MHZ = 1e6
+# Every RPC of the Agent service, each with its undecodable-message count (0 until one arrives).
+AGENT_METHODS = tuple(m.name for m in pb.DESCRIPTOR.services_by_name["Agent"].methods)
 
 
 class Families:
@@ -162,7 +165,7 @@ class AgentCollector(Collector):
             fam.add("chopper_agent_buffer_overwritten_total", (node, name), float(buf.overwritten_total))
         for reason, count in sorted(agent.rejected.items()):
             fam.add("chopper_agent_markers_rejected_total", (node, reason), float(count))
-        for method in ("PushMarkers", "GetInfo", "Subscribe"):
+        for method in AGENT_METHODS:
             fam.add("chopper_agent_messages_undecodable_total", (node, method), float(agent.undecodable.get(method, 0)))
         refused_rpcs, refused_connections = agent.refusals.snapshot()
         for (rpc, reason), count in sorted(refused_rpcs.items()):
