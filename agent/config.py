@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from chopper import settings as _settings
 from chopper.serving import access_field, check_server_access
-from chopper.settings import ConfigError, is_host_port
+from chopper.settings import MAX_MESSAGE_BYTES, ConfigError, is_host_port
 
 BACKENDS = ("auto", "amd", "nvidia", "simulated", "replay")
 ENV_PREFIX = "CHOPPER_AGENT_"
@@ -118,10 +118,12 @@ def _check(s: AgentSettings) -> None:
             raise bad(key, "is not host:port, e.g. 127.0.0.1:9477")
     if not s.metrics_listen:
         raise bad("metrics_listen", "is empty; Prometheus needs an address to scrape")
-    for key, low in (("sample_buffer", 1000), ("marker_buffer", 1000), ("summary_buffer", 1000),
-                     ("max_message_bytes", 64 * 1024)):
-        if getattr(s, key) < low:
-            raise bad(key, f"is too small; use at least {low}")
+    # Upper bounds: a buffer past 100 M items is tens of GB on its own; gRPC takes message limits as
+    # int32 and the servers accept up to twice max_message_bytes (chopper/serving.py).
+    for key, low, high in (("sample_buffer", 1000, 100_000_000), ("marker_buffer", 1000, 100_000_000),
+                           ("summary_buffer", 1000, 100_000_000), ("max_message_bytes", 64 * 1024, MAX_MESSAGE_BYTES)):
+        if not low <= getattr(s, key) <= high:
+            raise bad(key, f"is out of range; use {low} to {high}")
     if s.peak_flops < 0:
         raise bad("peak_flops", "is negative; use 0 for the data-sheet value or a FLOP/s figure")
     if s.sim_gpus < 1 or s.sim_gpus > 64:

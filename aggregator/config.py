@@ -14,7 +14,7 @@ from pathlib import Path
 
 from chopper import settings as _settings
 from chopper.serving import access_field, check_server_access
-from chopper.settings import ConfigError, is_host_port
+from chopper.settings import MAX_MESSAGE_BYTES, ConfigError, is_host_port
 
 ENV_PREFIX = "CHOPPER_AGGREGATOR_"
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -88,8 +88,8 @@ def _check(s: AggregatorSettings) -> None:
         raise bad("job_expiry_s", f"is shorter than step_timeout_s ({s.step_timeout_s:g}); use at least that")
     if s.recent_steps_per_job < 1:
         raise bad("recent_steps_per_job", "must be at least 1")
-    if s.max_message_bytes < 64 * 1024:
-        raise bad("max_message_bytes", f"is too small; use at least {64 * 1024}")
+    if not 64 * 1024 <= s.max_message_bytes <= MAX_MESSAGE_BYTES:
+        raise bad("max_message_bytes", f"is out of range; use {64 * 1024} to {MAX_MESSAGE_BYTES}")
     if s.log_level not in LOG_LEVELS:
         raise bad("log_level", "is not one of " + ", ".join(LOG_LEVELS))
     check_server_access(s, "listen")

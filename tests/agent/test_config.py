@@ -27,6 +27,8 @@ def test_config_file_from_env(tmp_path: Path) -> None:
     [
         (["--sample-hz", "fast"], None, "sample_hz: 'fast' (from --sample-hz) is not a valid float"),
         (["--sample-hz", "1000"], None, "sample_hz: 1000.0 is out of range; use 1 to 100"),
+        (["--max-message-bytes", str(2**31)], None, "max_message_bytes: 2147483648 is out of range; use 65536 to"),
+        (["--marker-buffer", str(10**12)], None, "marker_buffer: 1000000000000 is out of range"),
         (["--backend", "cuda"], None, "backend: 'cuda' is not a backend; choose one of auto, amd, nvidia"),
         (["--metrics-listen", "9477"], None, "metrics_listen: '9477' is not host:port"),
         (["--socket-mode", "rw"], None, "socket_mode: 'rw' is not octal permission bits"),
