@@ -7,7 +7,8 @@ Algorithm, per ``(job, step)`` with at least two ranks:
 1. ``W_r = X_r − min over ranks of X`` is straggler wait: time rank ``r`` sat in collectives
    beyond what the least-waiting rank did, because another rank arrived late. It is moved out of
    ``X_r`` (so ``exposed_comm_s`` becomes the minimum and ``straggler_wait_s`` is ``W_r``).
-2. The slowest rank is the one with the largest compute time ``K``; its excess over the median
+2. The slowest rank is the one with the largest compute time ``K`` (ranks whose ``K`` is unknown
+   are left out of the comparison); its excess over the median
    ``K`` of the job at that step is reported with its evidence: busy-weighted mean clock against
    the job's median clock, maximum temperature, and the throttle cause with the most DVFS loss.
    It is a *thermal/power/current straggler* when its clock was below the job's median and that
@@ -40,6 +41,7 @@ def slowest_ranks(steps: pd.DataFrame) -> pd.DataFrame:
     """One row per multi-rank ``(job, step)``: the slowest rank and its evidence (module step 2)."""
     columns = ["job", "step", "rank", "node", "gpu", "compute_s", "compute_excess_s", "mean_gfx_clock_mhz",
                "job_median_gfx_clock_mhz", "max_temp_c", "cause"]
+    steps = steps[steps["compute_s"].notna()]  # a rank whose compute is unknown cannot be compared
     grouped = steps.groupby(JOIN, sort=True)
     size = grouped["rank"].transform("size")
     multi = steps[size > 1]

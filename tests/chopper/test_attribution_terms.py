@@ -101,3 +101,13 @@ def test_slow_rank_with_normal_clock_is_not_blamed_on_hardware() -> None:
     })
     (slow,) = straggler.slowest_ranks(steps).to_dict("records")
     assert slow["rank"] == 2 and slow["cause"] == "none"
+
+
+def test_ranks_of_unknown_compute_are_left_out_of_the_slowest_rank() -> None:
+    steps = pd.DataFrame({
+        "job": ["j"] * 4, "step": [0, 0, 1, 1], "rank": [0, 1, 0, 1], "node": ["a"] * 4, "gpu": [0, 1, 0, 1],
+        "exposed_comm_s": [0.0] * 4, "compute_s": [np.nan, np.nan, 0.5, np.nan],
+        "mean_gfx_clock_mhz": [1900.0] * 4, "max_temp_c": [70.0] * 4,
+        **{f"dvfs_{c}_s": [0.0] * 4 for c in ("power", "thermal", "current", "other", "unattributed")},
+    })
+    assert straggler.slowest_ranks(steps).empty  # step 0: nobody to compare; step 1: one rank known

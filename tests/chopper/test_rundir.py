@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from chopper.attribution import AttributionError, attribute
 from chopper.rundir import RunDirError, read_run, write_run
 from chopper.schema import DEVICE_COLUMNS, MARKER_COLUMNS, SAMPLE_COLUMNS, DeviceInfo, MarkerKind, Sample
 
@@ -159,6 +160,8 @@ def test_empty_markers_table_is_fine(tmp_path: Path) -> None:
     run = read_run(write_run(tmp_path / "r", _devices(), _samples(), []))
     assert len(run.markers) == 0
     assert tuple(run.markers.columns) == MARKER_COLUMNS
+    with pytest.raises(AttributionError, match="the run has no markers"):  # readable, but nothing to attribute
+        attribute(run.devices, run.samples, run.markers)
 
 
 def test_samples_sorted_by_time(tmp_path: Path) -> None:
