@@ -49,14 +49,17 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from pathlib import Path
 from typing import Protocol
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
+from google.protobuf.message import DecodeError
 
 from aggregator.jobs import Finalized, JobTable
 from aggregator.store import Store
-from aggregator.wal import BATCH, FILES, ID_BITS, LEDGER, Wal, WalError, summary_id
+from aggregator.wal import BATCH, FILES, ID_BITS, LEDGER, Record, Wal, WalError, summary_id
 from chopper.access import Refusals
 from chopper.proto.chopper.v1 import aggregator_pb2 as apb
 
@@ -152,29 +155,28 @@ class Aggregator:
 
         Returns:
             ``records``, ``summaries`` (replayed into the job table), ``stored`` (skipped: already
-            in the store) and ``torn`` (records cut short).
+            in the store), ``torn`` (records cut short) and ``unreadable`` (records whose checksum
+            held but whose payload did not decode, or that list an unreadable store file: skipped
+            and logged, so that one bad record cannot keep the aggregator from starting).
         """
         wal = self.wal
         if wal is None:
             return {}
         stored: set[int] = set()
+        unreadable: set[int] = set()  # lsns of records whose payload did not decode, each logged once
         if self.store is not None:
             root = self.store.root
             for record in wal.replay(count=False):
                 if record.kind == FILES:
-                    for rel in record.payload.decode().splitlines():
-                        path = root / rel
-                        if path.exists():
-                            ids = pq.read_table(path, columns=["wal_id"]).column("wal_id").to_numpy()
-                            stored.update(int(i) for i in ids if i >= 0)
+                    stored.update(_stored_ids(root, record, unreadable))
         records = summaries = skipped = 0
         with self.lock:
             # The ledger first, so that the new segment starts with its snapshot before replayed
             # steps can finalize and flush (a flush logs its files in the new segment).
             for record in wal.replay(count=False):
                 if record.kind in (LEDGER, BATCH):
-                    msg = apb.SummaryBatch.FromString(record.payload)
-                    if msg.seq or record.kind == LEDGER:
+                    msg = _summary_batch(record, unreadable)
+                    if msg is not None and (msg.seq or record.kind == LEDGER):
                         self.ledger.restore(msg.agent, msg.incarnation, max(msg.seq, default=0), msg.lost_total)
             wal.start(self._ledger_head())
             now = self.clock()
@@ -182,7 +184,9 @@ class Aggregator:
                 records += 1
                 if record.kind != BATCH:
                     continue
-                msg = apb.SummaryBatch.FromString(record.payload)
+                msg = _summary_batch(record, unreadable)
+                if msg is None:
+                    continue
                 keep = [i for i in range(len(msg.summaries)) if summary_id(record.lsn, i) not in stored]
                 skipped += len(msg.summaries) - len(keep)
                 summaries += len(keep)
@@ -190,9 +194,10 @@ class Aggregator:
                     self._take(self.jobs.add([msg.summaries[i] for i in keep], now,
                                              [summary_id(record.lsn, i) for i in keep]))
         torn = int(wal.stats()["torn_records_total"])
-        log.info("event=wal_recovered directory=%s records=%d summaries=%d already_stored=%d torn=%d",
-                 wal.directory, records, summaries, skipped, torn)
-        return {"records": records, "summaries": summaries, "stored": skipped, "torn": torn}
+        log.info("event=wal_recovered directory=%s records=%d summaries=%d already_stored=%d torn=%d unreadable=%d",
+                 wal.directory, records, summaries, skipped, torn, len(unreadable))
+        return {"records": records, "summaries": summaries, "stored": skipped, "torn": torn,
+                "unreadable": len(unreadable)}
 
     def tick(self) -> None:
         """Finalize timed-out steps, forget silent jobs, flush the store when due."""
@@ -285,3 +290,42 @@ def job_steps(done: Finalized) -> list[apb.JobStep]:
         out.append(msg)
     return out
 
+
+
+def _summary_batch(record: Record, unreadable: set[int]) -> apb.SummaryBatch | None:
+    """The record's ``SummaryBatch``, or None (logged once per record) when its payload does not decode."""
+    try:
+        return apb.SummaryBatch.FromString(record.payload)
+    except DecodeError as exc:
+        if record.lsn not in unreadable:
+            unreadable.add(record.lsn)
+            log.warning("event=wal_record_unreadable lsn=%d kind=%d error=%r note='skipped; its summaries are lost'",
+                        record.lsn, record.kind, str(exc))
+        return None
+
+
+def _stored_ids(root: Path, record: Record, unreadable: set[int]) -> set[int]:
+    """Summary ids held by the store files a FILES record lists; unreadable ones are skipped and logged.
+
+    A listed file that cannot be read contributes no ids, so its summaries are replayed from the
+    log and written again rather than lost.
+    """
+    ids: set[int] = set()
+    try:
+        listed = record.payload.decode().splitlines()
+    except UnicodeDecodeError as exc:
+        unreadable.add(record.lsn)
+        log.warning("event=wal_record_unreadable lsn=%d kind=files error=%r", record.lsn, str(exc))
+        return ids
+    for rel in listed:
+        path = root / rel
+        if not path.exists():
+            continue
+        try:
+            column = pq.read_table(path, columns=["wal_id"]).column("wal_id").to_numpy()
+        except (OSError, ValueError, pa.ArrowException) as exc:
+            log.warning("event=store_file_unreadable path=%s error=%r note='its summaries are replayed from the log'",
+                        path, str(exc))
+            continue
+        ids.update(int(i) for i in column if i >= 0)
+    return ids

@@ -14,7 +14,7 @@ from aggregator.jobs import JobTable
 from aggregator.ledger import Ledger
 from aggregator.service import Aggregator
 from aggregator.store import Store
-from aggregator.wal import Wal
+from aggregator.wal import BATCH, FILES, Wal, _encode, read_segment
 from chopper.proto.chopper.v1 import agent_pb2 as pb
 from chopper.proto.chopper.v1 import aggregator_pb2 as apb
 from tests.aggregator.summaries import NS, summary
@@ -175,3 +175,27 @@ def test_log_stays_bounded_and_keeps_the_ledger(tmp_path: Path) -> None:
     assert len(frame) == 160 and not frame.duplicated(["job", "rank", "step"]).any()
     # After a clean close only the fresh segment with the ledger is left.
     assert len(list((tmp_path / "_wal").glob("segment-*.log"))) == 1
+
+
+def test_records_that_pass_the_checksum_but_do_not_decode_do_not_block_the_start(tmp_path: Path) -> None:
+    agent = FakeAgent("node0")
+    core = life(tmp_path, Clock())
+    agent.produce([summary("j", r, s) for s in range(2) for r in range(4)])
+    agent.deliver(core, batch=4)
+    assert agent.acked == 8
+    del core  # crash
+    segment = sorted((tmp_path / "_wal").glob("segment-*.log"))[-1]
+    last = max(r.lsn for r in read_segment(segment)[0])
+    (tmp_path / "job=j").mkdir(exist_ok=True)
+    (tmp_path / "job=j" / "bad.parquet").write_bytes(b"not parquet")
+    with segment.open("ab") as f:  # what a bug or a bit flip the crc32 misses would leave
+        f.write(_encode(BATCH, last + 1, b"\xff\xff\xff not a SummaryBatch"))
+        f.write(_encode(FILES, last + 2, b"job=j/bad.parquet"))
+        f.write(_encode(FILES, last + 3, b"\xff\xfe not utf-8"))
+    core = life(tmp_path, Clock())
+    assert core.wal is not None
+    agent.reconnect(core)
+    assert agent.acked == 8
+    core.close()
+    (tmp_path / "job=j" / "bad.parquet").unlink()  # pandas would refuse the whole directory for it
+    assert len(stored(tmp_path)) == 8  # every acknowledged summary stored, once
