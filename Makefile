@@ -49,9 +49,13 @@ demo: $(STAMP)
 stack: $(STAMP) apt-deps
 	$(BIN)/python -m deploy.stack $(STACK_ARGS)
 
+# Two pytest workers: most tests wait on real processes and sockets, so on CI's 2 cores the suite
+# takes about half the serial time (4.5 vs 8.5 minutes). TEST_WORKERS=0 runs it serially.
+TEST_WORKERS ?= 2
+
 test: $(STAMP) apt-deps
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
