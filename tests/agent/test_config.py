@@ -1,3 +1,4 @@
+"""Agent settings: defaults < YAML < CHOPPER_* env < flags, and every bad value named with its source and fix."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,3 +1,4 @@
+"""Marker validation: every malformed or out-of-order marker rejected with a reason, the rest of its batch kept."""
 from __future__ import annotations
 
 from agent.markers import MarkerIngest
