@@ -108,25 +108,31 @@ class Store:
             self._last_flush = self.clock()
 
     def flush(self) -> bool:
-        """Write every buffered row now; False (counted, rows kept) when the write failed."""
+        """Write every buffered row now; False (counted, unwritten rows kept) when a partition failed.
+
+        Partitions are written one file each and independently: one that fails (a full disk, a bad
+        job directory) keeps only its own rows buffered for the next flush, so it neither blocks
+        the other jobs nor makes their rows, already on disk, be written twice.
+        """
         self._last_flush = self.clock()
         if not self._buffer:
             return True
         frame = pd.concat(self._buffer, ignore_index=True) if len(self._buffer) > 1 else self._buffer[0]
-        try:
-            written = self._write(frame)
-        except (OSError, pa.ArrowException) as exc:
-            self.flush_errors_total += 1
-            log.error("event=store_flush_failed root=%s rows=%d error=%r", self.root, len(frame), str(exc))
-            if len(frame) > self.max_buffered_rows:
-                drop = len(frame) - self.max_buffered_rows
-                self.rows_dropped_total += drop
-                frame = frame.iloc[drop:].reset_index(drop=True)
-            self._buffer, self.buffered_rows = [frame], len(frame)
-            return False
-        self._buffer, self.buffered_rows = [], 0
+        written, unwritten, error = self._write(frame)
         self.rows_written_total += written
-        return True
+        if error is None:
+            self._buffer, self.buffered_rows = [], 0
+            return True
+        self.flush_errors_total += 1
+        log.error("event=store_flush_failed root=%s rows=%d unwritten=%d error=%r", self.root, len(frame),
+                  len(unwritten), str(error))
+        if len(unwritten) > self.max_buffered_rows:
+            drop = len(unwritten) - self.max_buffered_rows
+            self.rows_dropped_total += drop
+            unwritten = unwritten.iloc[drop:]
+        unwritten = unwritten.reset_index(drop=True)
+        self._buffer, self.buffered_rows = [unwritten], len(unwritten)
+        return False
 
     def oldest_buffered_id(self) -> int | None:
         """The smallest non-negative ``wal_id`` of a buffered row (None: none)."""
@@ -138,34 +144,57 @@ class Store:
         """Write what is buffered (shutdown)."""
         return self.flush()
 
-    def _write(self, frame: pd.DataFrame) -> int:
+    def _write(self, frame: pd.DataFrame) -> tuple[int, pd.DataFrame, Exception | None]:
+        """Write ``frame`` as one new file per (job, date) partition.
+
+        Returns:
+            Rows written, the rows of partitions that failed (in ``frame`` order), and the last
+            failure (None when every partition was written).
+        """
         dates = pd.to_datetime(frame["received_ns"].astype("int64"), unit="ns", utc=True).dt.strftime("%Y-%m-%d")
         written = 0
         plan = []
+        failed: list[pd.DataFrame] = []
+        error: Exception | None = None
         for (job, date), part in frame.groupby([frame["job"], dates], sort=True):
             directory = partition_dir(self.root, str(job), str(date))
-            directory.mkdir(parents=True, exist_ok=True)
+            try:
+                directory.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                failed.append(part)
+                error = exc
+                continue
             plan.append((directory, self._part_number(directory), part))
         if self.before_write is not None:
             self.before_write([(d / f"part-{n}.parquet").relative_to(self.root).as_posix() for d, n, _ in plan])
         for directory, n, part in plan:
-            table = pa.Table.from_pandas(part.drop(columns=["job"]).reset_index(drop=True), preserve_index=False)
-            tmp = directory / f".part-{n}.parquet.tmp"
             try:
-                pq.write_table(table, tmp)
-                if self.durable:
-                    _fsync(tmp)
-                os.replace(tmp, directory / f"part-{n}.parquet")
-            except BaseException:
-                # A half-written file on a full disk would hold space the retry needs.
-                tmp.unlink(missing_ok=True)
-                raise
-            if self.durable:
-                _fsync(directory)
-            self._next_part[directory] = n + 1
-            self.files_written_total += 1
+                self._write_part(directory, n, part)
+            except (OSError, pa.ArrowException) as exc:
+                failed.append(part)
+                error = exc
+                continue
             written += len(part)
-        return written
+        unwritten = pd.concat(failed).sort_index() if failed else frame.iloc[:0]
+        return written, unwritten, error
+
+    def _write_part(self, directory: Path, n: int, part: pd.DataFrame) -> None:
+        """``part`` as ``directory/part-<n>.parquet``, through a temporary file and a rename."""
+        table = pa.Table.from_pandas(part.drop(columns=["job"]).reset_index(drop=True), preserve_index=False)
+        tmp = directory / f".part-{n}.parquet.tmp"
+        try:
+            pq.write_table(table, tmp)
+            if self.durable:
+                _fsync(tmp)
+            os.replace(tmp, directory / f"part-{n}.parquet")
+        except BaseException:
+            # A half-written file on a full disk would hold space the retry needs.
+            tmp.unlink(missing_ok=True)
+            raise
+        if self.durable:
+            _fsync(directory)
+        self._next_part[directory] = n + 1
+        self.files_written_total += 1
 
     def _part_number(self, directory: Path) -> int:
         # Part numbers are only taken by a successful write: a failed or cut one leaves the name free.

@@ -87,6 +87,22 @@ def test_failed_write_is_counted_and_rows_kept(tmp_path: Path) -> None:
     assert store.flush_errors_total == 1 and store.buffered_rows == 1 and store.rows_written_total == 0
 
 
+def test_one_failing_partition_keeps_only_its_rows_and_writes_nothing_twice(tmp_path: Path) -> None:
+    clock = FakeClock()
+    root = tmp_path / "steps"
+    store = Store(root, flush_rows=1000, flush_interval_s=60.0, clock=clock)
+    run_jobs(store)
+    (root / "job=b").mkdir(parents=True)
+    (root / "job=b" / "date=2024-03-10").write_text("a file where job b's partition directory belongs")
+    assert store.flush() is False
+    assert store.flush_errors_total == 1 and store.rows_written_total == 36  # 40 rows, 4 of them b on 03-10
+    assert store.buffered_rows == 4
+    (root / "job=b" / "date=2024-03-10").unlink()
+    assert store.flush() is True and store.buffered_rows == 0
+    frame = pd.read_parquet(root)
+    assert len(frame) == 40 and not frame.duplicated(["job", "rank", "step"]).any()
+
+
 def test_duckdb_reads_the_store(tmp_path: Path) -> None:
     duckdb = pytest.importorskip("duckdb")
     store = Store(tmp_path / "steps")
