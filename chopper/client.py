@@ -43,6 +43,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from chopper._device_clock import DeviceClock
+from chopper.jobname import job_name_problem
 from chopper.schema import MAX_MARKERS_PER_BATCH, ClockSource, MarkerKind
 
 if TYPE_CHECKING:
@@ -216,6 +217,10 @@ class Client:
         self.gpu = gpu
         self.target = agent
         self.pid = os.getpid() if pid is None else pid
+        problem = job_name_problem(job)
+        if problem is not None:  # said now, not only as batches the agent rejects later; training goes on
+            logger.warning("event=bad_job_name job=%r problem=%r note='the agent rejects every marker of this job; "
+                           "pass chopper.init(job=...) or set CHOPPER_JOB'", job[:80], problem)
         self._q: deque[Item] = deque()
         self._cap = max(0, int(queue_size))
         self._max_batch = min(max(1, int(max_batch)), MAX_MARKERS_PER_BATCH)  # larger batches are refused

@@ -385,3 +385,15 @@ def test_import_chopper_is_light() -> None:
         [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60, check=True
     )
     assert json.loads(out.stdout) == []
+
+
+def test_a_job_name_the_agent_would_reject_is_said_at_start(sock: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="chopper.client")
+    fast_client(sock, job="j1").shutdown(timeout=0.1)
+    assert not [r for r in caplog.records if "bad_job_name" in r.getMessage()]
+    c = fast_client(sock, job="x" * 300)  # longer than the store's directory names allow
+    with c.step(0):  # training goes on
+        pass
+    c.shutdown(timeout=0.1)
+    (warning,) = [r.getMessage() for r in caplog.records if "bad_job_name" in r.getMessage()]
+    assert "URI-encoded, more than 251" in warning and "CHOPPER_JOB" in warning
