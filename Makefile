@@ -59,7 +59,8 @@ test: $(STAMP) apt-deps
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/mypy chopper agent aggregator
+	$(BIN)/mypy chopper agent aggregator dashboards benchmarks
+	$(BIN)/mypy -p deploy.stack
 
 bench: $(STAMP) $(HTA_STAMP)
 	CHOPPER_HTA_PYTHON=$(HTA_VENV)/bin/python $(BIN)/python -m benchmarks --write docs/PERFORMANCE.md

@@ -44,7 +44,7 @@ class Bench:
     """One benchmark: how to run it and how to state its headline figure and goal."""
 
     name: str
-    run: Callable[[], dict[str, Any]]
+    run: Callable[..., dict[str, Any]]  # called with no argument; load_held takes its duration
     what: str
     figure: Callable[[dict[str, Any]], str]
     goal: str

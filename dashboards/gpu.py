@@ -6,6 +6,8 @@ host's CPU. Every series comes from the agents' latest sample at each scrape.
 """
 from __future__ import annotations
 
+from grafana_foundation_sdk.builders import timeseries
+from grafana_foundation_sdk.builders.prometheus import Dataquery
 from grafana_foundation_sdk.models.dashboard import Dashboard
 
 from dashboards.names import C
@@ -17,14 +19,14 @@ S = '{node=~"$node", gpu=~"$gpu"}'
 LEGEND = "{{node}} / {{gpu}}"
 
 
-def _pair(title: str, description: str, unit: str, value: str, limit: str, limit_name: str):  # type: ignore[no-untyped-def]
+def _pair(title: str, description: str, unit: str, value: str, limit: str, limit_name: str) -> timeseries.Panel:
     """A measured series and the limit it runs against, on one panel."""
     return timeseries_panel(title, description, unit, query(f"{value}{S}", LEGEND),
                             query(f"{limit}{S}", f"{limit_name} {LEGEND}"))
 
 
 def build(p: RuleParams) -> Dashboard:
-    def traffic(name: str, legend: str) -> object:
+    def traffic(name: str, legend: str) -> Dataquery:
         return query(f"rate({name}{S}[{RATE}])", f"{legend} {LEGEND}")
 
     return (

@@ -6,6 +6,8 @@ and numbers them, so each dashboard module lists only what its panels show.
 """
 from __future__ import annotations
 
+from typing import TypeVar
+
 from grafana_foundation_sdk.builders import common as cb
 from grafana_foundation_sdk.builders import dashboard as db
 from grafana_foundation_sdk.builders import heatmap, stat, table, timeseries
@@ -20,6 +22,9 @@ DATASOURCE = cm.DataSourceRef(type_val="prometheus", uid="${datasource}")
 REF_IDS = "ABCDEFGHIJ"
 # Grafana's $__rate_interval is at least four scrape intervals: never a rate over a single sample.
 RATE = "$__rate_interval"
+# The panel builders the helpers below make; each has with_target, id and grid_pos.
+PanelBuilder = timeseries.Panel | stat.Panel | table.Panel | heatmap.Panel
+PanelT = TypeVar("PanelT", timeseries.Panel, stat.Panel, table.Panel, heatmap.Panel)
 
 
 def query(expr: str, legend: str = "", instant: bool = False, table_format: bool = False) -> pq.Dataquery:
@@ -33,7 +38,7 @@ def query(expr: str, legend: str = "", instant: bool = False, table_format: bool
     return q
 
 
-def _with_queries(panel: Builder, queries: tuple[pq.Dataquery, ...]) -> Builder:
+def _with_queries(panel: PanelT, queries: tuple[pq.Dataquery, ...]) -> PanelT:
     for ref, q in zip(REF_IDS, queries, strict=False):
         panel = panel.with_target(q.ref_id(ref))
     return panel
@@ -135,7 +140,7 @@ class Board:
         self._y += 1
         return self
 
-    def add(self, panel: Builder, w: int = 12, h: int = 8) -> Board:
+    def add(self, panel: PanelBuilder, w: int = 12, h: int = 8) -> Board:
         if self._x + w > 24:
             self._newline()
         panel = panel.id(self._take_id()).grid_pos(dm.GridPos(h=h, w=w, x=self._x, y=self._y))

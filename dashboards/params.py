@@ -10,11 +10,12 @@ import dataclasses
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 DURATION = re.compile(r"^([0-9]+(ms|s|m|h|d|w|y))+$")
 
 
-def _p(default: object, help_text: str) -> object:
+def _p(default: Any, help_text: str) -> Any:  # Any: a dataclass field() stands in for the default
     return field(default=default, metadata={"help": help_text})
 
 
