@@ -30,7 +30,9 @@ def test_device_lost_then_recovered(tmp_path: Path, fault_record: FaultRecord) -
     rec.fault = f"every GPU falls off the bus (NVML GpuIsLost) for {LOST_S:g} s mid-run, then comes back"
     rec.promise = ("training unaffected; the agent keeps serving markers and /metrics with backend_up 0 and the "
                    "errors counted, and reopens the backend by itself")
-    agent = AgentProcess(tmp_path, nice=10, module="tests.faults.nvml_agent").start()
+    # Not niced, unlike the other scenarios: under make test's two busy workers a nice-10 agent got so
+    # little CPU that its reopen backoff ran past the test's waits; recovery, not priority, is tested here.
+    agent = AgentProcess(tmp_path, module="tests.faults.nvml_agent").start()
     assert agent.proc is not None
 
     def value(name: str, **labels: str) -> float:
@@ -42,7 +44,6 @@ def test_device_lost_then_recovered(tmp_path: Path, fault_record: FaultRecord) -
         time.sleep(1.5)
         lost_at = time.monotonic()
         os.kill(agent.proc.pid, signal.SIGUSR1)
-        # The agent runs at nice 10: on a busy machine its sampler may wait seconds for a core.
         time_until(lambda: value("chopper_agent_backend_up") == 0, timeout_s=20)
         steps_down = value("chopper_rank_steps_total", job="faults")
         time.sleep(LOST_S)
