@@ -166,7 +166,10 @@ class Store:
                 continue
             plan.append((directory, self._part_number(directory), part))
         if self.before_write is not None:
-            self.before_write([(d / f"part-{n}.parquet").relative_to(self.root).as_posix() for d, n, _ in plan])
+            try:
+                self.before_write([(d / f"part-{n}.parquet").relative_to(self.root).as_posix() for d, n, _ in plan])
+            except OSError as exc:  # the write-ahead log failing (WalError): write nothing it has not recorded
+                return 0, frame, exc
         for directory, n, part in plan:
             try:
                 self._write_part(directory, n, part)

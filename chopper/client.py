@@ -212,15 +212,15 @@ class Client:
         start: bool = True,
         control: bool = True,
     ) -> None:
-        self.job = job
+        self.job = str(job)  # chopper.init(job=SLURM_JOB_ID as an int) is a job name too
         self.rank = rank
         self.gpu = gpu
         self.target = agent
         self.pid = os.getpid() if pid is None else pid
-        problem = job_name_problem(job)
+        problem = job_name_problem(self.job)
         if problem is not None:  # said now, not only as batches the agent rejects later; training goes on
             logger.warning("event=bad_job_name job=%r problem=%r note='the agent rejects every marker of this job; "
-                           "pass chopper.init(job=...) or set CHOPPER_JOB'", job[:80], problem)
+                           "pass chopper.init(job=...) or set CHOPPER_JOB'", self.job[:80], problem)
         self._q: deque[Item] = deque()
         self._cap = max(0, int(queue_size))
         self._max_batch = min(max(1, int(max_batch)), MAX_MARKERS_PER_BATCH)  # larger batches are refused

@@ -12,6 +12,7 @@ import pytest
 
 from aggregator.jobs import JobTable
 from aggregator.store import Store, partition_dir
+from aggregator.wal import WalError
 from chopper.attribution.columns import STEP_COLUMNS
 from chopper.attribution.store_reader import is_step_store, read_step_store
 from tests.aggregator.summaries import NS, summary
@@ -101,6 +102,22 @@ def test_one_failing_partition_keeps_only_its_rows_and_writes_nothing_twice(tmp_
     assert store.flush() is True and store.buffered_rows == 0
     frame = pd.read_parquet(root)
     assert len(frame) == 40 and not frame.duplicated(["job", "rank", "step"]).any()
+
+
+def test_a_failing_log_before_the_write_keeps_every_row_and_is_counted(tmp_path: Path) -> None:
+    failing = True
+
+    def log_files(paths: list[str]) -> None:
+        if failing:
+            raise WalError("write-ahead log: fsync failed (disk full)")
+
+    store = Store(tmp_path / "steps", flush_rows=1000, flush_interval_s=60.0, clock=FakeClock(), before_write=log_files)
+    run_jobs(store)
+    assert store.flush() is False  # not raised: the tick and shutdown go on
+    assert store.flush_errors_total == 1 and store.buffered_rows == 40 and store.rows_written_total == 0
+    assert not list((tmp_path / "steps").rglob("*.parquet"))
+    failing = False
+    assert store.flush() is True and store.rows_written_total == 40
 
 
 def test_duckdb_reads_the_store(tmp_path: Path) -> None:

@@ -390,6 +390,9 @@ def test_import_chopper_is_light() -> None:
 def test_a_job_name_the_agent_would_reject_is_said_at_start(sock: Path, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger="chopper.client")
     fast_client(sock, job="j1").shutdown(timeout=0.1)
+    numeric = fast_client(sock, job=1234)  # a Slurm job id passed as an int
+    assert numeric.job == "1234"
+    numeric.shutdown(timeout=0.1)
     assert not [r for r in caplog.records if "bad_job_name" in r.getMessage()]
     c = fast_client(sock, job="x" * 300)  # longer than the store's directory names allow
     with c.step(0):  # training goes on
