@@ -67,9 +67,11 @@ def _dvfs(p: RuleParams) -> Alert:
 def _straggler(p: RuleParams) -> Alert:
     return Alert(
         "ChopperThermalPowerStraggler",
-        f"(avg_over_time({C.job_straggler_score_ratio}[{p.rate_window}]) > {p.straggler_score_ratio})\n"
+        # One series per job on each side: after a re-shard the old aggregator replica exports a job until
+        # it expires, and two series of one job would fail the whole rule (many-to-many matching).
+        f"(max by (job) (avg_over_time({C.job_straggler_score_ratio}[{p.rate_window}])) > {p.straggler_score_ratio})\n"
         f"* on (job) group_left (rank, node, gpu, cause)\n"
-        f"  {C.job_slowest_rank_info}{{cause=~\"power|thermal\"}}",
+        f"  topk by (job) (1, {C.job_slowest_rank_info}{{cause=~\"power|thermal\"}})",
         p.straggler_for, "warning",
         "Job {{ $labels.job }} waits on rank {{ $labels.rank }} ({{ $labels.cause }} throttling)",
         "Rank {{ $labels.rank }} of job {{ $labels.job }} (GPU {{ $labels.gpu }} on {{ $labels.node }}) "
