@@ -8,7 +8,7 @@
 # or put it (or a link to it) into existing prolog.d/ and epilog.d/ directories.
 #
 # What it writes is dcgm-exporter's --hpc-job-mapping-dir convention, which chopper-agent reads with
-# --job-mapping-dir: in CHOPPER_JOB_MAPPING_DIR (default /run/chopper/jobmap) one file per GPU,
+# --job-mapping-dir: in CHOPPER_JOB_MAPPING_DIR (default /run/chopper-jobmap) one file per GPU,
 # named by the GPU index, holding the ids of the jobs on that GPU, one per line. Each file is
 # replaced atomically (a temporary file, then mv) so the agent never reads half a file; a lock
 # directory serialises jobs that share a GPU (shard/MPS gres, OverSubscribe).
@@ -26,7 +26,7 @@
 PATH=/usr/sbin:/usr/bin:/sbin:/bin   # Slurm runs prologs with no search path
 umask 022                            # the agent may run as another user: files must be readable
 
-dir=${CHOPPER_JOB_MAPPING_DIR:-/run/chopper/jobmap}
+dir=${CHOPPER_JOB_MAPPING_DIR:-/run/chopper-jobmap}
 lock="$dir/.lock"
 # The lock is held for milliseconds; a holder that died leaves it behind, so give up waiting
 # after this many seconds and take it over rather than hold up the job.
