@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import os
 import threading
 from collections.abc import Sequence
 from concurrent import futures
@@ -29,6 +30,8 @@ from chopper.tls import ServerTLS
 from chopper.tls_front import Peers, TlsFront
 
 log = logging.getLogger(__name__)
+# Seconds a retired spare server (serve_unix_again) lets its open streams run before it cuts them.
+SPARE_GRACE_S = 30.0
 
 
 # The access settings both daemons share: (default, help); {listen} is the daemon's TCP listener setting.
@@ -118,6 +121,7 @@ class SecureServer:
         self.fronts: list[TlsFront] = []
         # Servers that took over a unix socket path after its file was removed (serve_unix_again).
         self.spares: list[grpc.Server] = []
+        self._spare_count = 0
 
     def _grpc_server(self) -> grpc.Server:
         pool = futures.ThreadPoolExecutor(max_workers=self._max_workers, thread_name_prefix="grpc")
@@ -136,10 +140,21 @@ class SecureServer:
         For a unix socket whose file was removed while the server ran: the first server keeps its
         open streams (their connections do not need the file), and new clients reach the second.
         gRPC cannot add a port to a started server, hence a spare server rather than a new port.
+        A previous spare, whose file is gone too, is retired: its streams get ``SPARE_GRACE_S`` to
+        end (clients then reconnect to the new socket), so repeated removals hold one spare at most.
+
+        gRPC unlinks a unix socket by the name it was bound to when its server stops, so a spare is
+        bound to a name of its own and renamed onto ``path``: retiring it later unlinks a name that
+        no longer exists, never the socket that replaced it.
         """
+        self._spare_count += 1
+        bound = f"{path}.spare-{self._spare_count}"
         spare = self._grpc_server()
-        spare.add_insecure_port(f"unix:{path}")
+        spare.add_insecure_port(f"unix:{bound}")
         spare.start()
+        os.rename(bound, path)
+        if self.spares:
+            self.spares.pop().stop(SPARE_GRACE_S)
         self.spares.append(spare)
 
     def add_tcp(self, address: str, tls: ServerTLS | None, key: str = "listen") -> int:

@@ -153,9 +153,11 @@ def test_removed_socket_is_served_again_with_its_mode(tmp_path: Path) -> None:
         with grpc.insecure_channel(f"unix://{sub / 'a.sock'}") as channel:  # a trainer that starts now
             assert agent_pb2_grpc.AgentStub(channel).GetInfo(pb.GetInfoRequest(), timeout=5).node == "n1"
         assert r.stub.GetInfo(pb.GetInfoRequest(), timeout=5).node == "n1"  # the old connection still works
+        (sub / "a.sock").unlink()  # removed again: the new spare replaces the first, not beside it
+        assert keeper.check() is True and len(r.server.spares) == 1
         registry = CollectorRegistry()
         registry.register(AgentCollector(r.agent))
-        assert "chopper_agent_socket_recreated_total{node=\"n1\"} 1.0" in generate_latest(registry).decode()
+        assert "chopper_agent_socket_recreated_total{node=\"n1\"} 2.0" in generate_latest(registry).decode()
     finally:
         r.stop()
 
