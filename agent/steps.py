@@ -58,9 +58,7 @@ def summarize(
     is_coll = np.array([iv[1] for iv in intervals], dtype=bool)
     lo = np.array([iv[2] for iv in intervals], dtype=np.int64)
     hi = np.array([iv[3] for iv in intervals], dtype=np.int64)
-    exposed = exposed_comm.exposed_seconds(n, index, is_coll, lo, hi)
-    # Without the phases, "exposed" is the whole union of the collectives.
-    collective = exposed_comm.exposed_seconds(n, index[is_coll], is_coll[is_coll], lo[is_coll], hi[is_coll])
+    exposed, collective = exposed_comm.collective_seconds(n, index, is_coll, lo, hi)
     nan = float("nan")
     terms = rank_terms(
         (e - b) / 1e9, fig, exposed, np.full(n, device.max_gfx_clock_mhz if device else nan),
