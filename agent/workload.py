@@ -74,22 +74,28 @@ class SourceFailed(RuntimeError):
 
 
 class JobMapSource:
-    """Job ids from the Slurm prolog's mapping directory; bad files are counted, the rest still read."""
+    """Job ids from the Slurm prolog's mapping directory; bad files are counted, the rest still read.
+
+    A bad file is logged and counted when it turns up, not again on every refresh while it stays bad.
+    """
 
     name = "jobmap"
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self.health = SourceHealth()
+        self._problems: frozenset[str] = frozenset()  # those of the last reading, each logged and counted once
 
     def read(self, ids: Mapping[str, int]) -> dict[int, list[Workload]]:
         try:
             reading = read_job_map(self.directory)
         except JobMapUnreadable as exc:
             raise SourceFailed("unreadable", str(exc)) from None
-        for problem in reading.problems:
+        problems = frozenset(reading.problems)
+        for problem in sorted(problems - self._problems):  # a file stays bad for many refreshes: say it once
             log.warning("event=job_mapping_file_bad problem=%r", problem)
-        self.health.errors["bad_file"] += len(reading.problems)
+        self.health.errors["bad_file"] += len(problems - self._problems)
+        self._problems = problems
         return {gpu: [Workload(self.name, job=job) for job in jobs] for gpu, jobs in reading.jobs.items()}
 
 

@@ -59,3 +59,10 @@ def test_tracker_reports_the_directory_down_until_it_appears_and_counts_bad_file
     assert source.health.up and source.health.errors == {"unreadable": 1, "bad_file": 1}
     assert tracker.table() == {1: (Workload("jobmap", job="4242"), Workload("jobmap", job="4243"))}
     assert tracker.jobs() == {1: "4242,4243"}  # what samples of GPU 1 carry
+    tracker.refresh()  # still bad: counted when it turned up, not on every refresh
+    assert source.health.errors["bad_file"] == 1
+    (tmp_path / "jobmap" / "2").write_text("4244\n")
+    tracker.refresh()
+    (tmp_path / "jobmap" / "2").write_text("bad again\n")
+    tracker.refresh()
+    assert source.health.errors["bad_file"] == 2
