@@ -324,6 +324,7 @@ def _stored_ids(root: Path, record: Record, unreadable: set[int]) -> set[int]:
         try:
             column = pq.read_table(path, columns=["wal_id"]).column("wal_id").to_numpy()
         except (OSError, ValueError, pa.ArrowException) as exc:
+            unreadable.add(record.lsn)
             log.warning("event=store_file_unreadable path=%s error=%r note='its summaries are replayed from the log'",
                         path, str(exc))
             continue
