@@ -48,13 +48,6 @@ JOIN_COLUMNS: tuple[str, ...] = (
 )
 
 
-def trace_dir(run_dir: str | Path) -> Path | None:
-    """The capture's ``traces/`` folder under ``run_dir``, or None when it holds no trace."""
-    folder = Path(run_dir) / "traces"
-    has_traces = folder.is_dir() and any([*folder.glob("*.json"), *folder.glob("*.json.gz")])
-    return folder if has_traces else None
-
-
 def profiler_steps(trace: Trace) -> pd.DataFrame:
     """The trace's ``ProfilerStep#N`` ranges: ``rank``, ``step``, ``trace_begin_ns``, ``trace_end_ns``.
 
@@ -136,18 +129,24 @@ def join(steps: pd.DataFrame, traces: Sequence[Trace]) -> pd.DataFrame:
 
 
 def join_capture(run_dir: str | Path, steps: pd.DataFrame) -> pd.DataFrame | None:
-    """:func:`join` for a capture directory: its ``traces/`` read (CPU-only ones too) and joined.
+    """:func:`join` for a capture directory: its traces read (CPU-only ones too) and joined.
+
+    The traces are found as ``chopper report`` finds them (``chopper.report.trace_files``: any
+    ``.json``/``.json.gz`` at any depth, ``traces/`` for a ``chopper capture``), so both commands
+    join the same files.
 
     Returns:
         The join, or None when ``run_dir`` holds no traces.
 
     Raises:
-        chopper.trace.TraceError: a trace under ``traces/`` is unreadable or two claim one rank.
+        chopper.trace.TraceError: a trace is unreadable or two claim one rank.
     """
-    folder = trace_dir(run_dir)
-    if folder is None:
+    from chopper.report import trace_files
+
+    files = trace_files(Path(run_dir))
+    if not files:
         return None
-    return join(steps, load_traces(folder, require_gpu=False))
+    return join(steps, load_traces(files, require_gpu=False))
 
 
 def to_records(joined: pd.DataFrame) -> list[dict[str, object]]:

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from chopper.trace import Trace
 
 __all__ = ["Progress", "ReportError", "TextProgress", "build_report", "classify_input", "find_inputs",
-           "terminal_progress"]
+           "terminal_progress", "trace_files"]
 
 # (stage, done, total): called before each stage and once with done == total at the end.
 Progress = Callable[[str, int, int], None]
@@ -79,7 +79,8 @@ def terminal_progress(stream: IO[str] | None = None) -> Progress | None:
     return TextProgress(stream) if isatty is not None and isatty() else None
 
 
-def _trace_files(path: Path) -> list[Path]:
+def trace_files(path: Path) -> list[Path]:
+    """``path`` itself when it is a ``.json``/``.json.gz`` file, else every such file at any depth under it."""
     if path.is_file():
         return [path] if path.name.endswith(TRACE_SUFFIXES) else []
     return sorted(p for p in path.rglob("*") if p.is_file() and p.name.endswith(TRACE_SUFFIXES))
@@ -111,7 +112,7 @@ def find_inputs(path: str | Path) -> tuple[bool, list[Path]]:
         raise ReportError(f"{str(base)!r} is a file; pass a recorded run directory (devices/samples/markers "
                           "as .parquet or .csv), a Kineto trace (*.json, *.json.gz) or a directory of them")
     is_run = any(f.exists() for table in TABLES for f in table_files(base, table))
-    files = _trace_files(base)
+    files = trace_files(base)
     if not is_run and not files:
         raise ReportError(f"{str(base)!r} is neither a recorded run (no devices/samples/markers .parquet or .csv) "
                           "nor a trace directory (no *.json or *.json.gz); record one with chopper record")
