@@ -41,12 +41,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (BackendUnavailable, ValueError) as exc:
         print(f"chopper-agent: backend {settings.backend!r} cannot run here: {exc}", file=sys.stderr)
         return 2
-    try:
-        server = build_server(agent, hub, settings)
-    except (SocketInUse, ConfigError, OSError, RuntimeError) as exc:
-        print(f"chopper-agent: cannot serve gRPC: {exc}", file=sys.stderr)
-        agent.stop()
-        return 2
+    # /metrics first: an agent that cannot bind it exits before any trainer or consumer reached its socket.
     registry = CollectorRegistry(auto_describe=False)
     registry.register(AgentCollector(agent))
     host, _, port = settings.metrics_listen.rpartition(":")
@@ -54,7 +49,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         httpd, metrics_thread = start_http_server(int(port), addr=host.strip("[]"), registry=registry)
     except OSError as exc:
         print(f"chopper-agent: metrics_listen: cannot bind {settings.metrics_listen}: {exc.strerror}", file=sys.stderr)
-        server.stop(0)
+        agent.stop()
+        return 2
+    try:
+        server = build_server(agent, hub, settings)
+    except (SocketInUse, ConfigError, OSError, RuntimeError) as exc:
+        print(f"chopper-agent: cannot serve gRPC: {exc}", file=sys.stderr)
+        httpd.shutdown()
         agent.stop()
         return 2
     agent.start()

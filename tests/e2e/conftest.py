@@ -37,6 +37,22 @@ class AgentProcess:
         self.starts = 0
 
     def start(self) -> AgentProcess:
+        """Launch the agent and wait until it answers on its socket.
+
+        free_port() releases the port it found, so under parallel tests another process can take it
+        before the agent binds; the agent then exits (it binds /metrics before serving its socket)
+        and is launched again on a new port, rather than the test reading someone else's /metrics.
+        """
+        for _ in range(3):
+            self._launch()
+            if self._answers(timeout_s=30.0):
+                return self
+            if "metrics_listen: cannot bind" not in self.log():
+                break
+            self.metrics_addr = f"127.0.0.1:{free_port()}"
+        raise RuntimeError(f"the agent did not start; its log ends: {self.log()[-2000:]}")
+
+    def _launch(self) -> None:
         self.starts += 1
         log = open(self.workdir / f"agent-{self.starts}.log", "wb")  # noqa: SIM115 (lives as long as the process)
         self.proc = subprocess.Popen(
@@ -45,8 +61,18 @@ class AgentProcess:
              *self.extra],
             stderr=log, preexec_fn=(lambda: os.nice(self.nice)) if self.nice else None,
         )
-        consumer.wait_for_info(self.target, timeout_s=30)
-        return self
+
+    def _answers(self, timeout_s: float) -> bool:
+        """True once GetInfo answers on the socket; False when the process exits or time runs out."""
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            try:
+                consumer.wait_for_info(self.target, timeout_s=1.0)
+                return True
+            except consumer.AgentUnreachable:
+                continue
+        return False
 
     def metrics(self) -> str:
         with urllib.request.urlopen(f"http://{self.metrics_addr}/metrics", timeout=5) as response:
