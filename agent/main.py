@@ -2,9 +2,7 @@
 from __future__ import annotations
 
 import logging
-import signal
 import sys
-import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -18,6 +16,7 @@ from agent.host import HostSampler
 from agent.metrics import AgentCollector
 from agent.server import SocketInUse, SocketKeeper, TelemetryHub, build_server
 from chopper import logs, sdnotify
+from chopper.stopsignals import StopSignals
 
 log = logging.getLogger("agent")
 # The sampler counts as hung (systemd's watchdog then restarts the agent) after this long without a
@@ -59,9 +58,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         agent.stop()
         return 2
     agent.start()
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+    stop = StopSignals()
     log.info(
         "event=started node=%s backend=%s gpus=%d socket=%s grpc=%s metrics=http://%s/metrics sample_hz=%g",
         settings.node, backend.name, len(agent.devices), settings.socket_path, settings.grpc_listen or "-",

@@ -14,7 +14,6 @@ the ledger acknowledged is lost), write the store, trim the log to the ledger, s
 from __future__ import annotations
 
 import logging
-import signal
 import sys
 import threading
 from collections.abc import Sequence
@@ -30,6 +29,7 @@ from aggregator.service import Aggregator
 from aggregator.store import Store
 from aggregator.wal import Wal
 from chopper import logs, sdnotify
+from chopper.stopsignals import StopSignals
 
 log = logging.getLogger("aggregator")
 TICK_S = 1.0
@@ -81,11 +81,9 @@ def main(argv: Sequence[str] | None = None) -> int:
               file=sys.stderr)
         server.stop(0)
         return 2
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+    stop = StopSignals()
     ticks = [0]
-    ticker = threading.Thread(target=_tick, args=(core, stop, ticks), name="tick", daemon=True)
+    ticker = threading.Thread(target=_tick, args=(core, stop.event, ticks), name="tick", daemon=True)
     ticker.start()
     log.info("event=started grpc=%s port=%d metrics=http://%s/metrics store=%s step_timeout_s=%g",
              settings.listen, port, settings.metrics_listen, settings.store_dir or "-", settings.step_timeout_s)

@@ -226,14 +226,13 @@ def _trace(args: argparse.Namespace) -> int:
 
 
 def _record(args: argparse.Namespace, security: connect.ClientSecurity) -> int:
-    import signal
-    import threading
     import time
     from pathlib import Path
 
     from chopper import consumer
     from chopper.record import OutputNotEmpty, RecordError, check_output, record
     from chopper.rundir import RunDirError
+    from chopper.stopsignals import StopSignals
 
     try:
         # Checked here as well as in record() so that the refusal comes before the banner.
@@ -244,17 +243,15 @@ def _record(args: argparse.Namespace, security: connect.ClientSecurity) -> int:
     except RecordError as exc:
         print(f"chopper: {exc}", file=sys.stderr)
         return 1
-    stop = threading.Event()
     # Ctrl-C and SIGTERM end the recording, and what was collected is still written.
-    previous = {}
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            previous[sig] = signal.signal(sig, lambda *_: stop.set())
+    stop = StopSignals()
     since_ns = 1 if args.since_buffer else time.time_ns()
     print(f"chopper: recording from {args.agent} into {args.out}"
           f"{f' for {args.duration:g} s' if args.duration else '; Ctrl-C to stop'}", file=sys.stderr, flush=True)
     try:
-        stats = record(args.agent, Path(args.out), args.duration, since_ns, stop, force=args.force, security=security)
+        stats = record(
+            args.agent, Path(args.out), args.duration, since_ns, stop.event, force=args.force, security=security,
+        )
     except OutputNotEmpty as exc:
         print(f"chopper: {exc}", file=sys.stderr)
         return 2
@@ -262,8 +259,7 @@ def _record(args: argparse.Namespace, security: connect.ClientSecurity) -> int:
         print(f"chopper: {exc}", file=sys.stderr)
         return 1
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        stop.restore()
     if stats.agent_error is not None:
         print(f"chopper: the agent went away after {stats.duration_s:.1f} s ({stats.agent_error}); "
               f"wrote what was recorded until then", file=sys.stderr)

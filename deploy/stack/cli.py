@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -24,10 +23,10 @@ import tempfile
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from types import FrameType
 
 from chopper import consumer
 from chopper.demo.run import free_port
+from chopper.stopsignals import StopSignals
 from deploy.stack.config import alertmanager_yaml, prometheus_yaml
 from deploy.stack.services import Service, StackError, wait_ready
 
@@ -64,19 +63,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except StackError as exc:
         print(f"stack: {exc}", file=sys.stderr)
         return 2
-    stop = threading.Event()
-    previous = {sig: signal.signal(sig, _setter(stop)) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        return _run(plan, args, stop)
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
-def _setter(stop: threading.Event):  # type: ignore[no-untyped-def]
-    def handler(_sig: int, _frame: FrameType | None) -> None:
-        stop.set()
-    return handler
+    with StopSignals() as stop:
+        return _run(plan, args, stop.event)
 
 
 class Plan:

@@ -30,9 +30,7 @@ def test_device_lost_then_recovered(tmp_path: Path, fault_record: FaultRecord) -
     rec.fault = f"every GPU falls off the bus (NVML GpuIsLost) for {LOST_S:g} s mid-run, then comes back"
     rec.promise = ("training unaffected; the agent keeps serving markers and /metrics with backend_up 0 and the "
                    "errors counted, and reopens the backend by itself")
-    # Not niced, unlike the other scenarios: under make test's two busy workers a nice-10 agent got so
-    # little CPU that its reopen backoff ran past the test's waits; recovery, not priority, is tested here.
-    agent = AgentProcess(tmp_path, module="tests.faults.nvml_agent").start()
+    agent = AgentProcess(tmp_path, module="tests.faults.nvml_agent", nice=10).start()
     assert agent.proc is not None
 
     def value(name: str, **labels: str) -> float:
