@@ -50,8 +50,8 @@ How each column is measured (the scenarios' module docstrings say more):
   the steps entirely outside it, after a 1 s warm-up, all in the same run. The bound is 2 %. This
   measures what telemetry can take from a training step (blocking, GIL, CPU); the steps are
   sleep-dominated so that this 2-core machine, shared with other work, does not drown a 2 % bound
-  in scheduler noise. The agent runs at nice 10, as `deploy/systemd/chopper-agent.service` runs it
-  (except in the GPU-loss scenario, where recovery rather than priority is under test).
+  in scheduler noise, and `make test` runs the scenarios after the rest of the suite, one at a
+  time. The agent runs at nice 10, as `deploy/systemd/chopper-agent.service` runs it.
 - **Lost**: items gone without being counted anywhere: markers the trainer made that the client
   neither sent nor counted as dropped, or that a well-behaved rank sent and the agent never
   received; (job, rank, step) rows missing from the aggregator's Parquet store (read back with

@@ -2,7 +2,8 @@
 
 It sends well-formed ``MarkerBatch`` messages of ``--batch`` markers (steps of 10 markers, as the
 demo marks them) on ``--streams`` concurrent ``PushMarkers`` streams, reopening each at once when
-the agent ends it, until ``--duration`` has passed; then it cancels the streams.
+the agent ends it, until ``--duration`` has passed or SIGTERM arrives (a test ends the flood once
+it has had its effect); then it cancels the streams.
 The batch is serialized once; each message is those bytes plus
 its own ``seq`` field (protobuf keeps the last value of a repeated scalar field), so the sender
 costs almost nothing and the offered rate is what gRPC's flow control lets through. Prints one
@@ -24,6 +25,7 @@ from collections.abc import Iterator, Sequence
 import grpc
 
 from chopper.proto.chopper.v1 import agent_pb2 as pb
+from chopper.stopsignals import StopSignals
 
 METHOD = "/chopper.v1.Agent/PushMarkers"
 PATTERN = (
@@ -44,8 +46,11 @@ def batch_bytes(job: str, rank: int, markers: int) -> bytes:
     return batch.SerializeToString()
 
 
-def flood(target: str, duration_s: float, markers: int, streams: int, job: str = "flood") -> dict[str, object]:
-    """Offer markers on ``streams`` concurrent streams for ``duration_s``, then cancel what is still open."""
+def flood(
+    target: str, duration_s: float, markers: int, streams: int, stop: threading.Event, job: str = "flood",
+) -> dict[str, object]:
+    """Offer markers on ``streams`` concurrent streams for ``duration_s`` or until ``stop`` is set, then cancel
+    what is still open."""
     body = batch_bytes(job, 0, markers)
     channel = grpc.insecure_channel(target, options=[("grpc.max_send_message_length", 64 << 20)])
     push = channel.stream_unary(METHOD, request_serializer=lambda b: b,
@@ -56,8 +61,11 @@ def flood(target: str, duration_s: float, markers: int, streams: int, job: str =
     sent = {"offered": 0, "seq": 0, "streams": 0, "accepted": 0, "rejected": 0}
     errors: Counter[str] = Counter()
 
+    def over() -> bool:
+        return stop.is_set() or time.monotonic() >= deadline
+
     def messages() -> Iterator[bytes]:
-        while time.monotonic() < deadline:
+        while not over():
             with lock:
                 sent["seq"] += 1
                 seq = sent["seq"]
@@ -66,17 +74,20 @@ def flood(target: str, duration_s: float, markers: int, streams: int, job: str =
                 sent["offered"] += markers
 
     def sender() -> None:
-        while time.monotonic() < deadline:
+        while not over():
             with lock:
                 sent["streams"] += 1
             call = push.future(messages())
             try:
-                response = call.result(timeout=max(0.01, deadline - time.monotonic()))
+                while not call.done() and not over():
+                    stop.wait(0.05)
+                if not call.done():
+                    call.cancel()  # the flood is over: whatever the agent has not read is abandoned
+                    continue
+                response = call.result()
                 with lock:
                     sent["accepted"] += response.accepted
                     sent["rejected"] += response.rejected
-            except grpc.FutureTimeoutError:
-                call.cancel()  # the flood is over: whatever the agent has not read is abandoned
             except grpc.RpcError as exc:
                 with lock:
                     errors[exc.code().name] += 1
@@ -86,7 +97,8 @@ def flood(target: str, duration_s: float, markers: int, streams: int, job: str =
     for t in threads:
         t.start()
     for t in threads:
-        t.join()
+        while t.is_alive():  # in slices: a SIGTERM handed to a sender thread still reaches this one
+            t.join(0.1)
     seconds = time.monotonic() - started
     channel.close()
     return {**sent, "seconds": seconds, "offered_per_s": sent["offered"] / seconds, "errors": dict(errors)}
@@ -95,11 +107,12 @@ def flood(target: str, duration_s: float, markers: int, streams: int, job: str =
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--agent", required=True, help="agent gRPC target")
-    parser.add_argument("--duration", type=float, required=True, help="seconds of flood")
+    parser.add_argument("--duration", type=float, required=True, help="seconds of flood (at most, with SIGTERM)")
     parser.add_argument("--batch", type=int, default=50_000, help="markers per message")
     parser.add_argument("--streams", type=int, default=4, help="concurrent PushMarkers streams")
     args = parser.parse_args(argv)
-    print(json.dumps(flood(args.agent, args.duration, args.batch, args.streams)))
+    with StopSignals() as stop:
+        print(json.dumps(flood(args.agent, args.duration, args.batch, args.streams, stop.event)))
     return 0
 
 

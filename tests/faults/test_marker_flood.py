@@ -2,8 +2,10 @@
 
 The flooder (``tests/faults/flood.py``) offers markers as fast as gRPC takes them, in big
 batches on one stream, beside a well-behaved trainer on the same agent. The agent runs with
-``--marker-buffer 100000 --summary-buffer 10000`` so that the flood fills its ring buffers within
-the test and the RSS ceiling checks the bound they promise. The agent runs at nice 10 as
+``--marker-buffer 100000 --summary-buffer 10000`` and the flood goes on until those ring buffers
+have overwritten old items (at least ``FLOOD_S``, at most ``FLOOD_MAX_S``: how fast the agent
+parses depends on what else this machine runs), so the RSS ceiling always checks the bound they
+promise. The trainer then runs ``TRAIN_AFTER_S`` more and is stopped. The agent runs at nice 10 as
 ``deploy/systemd`` runs it, and so does the flooder (a rank that would have its own cores on a
 real node; this machine has two for all of them).
 """
@@ -33,7 +35,9 @@ from tests.faults.records import FaultRecord
 # probing on). When the buffers fill depends on how fast this machine lets the agent parse, so the
 # bound is the ceiling, not the shape of the climb. The unit's MemoryMax is 2G.
 AGENT_RSS_CEILING_MIB = 400.0
-FLOOD_S = 4.0
+FLOOD_S = 4.0  # the flood lasts at least this long, seconds,
+FLOOD_MAX_S = 30.0  # and ends sooner than this once the buffers have overwritten
+TRAIN_AFTER_S = 2.0  # steps after the flood, for the step-time ratio's outside side
 # Markers per flood message: big enough to offer far more than the agent takes, small enough that
 # what it already took in when the flood is cancelled is worked off within a second or two.
 BATCH = 4_000  # just under the 4096-marker batch limit (chopper.schema)
@@ -42,27 +46,35 @@ SETTLE_S = 0.5
 
 def test_marker_flood(tmp_path: Path, fault_record: FaultRecord) -> None:
     rec = fault_record
-    rec.fault = (f"a broken client floods the agent's socket with markers for {FLOOD_S:g} s (batches of {BATCH:,} "
-                 "well-formed markers, as fast as gRPC takes them) beside a well-behaved trainer")
+    rec.fault = (f"a broken client floods the agent's socket with markers for at least {FLOOD_S:g} s, until its "
+                 f"buffers overflow (batches of {BATCH:,} well-formed markers, as fast as gRPC takes them) beside a "
+                 "well-behaved trainer")
     rec.promise = ("training unaffected; the agent's memory bounded by its buffers; the other ranks' markers all "
                    "arrive; what the agent drops or refuses is counted")
     agent = AgentProcess(tmp_path, "--marker-buffer", "100000", "--summary-buffer", "10000", nice=10).start()
     assert agent.proc is not None
     try:
-        trainer = start_trainer(agent.target, 9.0)
+        trainer = start_trainer(agent.target, FLOOD_MAX_S + 30)
         time_until(lambda: metric_sum(agent.metrics(), "chopper_rank_steps_total", job="faults") > 0, timeout_s=30)
         time.sleep(1.5)
         flood_at = time.monotonic()
         flooder = subprocess.Popen(
             ["nice", "-n", "10", sys.executable, "-m", "tests.faults.flood", "--agent", agent.target,
-             "--duration", str(FLOOD_S), "--batch", str(BATCH)],
+             "--duration", str(FLOOD_MAX_S), "--batch", str(BATCH)],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
         rss = []
+        ending = False
         while flooder.poll() is None:
             rss.append(rss_mib(agent.proc.pid))
+            if (not ending and time.monotonic() - flood_at >= FLOOD_S
+                    and metric_sum(agent.metrics(), "chopper_agent_buffer_overwritten_total") > 0):
+                flooder.terminate()
+                ending = True
             time.sleep(0.25)
         flood_end = time.monotonic()
+        time.sleep(SETTLE_S + TRAIN_AFTER_S)
+        trainer.terminate()
         result = finish_trainer(trainer)
         # The agent may still be reading flood messages it had taken in: wait for the trainer's markers.
         trainer_done = time.monotonic()

@@ -8,19 +8,22 @@ phases forward/backward/optimizer and one all_reduce collective, 10 in all, thro
 ``time.monotonic()`` (the clock the test process reads too, so the test can tell which steps ran
 during a fault).
 
-``python -m tests.faults.trainer --agent unix:///x.sock --duration 8`` prints one JSON line at
-the end: ``times`` ([start_s, seconds] per step), ``steps``, ``marked`` (markers made) and
-``client`` (``Client.stats()`` after shutdown).
+``python -m tests.faults.trainer --agent unix:///x.sock --duration 8`` trains for 8 s, or until
+SIGTERM (a test ends it when its fault is over), and prints one JSON line at the end: ``times``
+([start_s, seconds] per step), ``steps``, ``marked`` (markers made) and ``client``
+(``Client.stats()`` after shutdown).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+import threading
 import time
 from collections.abc import Sequence
 
 from chopper.client import Client
+from chopper.stopsignals import StopSignals
 
 MARKERS_PER_STEP = 10
 
@@ -32,12 +35,14 @@ def _compute(iters: int) -> int:
     return total
 
 
-def run(client: Client, duration_s: float, sleep_s: float, compute_iters: int) -> list[tuple[float, float]]:
-    """Step until ``duration_s`` has passed; returns (start, seconds) of every step."""
+def run(
+    client: Client, duration_s: float, sleep_s: float, compute_iters: int, stop: threading.Event,
+) -> list[tuple[float, float]]:
+    """Step until ``duration_s`` has passed or ``stop`` is set; returns (start, seconds) of every step."""
     times = []
     deadline = time.monotonic() + duration_s
     step = 0
-    while (start := time.monotonic()) < deadline:
+    while (start := time.monotonic()) < deadline and not stop.is_set():
         with client.step(step, flops=1e12, tokens=1024):
             with client.phase("forward"):
                 _compute(compute_iters)
@@ -55,7 +60,7 @@ def run(client: Client, duration_s: float, sleep_s: float, compute_iters: int) -
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--agent", required=True, help="agent gRPC target")
-    parser.add_argument("--duration", type=float, required=True, help="seconds of training")
+    parser.add_argument("--duration", type=float, required=True, help="seconds of training (at most, with SIGTERM)")
     parser.add_argument("--job", default="faults", help="job name")
     parser.add_argument("--rank", type=int, default=0, help="rank")
     parser.add_argument("--gpu", type=int, default=0, help="local GPU index")
@@ -64,7 +69,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--queue-size", type=int, default=65536, help="client queue size, markers")
     args = parser.parse_args(argv)
     client = Client(job=args.job, rank=args.rank, gpu=args.gpu, agent=args.agent, queue_size=args.queue_size)
-    times = run(client, args.duration, args.sleep_ms / 1000, args.compute_iters)
+    with StopSignals() as stop:
+        times = run(client, args.duration, args.sleep_ms / 1000, args.compute_iters, stop.event)
     client.shutdown(timeout=5.0)
     print(json.dumps({"times": times, "steps": len(times), "marked": MARKERS_PER_STEP * len(times),
                       "client": client.stats()}))
