@@ -206,9 +206,12 @@ class Aggregator:
             if self.store is not None:
                 self.store.maybe_flush()
             if self.wal is not None:
+                # Truncate first: a segment closes only once the flusher has moved past the rotation,
+                # so truncating right after rotating raced the flusher. This way a tick deletes what the
+                # previous tick's rotation closed (every acknowledgement since waited on records behind it).
+                self.wal.truncate(self._oldest_needed_lsn())
                 if self.wal.rotate_due():
                     self.wal.rotate(self._ledger_head())
-                self.wal.truncate(self._oldest_needed_lsn())
 
     def close(self) -> None:
         """Finalize every open step and write the store (shutdown); the log keeps only the ledger."""
