@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 
 from agent.backends.base import BackendUnavailable
 from agent.backends.select import select_backend
-from agent.config import ConfigError, load_settings
+from agent.config import AgentSettings, ConfigError, load_settings
 from agent.daemon import Agent
 from agent.host import HostSampler
 from agent.metrics import AgentCollector
@@ -32,6 +32,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"chopper-agent: bad configuration: {exc}", file=sys.stderr)
         return 2
     logs.configure(settings.log_level)
+    # Installed before anything serves, so that a stop during start-up is a clean stop once started;
+    # restored on return, for callers that run main() in process.
+    with StopSignals() as stop:
+        return _serve(settings, stop)
+
+
+def _serve(settings: AgentSettings, stop: StopSignals) -> int:
+    """Start serving with ``settings``; returns 0 after a clean stop, 2 on a startup error."""
     hub = TelemetryHub()
     try:
         backend = select_backend(settings)
@@ -58,7 +66,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         agent.stop()
         return 2
     agent.start()
-    stop = StopSignals()
     log.info(
         "event=started node=%s backend=%s gpus=%d socket=%s grpc=%s metrics=http://%s/metrics sample_hz=%g",
         settings.node, backend.name, len(agent.devices), settings.socket_path, settings.grpc_listen or "-",

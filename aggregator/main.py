@@ -21,7 +21,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, start_http_server
 
-from aggregator.config import ConfigError, load_settings
+from aggregator.config import AggregatorSettings, ConfigError, load_settings
 from aggregator.jobs import JobTable
 from aggregator.metrics import AggregatorCollector
 from aggregator.server import build_server
@@ -48,6 +48,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"chopper-aggregator: bad configuration: {exc}", file=sys.stderr)
         return 2
     logs.configure(settings.log_level)
+    # Installed before anything serves, so that a stop during start-up is a clean stop once started;
+    # restored on return, for callers that run main() in process.
+    with StopSignals() as stop:
+        return _serve(settings, stop)
+
+
+def _serve(settings: AggregatorSettings, stop: StopSignals) -> int:
+    """Start serving with ``settings``; returns 0 after a clean stop, 2 on a startup error."""
     from aggregator.ledger import Ledger  # the delivery side's module; imported once settings are good
 
     store = wal = None
@@ -81,7 +89,6 @@ def main(argv: Sequence[str] | None = None) -> int:
               file=sys.stderr)
         server.stop(0)
         return 2
-    stop = StopSignals()
     ticks = [0]
     ticker = threading.Thread(target=_tick, args=(core, stop.event, ticks), name="tick", daemon=True)
     ticker.start()
