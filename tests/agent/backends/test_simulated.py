@@ -195,10 +195,15 @@ def test_sample_cost_is_small() -> None:
     b = SimulatedBackend("n", gpus=8)
     b.open()
     _drive(b, 1.0)
-    t, n = T0 + 2 * 10**9, 500
-    start = time.perf_counter()
-    for i in range(n):
-        b.sample(t + i * TICK)
-    per_call = (time.perf_counter() - start) / n
+    t, n = T0 + 2 * 10**9, 100
+    runs = []
+    # The best of several runs (as timeit.repeat): a preemption on a busy runner slows one run, not all.
+    for _ in range(7):
+        start = time.perf_counter()
+        for _ in range(n):
+            b.sample(t)
+            t += TICK
+        runs.append((time.perf_counter() - start) / n)
+    per_call = min(runs)
     # 100 Hz must stay well under 1 % of a core (100 µs per call); generous for slow CI.
-    assert per_call < 300e-6
+    assert per_call < 300e-6, runs
