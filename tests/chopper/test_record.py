@@ -10,10 +10,12 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
+import chopper.record
 from chopper.record import OutputNotEmpty, RecordStats, record
 from chopper.rundir import read_run
 from tests.e2e.conftest import AgentProcess, finish_training, metric_sum, start_training, wait_until
@@ -47,6 +49,22 @@ def _popen_recording(*args: str) -> subprocess.Popen[str]:
     return proc
 
 
+def _wait_until_streaming(agent: AgentProcess) -> None:
+    """Return once the CLI's stream is open and the agent has sampled into it for a while.
+
+    The banner comes out before the CLI connects, and a starved CLI can take seconds to subscribe:
+    stopping it or killing the agent before then records nothing.
+    """
+    assert wait_until(lambda: metric_sum(agent.metrics(), "chopper_agent_subscribers") >= 1, timeout_s=30), \
+        "chopper record did not subscribe"
+    ticks = metric_sum(agent.metrics(), "chopper_agent_sampler_ticks_total")
+    # Several ticks while subscribed (at least two samples per GPU are asserted), then a moment for
+    # the batches to cross the socket.
+    assert wait_until(lambda: metric_sum(agent.metrics(), "chopper_agent_sampler_ticks_total") >= ticks + 10,
+                      timeout_s=30), "the agent stopped sampling"
+    time.sleep(0.5)
+
+
 def _assert_simulated_node(run_dir: Path) -> None:
     run = read_run(run_dir)
     assert len(run.devices) == 4
@@ -60,8 +78,20 @@ def _assert_simulated_node(run_dir: Path) -> None:
 
 
 @pytest.mark.slow
-def test_records_every_marker_of_a_training_run(agent: AgentProcess, tmp_path: Path) -> None:
+def test_records_every_marker_of_a_training_run(agent: AgentProcess, tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "run"
+    # Counts the markers record() has taken in, so the test stops it only once it holds them all: the
+    # recorder thread can lag the agent by seconds on a busy machine, and a stop drops what is in flight.
+    taken: list[None] = []
+    append_marker = chopper.record._append_marker
+
+    def counting_append(markers: Any, r: Any) -> bool:
+        appended = append_marker(markers, r)
+        taken.append(None)
+        return appended
+
+    monkeypatch.setattr(chopper.record, "_append_marker", counting_append)
     stop = threading.Event()
     result: list[RecordStats] = []
     since = time.time_ns()
@@ -73,11 +103,13 @@ def test_records_every_marker_of_a_training_run(agent: AgentProcess, tmp_path: P
         return metric_sum(agent.metrics(), "chopper_rank_markers_received_total", job="e2e", rank=rank,
                           kind="step_end")
 
-    # The agent has every marker; the recorder gets them on its next stream batch (50 ms cadence).
-    assert all(wait_until(lambda r=r: received(r) == sent[r]["steps"]) for r in sent)
-    time.sleep(1.0)
+    assert all(wait_until(lambda r=r: received(r) == sent[r]["steps"], timeout_s=30) for r in sent)
+    # The agent has every marker; the recorder gets them on its next stream batches. A shortfall is
+    # reported kind by kind below.
+    total = sum(counts[what] for counts in sent.values() for what in KINDS.values())
+    wait_until(lambda: len(taken) >= total, timeout_s=30)
     stop.set()
-    recorder.join(timeout=10)
+    recorder.join(timeout=30)
     assert not recorder.is_alive(), "record() did not return after the stop event"
 
     stats = result[0]
@@ -103,13 +135,17 @@ def test_records_every_marker_of_a_training_run(agent: AgentProcess, tmp_path: P
 
 
 def test_since_buffer_replays_what_the_agent_already_holds(agent: AgentProcess, tmp_path: Path) -> None:
-    time.sleep(1.0)  # let the buffers fill with samples from before the recording starts
+    # The first sample, then a second more: the buffers hold samples from well before the recording starts.
+    assert wait_until(lambda: metric_sum(agent.metrics(), "chopper_agent_buffer_items", buffer="samples") > 0,
+                      timeout_s=30)
+    time.sleep(1.0)
     began = time.time_ns()
-    stats = record(agent.target, tmp_path / "run", 0.5, since_ns=1)
+    # Seconds, not fractions: a starved recorder must still get a batch before its duration ends.
+    stats = record(agent.target, tmp_path / "run", 3.0, since_ns=1)
     assert stats.ended_by == "duration"
     run = read_run(tmp_path / "run")
     assert int(run.samples["ts_ns"].min()) < began - 500_000_000
-    live = record(agent.target, tmp_path / "live", 0.5, since_ns=time.time_ns())
+    live = record(agent.target, tmp_path / "live", 3.0, since_ns=time.time_ns())
     assert int(read_run(tmp_path / "live").samples["ts_ns"].min()) >= began
     assert live.samples > 0
 
@@ -154,7 +190,8 @@ def test_cli_force_writes_into_a_non_empty_out_dir(agent: AgentProcess, tmp_path
     out = tmp_path / "run"
     out.mkdir()
     (out / "notes.txt").write_text("keep me")
-    proc = subprocess.run(_cli("--agent", agent.target, "--out", str(out), "--duration", "0.5", "--force"),
+    # Seconds, not fractions: a starved recorder must still get a batch before its duration ends.
+    proc = subprocess.run(_cli("--agent", agent.target, "--out", str(out), "--duration", "3", "--force"),
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert len(read_run(out).samples) > 0
@@ -164,7 +201,7 @@ def test_cli_force_writes_into_a_non_empty_out_dir(agent: AgentProcess, tmp_path
 def test_agent_killed_mid_record_keeps_what_was_collected(agent: AgentProcess, tmp_path: Path) -> None:
     out = tmp_path / "run"
     proc = _popen_recording("--agent", agent.target, "--out", str(out))
-    time.sleep(1.5)
+    _wait_until_streaming(agent)
     agent.kill()
     stdout, stderr = proc.communicate(timeout=30)
     assert proc.returncode == 0, stderr
@@ -179,7 +216,7 @@ def test_agent_killed_mid_record_keeps_what_was_collected(agent: AgentProcess, t
 def test_signal_stops_and_writes(agent: AgentProcess, tmp_path: Path, sig: signal.Signals) -> None:
     out = tmp_path / "run"
     proc = _popen_recording("--agent", agent.target, "--out", str(out))
-    time.sleep(1.0)
+    _wait_until_streaming(agent)
     proc.send_signal(sig)
     stdout, stderr = proc.communicate(timeout=30)
     assert proc.returncode == 0, stderr

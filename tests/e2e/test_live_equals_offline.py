@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -13,7 +15,7 @@ from chopper import consumer
 from chopper.attribution import attribute_run
 from chopper.proto.chopper.v1 import agent_pb2 as pb
 from chopper.record import record
-from tests.e2e.conftest import AgentProcess, finish_training, start_training
+from tests.e2e.conftest import AgentProcess, finish_training, metric_sum, start_training, wait_until
 
 TERMS = ("step_time_s", "ideal_s", "matrix_util_loss_s", "dvfs_loss_s", "dvfs_power_s", "dvfs_thermal_s",
          "dvfs_unattributed_s", "idle_s", "mfu", "busy_ratio", "mean_gfx_clock_mhz", "max_temp_c", "energy_j")
@@ -34,16 +36,56 @@ def live_summaries(target: str) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+class ObservedStream:
+    """The recorder's Subscribe stream, passed through unchanged, noting what record() has taken from it."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+        self.markers = 0
+        self.last_sample_ns = 0
+
+    def __iter__(self) -> Iterator[pb.TelemetryBatch]:
+        for batch in self.stream:
+            yield batch
+            # Noted once record() has stored the batch and asks for the next one.
+            self.markers += len(batch.markers)
+            if batch.samples:
+                self.last_sample_ns = max(self.last_sample_ns, batch.samples[-1].ts_ns)
+
+    def cancel(self) -> bool:
+        return bool(self.stream.cancel())
+
+
 @pytest.mark.slow
-def test_live_summaries_equal_offline_attribution(agent_process: AgentProcess, tmp_path: Path) -> None:
+def test_live_summaries_equal_offline_attribution(agent_process: AgentProcess, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     stop = threading.Event()
     out = tmp_path / "run"
+    observed: list[ObservedStream] = []
+    subscribe = consumer.subscribe
+
+    def observed_subscribe(*args: Any) -> tuple[Any, ObservedStream]:
+        channel, stream = subscribe(*args)
+        observed.append(ObservedStream(stream))
+        return channel, observed[-1]
+
+    monkeypatch.setattr(consumer, "subscribe", observed_subscribe)
     recorder = threading.Thread(target=record, args=(agent_process.target, out, None, time.time_ns(), stop))
     recorder.start()
     sent = finish_training(start_training(agent_process.target, ranks=2, duration_s=5.0))
-    time.sleep(1.0)  # the last steps are summarised once a sample covers their end
+    steps = sent["0"]["steps"] + sent["1"]["steps"]
+    markers = sum(2 * (n["steps"] + n["phases"] + n["collectives"]) for n in sent.values())
+    # The agent summarises the last steps once a sample covers their end, and the recorder, which can
+    # lag by seconds on a busy machine, must hold every marker and a sample from after that before it
+    # stops: a stop drops what is in flight. A shortfall fails the length check below.
+    wait_until(lambda: metric_sum(agent_process.metrics(), "chopper_agent_step_summaries_total") >= steps,
+               timeout_s=30)
+    summarised_ns = time.time_ns()
+    wait_until(lambda: bool(observed) and observed[0].markers >= markers and observed[0].last_sample_ns > summarised_ns,
+               timeout_s=30)
     stop.set()
     recorder.join(30)
+    assert not recorder.is_alive(), "record() did not return after the stop event"
     live = live_summaries(agent_process.target)
     offline = attribute_run(out).steps
     assert len(live) == len(offline) == sent["0"]["steps"] + sent["1"]["steps"]
