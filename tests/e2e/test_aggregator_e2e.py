@@ -45,9 +45,20 @@ def produced(agents: list[AgentProcess]) -> float:
     return sum(metric_sum(a.metrics(), "chopper_agent_step_summaries_total") for a in agents)
 
 
-def drained(agents: list[AgentProcess]) -> bool:
-    total = produced(agents)
-    return total > 0 and delivery(agents, "pending_items") == 0 and delivery(agents, "acked_total") == total
+def wait_drained(agents: list[AgentProcess], expected: int) -> None:
+    """Wait until the agents computed ``expected`` summaries (one per rank per step) and all were acknowledged.
+
+    An agent summarises a step on its sampler tick after the step's end marker, so just after the job
+    ends the agents may have delivered all they computed while the last steps are not computed yet.
+    """
+    def drained() -> bool:
+        return (produced(agents) == expected and delivery(agents, "pending_items") == 0
+                and delivery(agents, "acked_total") == expected)
+
+    assert wait_until(drained, timeout_s=30), (
+        f"the agents did not compute and deliver one summary per rank per step ({expected}): computed "
+        f"{produced(agents):.0f}, acknowledged {delivery(agents, 'acked_total'):.0f}, "
+        f"pending {delivery(agents, 'pending_items'):.0f}")
 
 
 @pytest.fixture
@@ -71,13 +82,15 @@ def test_hot_gpu_rank_is_named_and_job_totals_equal_the_agents(
     cluster: tuple[AggregatorProcess, list[AgentProcess]],
 ) -> None:
     agg, agents = cluster
-    # Rank 3 runs on e2e-b's GPU 1, the hot one; its forward phase is as slow as a throttled GPU's.
-    job = start_job(agents, "e2e", 4, 25.0, "--slow-rank", "3", "--slow-ms", "200")
+    # Rank 3 runs on e2e-b's GPU 1, the hot one; its forward phase is as slow as a throttled GPU's: a second
+    # longer, so that no other rank's compute outlasts it however CPU-starved (with 200 ms, ranks that lost the
+    # CPU for longer were the slowest in half the steps). 30 s leave over ten steps after the ~6 s the hot GPU
+    # takes to reach its thermal limit, even at 2 s a step.
+    job = start_job(agents, "e2e", 4, 30.0, "--slow-rank", "3", "--slow-ms", "1000")
     sent = finish_training(job)
     assert sorted(sent) == ["0", "1", "2", "3"]
-    assert wait_until(lambda: drained(agents), timeout_s=30), "the agents did not deliver everything"
-    total = produced(agents)
-    assert total == sum(c["steps"] for c in sent.values()), "one summary per rank per step"
+    total = sum(c["steps"] for c in sent.values())
+    wait_drained(agents, total)
     assert agg.value("chopper_aggregator_summaries_received_total") == total
     assert agg.value("chopper_aggregator_summaries_duplicate_total") == 0
     assert agg.value("chopper_aggregator_summaries_lost_total") == 0 == delivery(agents, "lost_total")
@@ -117,9 +130,8 @@ def test_aggregator_kill_and_restart_loses_and_duplicates_nothing(
     agg.start()
     replayed = agg.value("chopper_aggregator_wal_replayed_records_total")
     sent = finish_training(job)
-    assert wait_until(lambda: drained(agents), timeout_s=30), "the agents did not deliver everything"
-    total = produced(agents)
-    assert total == sum(c["steps"] for c in sent.values()), "one summary per rank per step"
+    total = sum(c["steps"] for c in sent.values())
+    wait_drained(agents, total)
     assert delivery(agents, "lost_total") == 0 and agg.value("chopper_aggregator_summaries_lost_total") == 0
     assert delivery(agents, "acked_total") == total
     resent = delivery(agents, "sent_total") - total
@@ -161,7 +173,7 @@ def test_two_replicas_each_job_on_exactly_one(tmp_path: Path) -> None:
                                        "--delivery-interval-s", "0.05").start())
         jobs = {name: start_job(agents, name, 2, 8.0) for name in names}
         sent = {name: finish_training(proc) for name, proc in jobs.items()}
-        assert wait_until(lambda: drained(agents), timeout_s=30)
+        wait_drained(agents, sum(c["steps"] for s in sent.values() for c in s.values()))
         by_address = {r.address: r for r in replicas}
         for name, owner in names.items():
             summaries = sum(c["steps"] for c in sent[name].values())
