@@ -22,7 +22,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import grpc
-import psutil
 import pytest
 
 from chopper.proto.chopper.v1 import agent_pb2 as pb
@@ -40,6 +39,7 @@ from tests.e2e.conftest import (
     prom_query,
     prometheus_process,
     start_training,
+    stop_training,
     wait_until,
 )
 
@@ -217,12 +217,4 @@ def test_dvfs_alert_fires_with_gpu_and_cause_then_resolves_and_every_panel_has_d
         assert not prom_query(prom, f'ALERTS{{alertname="{ALERT}"}}'), "the alert came back with the cap lifted"
         assert training.poll() is None
     finally:
-        _kill_tree(training.pid)
-        training.communicate(timeout=30)
-
-
-def _kill_tree(pid: int) -> None:
-    """Kill the training launcher and the rank processes it spawned (they hold its pipes open)."""
-    parent = psutil.Process(pid)
-    for process in [*parent.children(recursive=True), parent]:
-        process.kill()
+        stop_training(training)

@@ -1,6 +1,7 @@
 """Real processes for end-to-end tests: the agent daemon, the aggregator and the demo training job."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -14,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
+import psutil
 import pytest
 
 from chopper import consumer
@@ -275,6 +277,16 @@ def finish_training(proc: subprocess.Popen[str], timeout_s: float = 180) -> dict
     out, err = proc.communicate(timeout=timeout_s)
     assert proc.returncode == 0, f"training failed:\n{err[-3000:]}"
     return dict(json.loads(out.strip().splitlines()[-1]))
+
+
+def stop_training(proc: subprocess.Popen[str]) -> None:
+    """Kill the training launcher and the rank processes it spawned (they hold its pipes open), then reap it."""
+    if proc.poll() is None:
+        parent = psutil.Process(proc.pid)
+        for process in [*parent.children(recursive=True), parent]:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
+    proc.communicate(timeout=30)
 
 
 def wait_until(predicate, timeout_s: float = 10.0, interval_s: float = 0.1) -> bool:  # type: ignore[no-untyped-def]

@@ -1,7 +1,6 @@
 """``chopper capture`` against a real agent process and the real demo training job (docs/CAPTURE.md)."""
 from __future__ import annotations
 
-import contextlib
 import gzip
 import json
 import subprocess
@@ -10,10 +9,9 @@ from collections import Counter
 from pathlib import Path
 
 import pandas as pd
-import psutil
 import pytest
 
-from tests.e2e.conftest import AgentProcess, metric_sum, start_training, wait_until
+from tests.e2e.conftest import AgentProcess, metric_sum, start_training, stop_training, wait_until
 
 # Training outlives every CLI start-up and captured step however loaded the machine is; each test
 # kills it once its checks are done, so it never runs this long.
@@ -42,16 +40,6 @@ def profiler_steps(trace_dir: Path) -> dict[int, int]:
             for p in sorted(trace_dir.glob("rank*.json.gz"))}
 
 
-def kill_tree(training: subprocess.Popen[str]) -> None:
-    """Kill the training launcher and the rank processes it spawned (they hold its pipes open)."""
-    if training.poll() is None:
-        parent = psutil.Process(training.pid)
-        for process in [*parent.children(recursive=True), parent]:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                process.kill()
-    training.communicate(timeout=30)
-
-
 def wait_for_steps(agent: AgentProcess, steps: int = 2) -> None:
     assert wait_until(lambda: metric_sum(agent.metrics(), "chopper_rank_steps_total", job="e2e", rank="1") >= steps,
                       timeout_s=60), "training never started stepping"
@@ -70,7 +58,7 @@ def test_capture_profiles_n_steps_and_records_the_window_at_a_raised_rate(agent_
         assert "captured 3 step(s) of job e2e" in stdout
         assert training.poll() is None, f"training ended during the capture:\n{training.communicate()[1][-3000:]}"
     finally:
-        kill_tree(training)
+        stop_training(training)
 
     assert profiler_steps(out / "traces") == {0: 3, 1: 3}
     header, *ranks = (json.loads(line) for line in (out / "capture.jsonl").read_text().splitlines())
@@ -149,4 +137,4 @@ def test_capture_refusals_and_agent_killed_mid_capture(agent_process: AgentProce
         assert all(0 < n < 100000 for n in partial.values()), partial
         assert training.poll() is None, f"training ended without its agent:\n{training.communicate()[1][-3000:]}"
     finally:
-        kill_tree(training)
+        stop_training(training)
