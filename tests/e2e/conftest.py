@@ -66,6 +66,7 @@ class Daemon:
             if not may_move or self.bind_failure not in self.log():
                 break
             self.pick_ports()
+        assert self.proc is not None
         if self.proc.poll() is None:
             self.kill()
         raise RuntimeError(f"{self.name} did not start; its log ends: {self.log()[-2000:]}")
