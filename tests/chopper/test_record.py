@@ -10,15 +10,20 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 
-import chopper.record
 from chopper.record import OutputNotEmpty, RecordStats, record
 from chopper.rundir import read_run
-from tests.e2e.conftest import AgentProcess, finish_training, metric_sum, start_training, wait_until
+from tests.e2e.conftest import (
+    AgentProcess,
+    finish_training,
+    metric_sum,
+    observe_recorder_streams,
+    start_training,
+    wait_until,
+)
 
 # Markers per unit the trainer reports: each step, phase and collective is a begin and an end.
 KINDS = {
@@ -81,17 +86,8 @@ def _assert_simulated_node(run_dir: Path) -> None:
 def test_records_every_marker_of_a_training_run(agent: AgentProcess, tmp_path: Path,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "run"
-    # Counts the markers record() has taken in, so the test stops it only once it holds them all: the
-    # recorder thread can lag the agent by seconds on a busy machine, and a stop drops what is in flight.
-    taken: list[None] = []
-    append_marker = chopper.record._append_marker
-
-    def counting_append(markers: Any, r: Any) -> bool:
-        appended = append_marker(markers, r)
-        taken.append(None)
-        return appended
-
-    monkeypatch.setattr(chopper.record, "_append_marker", counting_append)
+    # The test stops record() only once it holds every marker (a stop drops what is in flight).
+    observed = observe_recorder_streams(monkeypatch)
     stop = threading.Event()
     result: list[RecordStats] = []
     since = time.time_ns()
@@ -107,7 +103,7 @@ def test_records_every_marker_of_a_training_run(agent: AgentProcess, tmp_path: P
     # The agent has every marker; the recorder gets them on its next stream batches. A shortfall is
     # reported kind by kind below.
     total = sum(counts[what] for counts in sent.values() for what in KINDS.values())
-    wait_until(lambda: len(taken) >= total, timeout_s=30)
+    wait_until(lambda: bool(observed) and observed[0].markers >= total, timeout_s=30)
     stop.set()
     recorder.join(timeout=30)
     assert not recorder.is_alive(), "record() did not return after the stop event"

@@ -13,6 +13,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import psutil
@@ -20,6 +21,7 @@ import pytest
 
 from chopper import consumer
 from chopper.demo.run import free_port, metric_sum
+from chopper.proto.chopper.v1 import agent_pb2 as pb
 from chopper.proto.chopper.v1 import aggregator_pb2 as apb
 from chopper.proto.chopper.v1 import aggregator_pb2_grpc as apb_grpc
 
@@ -288,6 +290,44 @@ def stop_training(proc: subprocess.Popen[str]) -> None:
             with contextlib.suppress(psutil.NoSuchProcess):
                 process.kill()
     proc.communicate(timeout=30)
+
+
+class ObservedStream:
+    """The recorder's Subscribe stream, passed through unchanged, noting what record() has taken from it."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+        self.markers = 0
+        self.last_sample_ns = 0
+
+    def __iter__(self) -> Iterator[pb.TelemetryBatch]:
+        for batch in self.stream:
+            yield batch
+            # Noted once record() has stored the batch and asks for the next one.
+            self.markers += len(batch.markers)
+            if batch.samples:
+                self.last_sample_ns = max(self.last_sample_ns, batch.samples[-1].ts_ns)
+
+    def cancel(self) -> bool:
+        return bool(self.stream.cancel())
+
+
+def observe_recorder_streams(monkeypatch: pytest.MonkeyPatch) -> list[ObservedStream]:
+    """Wrap ``consumer.subscribe`` so the test sees what ``record()`` took from each stream it opens.
+
+    A stop drops what is still in flight, and a recorder can lag the agent by seconds on a busy
+    machine: tests wait on these counts before they stop it.
+    """
+    observed: list[ObservedStream] = []
+    subscribe = consumer.subscribe
+
+    def observed_subscribe(*args: Any) -> tuple[Any, ObservedStream]:
+        channel, stream = subscribe(*args)
+        observed.append(ObservedStream(stream))
+        return channel, observed[-1]
+
+    monkeypatch.setattr(consumer, "subscribe", observed_subscribe)
+    return observed
 
 
 def wait_until(predicate, timeout_s: float = 10.0, interval_s: float = 0.1) -> bool:  # type: ignore[no-untyped-def]

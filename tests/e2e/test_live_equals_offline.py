@@ -3,9 +3,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -15,7 +13,14 @@ from chopper import consumer
 from chopper.attribution import attribute_run
 from chopper.proto.chopper.v1 import agent_pb2 as pb
 from chopper.record import record
-from tests.e2e.conftest import AgentProcess, finish_training, metric_sum, start_training, wait_until
+from tests.e2e.conftest import (
+    AgentProcess,
+    finish_training,
+    metric_sum,
+    observe_recorder_streams,
+    start_training,
+    wait_until,
+)
 
 TERMS = ("step_time_s", "ideal_s", "matrix_util_loss_s", "dvfs_loss_s", "dvfs_power_s", "dvfs_thermal_s",
          "dvfs_unattributed_s", "idle_s", "mfu", "busy_ratio", "mean_gfx_clock_mhz", "max_temp_c", "energy_j")
@@ -36,40 +41,12 @@ def live_summaries(target: str) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-class ObservedStream:
-    """The recorder's Subscribe stream, passed through unchanged, noting what record() has taken from it."""
-
-    def __init__(self, stream: Any) -> None:
-        self.stream = stream
-        self.markers = 0
-        self.last_sample_ns = 0
-
-    def __iter__(self) -> Iterator[pb.TelemetryBatch]:
-        for batch in self.stream:
-            yield batch
-            # Noted once record() has stored the batch and asks for the next one.
-            self.markers += len(batch.markers)
-            if batch.samples:
-                self.last_sample_ns = max(self.last_sample_ns, batch.samples[-1].ts_ns)
-
-    def cancel(self) -> bool:
-        return bool(self.stream.cancel())
-
-
 @pytest.mark.slow
 def test_live_summaries_equal_offline_attribution(agent_process: AgentProcess, tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     stop = threading.Event()
     out = tmp_path / "run"
-    observed: list[ObservedStream] = []
-    subscribe = consumer.subscribe
-
-    def observed_subscribe(*args: Any) -> tuple[Any, ObservedStream]:
-        channel, stream = subscribe(*args)
-        observed.append(ObservedStream(stream))
-        return channel, observed[-1]
-
-    monkeypatch.setattr(consumer, "subscribe", observed_subscribe)
+    observed = observe_recorder_streams(monkeypatch)
     recorder = threading.Thread(target=record, args=(agent_process.target, out, None, time.time_ns(), stop))
     recorder.start()
     sent = finish_training(start_training(agent_process.target, ranks=2, duration_s=5.0))
@@ -88,7 +65,7 @@ def test_live_summaries_equal_offline_attribution(agent_process: AgentProcess, t
     assert not recorder.is_alive(), "record() did not return after the stop event"
     live = live_summaries(agent_process.target)
     offline = attribute_run(out).steps
-    assert len(live) == len(offline) == sent["0"]["steps"] + sent["1"]["steps"]
+    assert len(live) == len(offline) == steps
     joined = live.merge(offline, on=["job", "rank", "step"], suffixes=("_live", ""), validate="1:1")
     for term in TERMS:
         assert np.allclose(joined[f"{term}_live"], joined[term], rtol=1e-6, atol=1e-9, equal_nan=True), term
