@@ -144,6 +144,7 @@ class Agent:
         self.devices = devices
         self._devices_by_gpu = {d.gpu: d for d in devices}
         self._ingest.gpu_count = max((d.gpu for d in devices), default=-1) + 1
+        self._ingest.device_uuids = {d.uuid: d.gpu for d in devices if d.uuid}
         if self.workloads is not None:
             bus_ids = self.backend.pci_bus_ids() if isinstance(self.backend, PciAddressed) else {}
             self.workloads.set_device_ids(device_ids({d.gpu: d.uuid for d in devices}, bus_ids))

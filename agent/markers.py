@@ -63,16 +63,19 @@ class ClosedStep:
     end_ns: int
     flops: float
     tokens: int
-    intervals: tuple[tuple[bool, int, int], ...]  # (is_collective, begin_ns, end_ns), clipped to the step
+    # (is_collective, begin_ns, end_ns, name), clipped to the step.
+    intervals: tuple[tuple[bool, int, int, str], ...]
     device_clock: bool
+    # Flags the ingest raised on this step (docs/ATTRIBUTION.md), added to the model's own.
+    flags: tuple[str, ...] = ()
 
     @property
     def phases(self) -> int:
-        return sum(1 for coll, _, _ in self.intervals if not coll)
+        return sum(1 for coll, *_ in self.intervals if not coll)
 
     @property
     def collectives(self) -> int:
-        return sum(1 for coll, _, _ in self.intervals if coll)
+        return sum(1 for coll, *_ in self.intervals if coll)
 
 
 @dataclass(slots=True)
@@ -80,7 +83,7 @@ class _OpenStep:
     step: int
     begin_ns: int
     device_clock: bool
-    intervals: list[tuple[bool, int, int]] = field(default_factory=list)
+    intervals: list[tuple[bool, int, int, str]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -127,11 +130,13 @@ class MarkerIngest:
     Args:
         node: This node's name, stamped on every stored marker.
         gpu_count: Number of local GPUs; a batch naming another index is rejected.
+        device_uuids: This node's device UUIDs, each mapped to its GPU index (``MarkerBatch.device_uuid``).
     """
 
-    def __init__(self, node: str, gpu_count: int) -> None:
+    def __init__(self, node: str, gpu_count: int, device_uuids: dict[str, int] | None = None) -> None:
         self.node = node
         self.gpu_count = gpu_count
+        self.device_uuids = device_uuids if device_uuids is not None else {}
         self.ranks: dict[tuple[str, int], RankState] = {}
 
     def ingest(self, batch: pb.MarkerBatch, now_ns: int) -> IngestResult:
@@ -264,5 +269,5 @@ class MarkerIngest:
             del table[m.name]
         state.open_intervals -= 1
         if open_step is not None and open_step.step == m.step and m.ts_ns > open_step.begin_ns:
-            open_step.intervals.append((is_collective, max(begin_ns, open_step.begin_ns), m.ts_ns))
+            open_step.intervals.append((is_collective, max(begin_ns, open_step.begin_ns), m.ts_ns, m.name))
         return None

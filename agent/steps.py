@@ -53,7 +53,7 @@ def summarize(
         fig = window_figures(_timeline(samples, base, period_ns), b, e)
     else:
         fig = {k: np.full(n, np.nan) for k in FIGURES}
-    intervals = [(i, coll, lo, hi) for i, s in enumerate(steps) for coll, lo, hi in s.intervals]
+    intervals = [(i, coll, lo, hi) for i, s in enumerate(steps) for coll, lo, hi, _ in s.intervals]
     index = np.array([iv[0] for iv in intervals], dtype=np.int64)
     is_coll = np.array([iv[1] for iv in intervals], dtype=bool)
     lo = np.array([iv[2] for iv in intervals], dtype=np.int64)
@@ -77,6 +77,7 @@ def summarize(
         )
         summary.mean_power_w = summary.energy_j / summary.step_time_s if summary.step_time_s > 0 else float("nan")
         summary.flags.extend(flags[i] if s.device_clock else (*flags[i], "cpu_clock"))
+        summary.flags.extend(s.flags)
         out.append(summary)
     return out
 

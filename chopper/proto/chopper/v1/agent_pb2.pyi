@@ -54,7 +54,7 @@ class Marker(_message.Message):
     def __init__(self, ts_ns: _Optional[int] = ..., kind: _Optional[_Union[MarkerKind, str]] = ..., step: _Optional[int] = ..., name: _Optional[str] = ..., flops: _Optional[float] = ..., tokens: _Optional[int] = ..., bytes: _Optional[int] = ..., clock: _Optional[_Union[ClockSource, str]] = ...) -> None: ...
 
 class MarkerBatch(_message.Message):
-    __slots__ = ("job", "rank", "gpu", "seq", "markers", "client_dropped_total", "pid")
+    __slots__ = ("job", "rank", "gpu", "seq", "markers", "client_dropped_total", "pid", "device_uuid")
     JOB_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     GPU_FIELD_NUMBER: _ClassVar[int]
@@ -62,6 +62,7 @@ class MarkerBatch(_message.Message):
     MARKERS_FIELD_NUMBER: _ClassVar[int]
     CLIENT_DROPPED_TOTAL_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_UUID_FIELD_NUMBER: _ClassVar[int]
     job: str
     rank: int
     gpu: int
@@ -69,7 +70,8 @@ class MarkerBatch(_message.Message):
     markers: _containers.RepeatedCompositeFieldContainer[Marker]
     client_dropped_total: int
     pid: int
-    def __init__(self, job: _Optional[str] = ..., rank: _Optional[int] = ..., gpu: _Optional[int] = ..., seq: _Optional[int] = ..., markers: _Optional[_Iterable[_Union[Marker, _Mapping]]] = ..., client_dropped_total: _Optional[int] = ..., pid: _Optional[int] = ...) -> None: ...
+    device_uuid: str
+    def __init__(self, job: _Optional[str] = ..., rank: _Optional[int] = ..., gpu: _Optional[int] = ..., seq: _Optional[int] = ..., markers: _Optional[_Iterable[_Union[Marker, _Mapping]]] = ..., client_dropped_total: _Optional[int] = ..., pid: _Optional[int] = ..., device_uuid: _Optional[str] = ...) -> None: ...
 
 class PushMarkersResponse(_message.Message):
     __slots__ = ("accepted", "rejected", "errors")
@@ -182,7 +184,7 @@ class MarkerRecord(_message.Message):
     def __init__(self, job: _Optional[str] = ..., node: _Optional[str] = ..., rank: _Optional[int] = ..., gpu: _Optional[int] = ..., marker: _Optional[_Union[Marker, _Mapping]] = ...) -> None: ...
 
 class StepSummary(_message.Message):
-    __slots__ = ("job", "node", "rank", "gpu", "step", "begin_ns", "end_ns", "step_time_s", "flops", "tokens", "phases", "collectives", "mean_gfx_clock_mhz", "min_gfx_clock_mhz", "mean_power_w", "energy_j", "max_temp_c", "busy_ratio", "clock", "ideal_s", "matrix_util_loss_s", "compute_at_clock_s", "dvfs_loss_s", "dvfs_power_s", "dvfs_thermal_s", "dvfs_current_s", "dvfs_other_s", "dvfs_unattributed_s", "exposed_comm_s", "idle_s", "mfu", "matrix_ratio", "tokens_per_s", "tokens_per_j", "flags", "collective_s")
+    __slots__ = ("job", "node", "rank", "gpu", "step", "begin_ns", "end_ns", "step_time_s", "flops", "tokens", "phases", "collectives", "mean_gfx_clock_mhz", "min_gfx_clock_mhz", "mean_power_w", "energy_j", "max_temp_c", "busy_ratio", "clock", "ideal_s", "matrix_util_loss_s", "compute_at_clock_s", "dvfs_loss_s", "dvfs_power_s", "dvfs_thermal_s", "dvfs_current_s", "dvfs_other_s", "dvfs_unattributed_s", "exposed_comm_s", "idle_s", "mfu", "matrix_ratio", "tokens_per_s", "tokens_per_j", "flags", "collective_s", "phase_times")
     JOB_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
@@ -219,6 +221,7 @@ class StepSummary(_message.Message):
     TOKENS_PER_J_FIELD_NUMBER: _ClassVar[int]
     FLAGS_FIELD_NUMBER: _ClassVar[int]
     COLLECTIVE_S_FIELD_NUMBER: _ClassVar[int]
+    PHASE_TIMES_FIELD_NUMBER: _ClassVar[int]
     job: str
     node: str
     rank: int
@@ -255,7 +258,16 @@ class StepSummary(_message.Message):
     tokens_per_j: float
     flags: _containers.RepeatedScalarFieldContainer[str]
     collective_s: float
-    def __init__(self, job: _Optional[str] = ..., node: _Optional[str] = ..., rank: _Optional[int] = ..., gpu: _Optional[int] = ..., step: _Optional[int] = ..., begin_ns: _Optional[int] = ..., end_ns: _Optional[int] = ..., step_time_s: _Optional[float] = ..., flops: _Optional[float] = ..., tokens: _Optional[int] = ..., phases: _Optional[int] = ..., collectives: _Optional[int] = ..., mean_gfx_clock_mhz: _Optional[float] = ..., min_gfx_clock_mhz: _Optional[float] = ..., mean_power_w: _Optional[float] = ..., energy_j: _Optional[float] = ..., max_temp_c: _Optional[float] = ..., busy_ratio: _Optional[float] = ..., clock: _Optional[_Union[ClockSource, str]] = ..., ideal_s: _Optional[float] = ..., matrix_util_loss_s: _Optional[float] = ..., compute_at_clock_s: _Optional[float] = ..., dvfs_loss_s: _Optional[float] = ..., dvfs_power_s: _Optional[float] = ..., dvfs_thermal_s: _Optional[float] = ..., dvfs_current_s: _Optional[float] = ..., dvfs_other_s: _Optional[float] = ..., dvfs_unattributed_s: _Optional[float] = ..., exposed_comm_s: _Optional[float] = ..., idle_s: _Optional[float] = ..., mfu: _Optional[float] = ..., matrix_ratio: _Optional[float] = ..., tokens_per_s: _Optional[float] = ..., tokens_per_j: _Optional[float] = ..., flags: _Optional[_Iterable[str]] = ..., collective_s: _Optional[float] = ...) -> None: ...
+    phase_times: _containers.RepeatedCompositeFieldContainer[PhaseTime]
+    def __init__(self, job: _Optional[str] = ..., node: _Optional[str] = ..., rank: _Optional[int] = ..., gpu: _Optional[int] = ..., step: _Optional[int] = ..., begin_ns: _Optional[int] = ..., end_ns: _Optional[int] = ..., step_time_s: _Optional[float] = ..., flops: _Optional[float] = ..., tokens: _Optional[int] = ..., phases: _Optional[int] = ..., collectives: _Optional[int] = ..., mean_gfx_clock_mhz: _Optional[float] = ..., min_gfx_clock_mhz: _Optional[float] = ..., mean_power_w: _Optional[float] = ..., energy_j: _Optional[float] = ..., max_temp_c: _Optional[float] = ..., busy_ratio: _Optional[float] = ..., clock: _Optional[_Union[ClockSource, str]] = ..., ideal_s: _Optional[float] = ..., matrix_util_loss_s: _Optional[float] = ..., compute_at_clock_s: _Optional[float] = ..., dvfs_loss_s: _Optional[float] = ..., dvfs_power_s: _Optional[float] = ..., dvfs_thermal_s: _Optional[float] = ..., dvfs_current_s: _Optional[float] = ..., dvfs_other_s: _Optional[float] = ..., dvfs_unattributed_s: _Optional[float] = ..., exposed_comm_s: _Optional[float] = ..., idle_s: _Optional[float] = ..., mfu: _Optional[float] = ..., matrix_ratio: _Optional[float] = ..., tokens_per_s: _Optional[float] = ..., tokens_per_j: _Optional[float] = ..., flags: _Optional[_Iterable[str]] = ..., collective_s: _Optional[float] = ..., phase_times: _Optional[_Iterable[_Union[PhaseTime, _Mapping]]] = ...) -> None: ...
+
+class PhaseTime(_message.Message):
+    __slots__ = ("name", "seconds")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    seconds: float
+    def __init__(self, name: _Optional[str] = ..., seconds: _Optional[float] = ...) -> None: ...
 
 class SubscribeRequest(_message.Message):
     __slots__ = ("samples", "markers", "step_summaries", "since_ns")
