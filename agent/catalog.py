@@ -88,6 +88,12 @@ METRICS: tuple[MetricSpec, ...] = (
         "compute_unknown), s.", (*RANK, "cause"),
     ),
     MetricSpec(
+        "chopper_rank_phase_seconds_total", "counter",
+        "Time in each named phase of the rank's summarised steps (the union of that name's windows per step, "
+        "so nested phases each count), s; the first 32 names per rank have their own series, later ones add "
+        "to phase=\"other\".", (*RANK, "phase"),
+    ),
+    MetricSpec(
         "chopper_rank_collective_seconds_total", "counter",
         "Time inside the union of the steps' collective windows, s; minus the exposed_comm cause of "
         "chopper_rank_step_seconds_total it is the communication hidden behind compute.", RANK,

@@ -138,6 +138,8 @@ class AgentCollector(Collector):
                 now = figures[(job, rank)]
                 for cause, value in now.seconds.items():
                     fam.add("chopper_rank_step_seconds_total", (*rl, cause), value)
+                for phase, value in sorted(now.phase_s.items()):
+                    fam.add("chopper_rank_phase_seconds_total", (*rl, phase), value)
                 fam.add("chopper_rank_collective_seconds_total", rl, now.collective_s)
                 fam.add("chopper_rank_mfu_ratio", rl, now.mfu)
                 fam.add("chopper_rank_tokens_total", rl, now.tokens)

@@ -5,7 +5,8 @@ after ``SummaryQueue.max_wait_ns``, with whatever samples there are), so that th
 interval of the window is known. The arithmetic is ``chopper.attribution``'s numpy core, the
 same that ``chopper attribute`` runs offline on a recorded run, so live and offline figures of
 the same steps agree. Ranks that drive no GPU (``gpu == -1``) get step time, FLOPs, tokens and
-counts; their GPU terms are NaN or 0 and flagged.
+counts; their GPU terms are NaN or 0 and flagged. Each summary carries its phase times
+(``chopper.attribution.phases``: per phase name, the union of its windows in the step).
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from agent.markers import ClosedStep
-from chopper.attribution import exposed_comm
+from chopper.attribution import exposed_comm, phases
 from chopper.attribution.model import COUNTERS, FIGURES, RATIOS, ROW_FLAGS, flag_tuples, rank_terms, window_figures
 from chopper.attribution.timeline import GpuTimeline
 from chopper.proto.chopper.v1 import agent_pb2 as pb
@@ -53,12 +54,16 @@ def summarize(
         fig = window_figures(_timeline(samples, base, period_ns), b, e)
     else:
         fig = {k: np.full(n, np.nan) for k in FIGURES}
-    intervals = [(i, coll, lo, hi) for i, s in enumerate(steps) for coll, lo, hi, _ in s.intervals]
+    intervals = [(i, coll, lo, hi, name) for i, s in enumerate(steps) for coll, lo, hi, name in s.intervals]
     index = np.array([iv[0] for iv in intervals], dtype=np.int64)
     is_coll = np.array([iv[1] for iv in intervals], dtype=bool)
     lo = np.array([iv[2] for iv in intervals], dtype=np.int64)
     hi = np.array([iv[3] for iv in intervals], dtype=np.int64)
     exposed, collective = exposed_comm.collective_seconds(n, index, is_coll, lo, hi)
+    phase = ~is_coll
+    phase_times = phases.phase_seconds(
+        n, index[phase], [iv[4] for iv in intervals if not iv[1]], lo[phase], hi[phase]
+    )
     nan = float("nan")
     terms = rank_terms(
         (e - b) / 1e9, fig, exposed, np.full(n, device.max_gfx_clock_mhz if device else nan),
@@ -78,6 +83,7 @@ def summarize(
         summary.mean_power_w = summary.energy_j / summary.step_time_s if summary.step_time_s > 0 else float("nan")
         summary.flags.extend(flags[i] if s.device_clock else (*flags[i], "cpu_clock"))
         summary.flags.extend(s.flags)
+        summary.phase_times.extend(pb.PhaseTime(name=k, seconds=v) for k, v in phase_times[i].items())
         out.append(summary)
     return out
 
@@ -119,6 +125,9 @@ class SummaryQueue:
 STEP_CAUSES = ("ideal", "matrix_util_loss", "dvfs_power", "dvfs_thermal", "dvfs_current", "dvfs_other",
                "dvfs_unattributed", "exposed_comm", "idle")
 MFU_WINDOW_NS = 60 * 10**9
+# Phase names per rank with a series of their own on /metrics; the time of later names goes to
+# phases.OTHER, so a client that invents names cannot grow the scrape without bound.
+MAX_PHASE_SERIES = 32
 
 
 @dataclass(frozen=True)
@@ -126,6 +135,7 @@ class RankFiguresNow:
     """One rank's totals at one instant (:meth:`RankFigures.snapshot`); seconds, tokens, 0-1, counts."""
 
     seconds: dict[str, float]
+    phase_s: dict[str, float]
     collective_s: float
     tokens: float
     mfu: float
@@ -135,13 +145,15 @@ class RankFiguresNow:
 class RankFigures:
     """Running totals of one rank's step summaries, for ``/metrics``.
 
-    Seconds by cause, collective seconds (the union of collective windows, hidden or not) and
-    tokens are counters; MFU is rolling over the steps that ended in the
+    Seconds by cause, seconds by phase name (the first ``MAX_PHASE_SERIES`` names seen; later
+    names add to ``phases.OTHER``), collective seconds (the union of collective windows, hidden or
+    not) and tokens are counters; MFU is rolling over the steps that ended in the
     last ``MFU_WINDOW_NS``: ``Σ ideal / Σ step time`` over steps whose ideal time is known.
     """
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = dict.fromkeys((*STEP_CAUSES, "compute_unknown"), 0.0)
+        self.phase_s: dict[str, float] = {}
         self.collective_s = 0.0
         self.tokens = 0.0
         self.flags: dict[str, int] = {}
@@ -157,6 +169,9 @@ class RankFigures:
             self.seconds["compute_unknown"] += s.compute_at_clock_s
         else:
             self._recent.append((s.end_ns, s.ideal_s, s.step_time_s))
+        for p in s.phase_times:
+            name = p.name if p.name in self.phase_s or len(self.phase_s) < MAX_PHASE_SERIES else phases.OTHER
+            self.phase_s[name] = self.phase_s.get(name, 0.0) + p.seconds
         self.collective_s += s.collective_s
         self.tokens += s.tokens
         for flag in s.flags:
@@ -164,7 +179,8 @@ class RankFigures:
 
     def snapshot(self, now_ns: int) -> RankFiguresNow:
         """A copy of the totals for one scrape, MFU over the window ending at ``now_ns``."""
-        return RankFiguresNow(dict(self.seconds), self.collective_s, self.tokens, self.mfu(now_ns), dict(self.flags))
+        return RankFiguresNow(dict(self.seconds), dict(self.phase_s), self.collective_s, self.tokens, self.mfu(now_ns),
+                              dict(self.flags))
 
     def mfu(self, now_ns: int) -> float:
         while self._recent and self._recent[0][0] < now_ns - MFU_WINDOW_NS:

@@ -86,7 +86,7 @@ REJECTION_REASONS: dict[str, str] = {
 
 # StepSummary fields copied into float64 columns (``tokens`` too: offline rows carry NaN there).
 _FLOATS = tuple(c for c in STEP_COLUMNS if c not in ("job", "node", "rank", "gpu", "step", "begin_ns", "end_ns",
-                                                     "straggler_wait_s", "flags"))
+                                                     "straggler_wait_s", "flags", "phase_s"))
 _INTS = ("rank", "gpu", "step", "begin_ns", "end_ns")
 # Seconds of a step by cause that may be NaN (unknown) in a summary, else within the step time.
 _CAUSE_FIELDS = ("ideal_s", "matrix_util_loss_s", "compute_at_clock_s", "dvfs_loss_s",
@@ -219,7 +219,8 @@ class Finalized:
 
 
 def _empty_rows() -> pd.DataFrame:
-    return pd.DataFrame({c: pd.Series(dtype=object if c in ("job", "node", "flags") else float) for c in ROW_COLUMNS})
+    return pd.DataFrame({c: pd.Series(dtype=object if c in ("job", "node", "flags", "phase_s") else float)
+                         for c in ROW_COLUMNS})
 
 
 # Returned, read-only, by every call that finalized nothing: building an empty frame costs ~1 ms.
@@ -564,5 +565,6 @@ def _frame(summaries: list[pb.StepSummary]) -> pd.DataFrame:
            for c in _FLOATS},
         "straggler_wait_s": np.zeros(len(summaries)),
         "flags": [tuple(s.flags) for s in summaries],
+        "phase_s": [{p.name: p.seconds for p in s.phase_times} for s in summaries],
     }
     return pd.DataFrame(data)

@@ -6,7 +6,9 @@ Layout (Hive partitioning, readable by ``pd.read_parquet(root)``, DuckDB's
     root/job=<job, URI-encoded>/date=<YYYY-MM-DD>/part-<n>.parquet
 
 Each file holds ``aggregator.jobs.ROW_COLUMNS`` except the partition columns ``job`` and ``date``
-(the directory names carry them, as pyarrow's ``write_to_dataset`` does). ``date`` is the UTC day
+(the directory names carry them, as pyarrow's ``write_to_dataset`` does); ``phase_s`` is a
+``map<string, double>`` of phase name to seconds (files written before it existed lack it, and
+``chopper attribute`` reads them with empty phase times). ``date`` is the UTC day
 of the aggregator's receive time (``received_ns``), so every rank of a step lands in the same
 partition whatever its node's clock says.
 
@@ -45,6 +47,7 @@ import pyarrow.parquet as pq
 log = logging.getLogger(__name__)
 
 PARTITIONS = ("job", "date")
+PHASE_TYPE = pa.map_(pa.string(), pa.float64())
 _PART = re.compile(r"part-(\d+)\.parquet")
 
 
@@ -183,7 +186,11 @@ class Store:
 
     def _write_part(self, directory: Path, n: int, part: pd.DataFrame) -> None:
         """``part`` as ``directory/part-<n>.parquet``, through a temporary file and a rename."""
-        table = pa.Table.from_pandas(part.drop(columns=["job"]).reset_index(drop=True), preserve_index=False)
+        part = part.reset_index(drop=True)
+        table = pa.Table.from_pandas(part.drop(columns=["job", "phase_s"]), preserve_index=False)
+        # A map, not the struct pyarrow infers from dicts: phase names differ between rows and files.
+        phases = pa.array([list(p.items()) for p in part["phase_s"]], type=PHASE_TYPE)
+        table = table.add_column(table.schema.get_field_index("flags") + 1, "phase_s", phases)
         tmp = directory / f".part-{n}.parquet.tmp"
         try:
             pq.write_table(table, tmp)

@@ -4,7 +4,9 @@ Times are seconds, clocks MHz, energy joules. Closure holds on every row whose `
 known: ``ideal_s + matrix_util_loss_s + dvfs_loss_s + exposed_comm_s + straggler_wait_s + idle_s
 == step_time_s``; ``dvfs_loss_s`` is the sum of the ``dvfs_<cause>_s`` columns. Where ``flops``
 is missing, ``ideal_s``, ``matrix_util_loss_s`` and ``mfu`` are NaN (flag ``no_flops``) and
-``compute_at_clock_s`` (their sum) closes the account instead.
+``compute_at_clock_s`` (their sum) closes the account instead. ``phase_s`` maps each phase name
+of the step to its seconds (``phases.phase_seconds``: the union of that name's windows); phases
+may nest or overlap, so these do not add up to the step time.
 """
 from __future__ import annotations
 
@@ -20,8 +22,10 @@ STEP_COLUMNS: tuple[str, ...] = (
     "exposed_comm_s", "straggler_wait_s", "idle_s",
     "mfu", "busy_ratio", "matrix_ratio", "mean_gfx_clock_mhz", "min_gfx_clock_mhz", "max_temp_c",
     "energy_j", "flops", "tokens", "tokens_per_s", "tokens_per_j",
-    "flags",
+    "flags", "phase_s",
 )
+# Columns a reader of stored rows may find missing (rows written before they existed): filled empty.
+OPTIONAL_COLUMNS: tuple[str, ...] = ("phase_s",)
 
 # Every flag a step can carry (``flags`` holds a tuple of these), with its meaning.
 FLAGS: dict[str, str] = {

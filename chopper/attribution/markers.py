@@ -28,8 +28,8 @@ class MarkerTables:
 
     Attributes:
         steps: One row per step: job, rank, step, node, gpu, begin_ns, end_ns, flops, tokens.
-        intervals: One row per phase or collective: job, rank, step, is_collective, begin_ns,
-            end_ns (clipped to the step window).
+        intervals: One row per phase or collective: job, rank, step, is_collective, name,
+            begin_ns, end_ns (clipped to the step window).
         problems: Human-readable descriptions of markers that could not be paired.
     """
 
@@ -101,7 +101,8 @@ def paired_intervals(markers: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     intervals = pd.DataFrame({
         "job": both["job"].to_numpy(), "rank": both["rank"].to_numpy(dtype=np.int64),
         "step": both["step"].to_numpy(dtype=np.int64), "is_collective": both["is_collective"].to_numpy(dtype=bool),
-        "begin_ns": both["ts_ns_begin"].to_numpy(dtype=np.int64), "end_ns": both["ts_ns_end"].to_numpy(dtype=np.int64),
+        "name": both["name"].to_numpy(dtype=object), "begin_ns": both["ts_ns_begin"].to_numpy(dtype=np.int64),
+        "end_ns": both["ts_ns_end"].to_numpy(dtype=np.int64),
     })
     return intervals, problems
 
@@ -114,4 +115,5 @@ def marker_tables(markers: pd.DataFrame) -> MarkerTables:
     inside["begin_ns"] = np.maximum(inside["begin_ns"], inside["begin_ns_step"])
     inside["end_ns"] = np.minimum(inside["end_ns"], inside["end_ns_step"])
     inside = inside[inside["end_ns"] > inside["begin_ns"]]
-    return MarkerTables(steps, inside[["job", "rank", "step", "is_collective", "begin_ns", "end_ns"]], problems + more)
+    return MarkerTables(steps, inside[["job", "rank", "step", "is_collective", "name", "begin_ns", "end_ns"]],
+                        problems + more)

@@ -12,6 +12,9 @@ For one rank's step window ``[b, e]``, ``T = e − b``:
 6. Job level (``straggler.py``): straggler wait is moved out of ``X``; the slowest rank of each
    step is named with its evidence.
 
+Beside the account, each step's phase times (``phases.py``): per phase name, the union of its
+windows in the step.
+
 Inputs are the DESIGN tables (``chopper.rundir.RecordedRun`` or the agent's buffers) as pandas
 frames; marker kinds are lower-case labels. Per GPU, every step window on it is evaluated at once
 (``timeline.GpuTimeline``), so a run costs a few numpy calls per GPU, not per step.
@@ -25,7 +28,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from chopper.attribution import dvfs, exposed_comm, ideal, idle, matrix_util, straggler
+from chopper.attribution import dvfs, exposed_comm, ideal, idle, matrix_util, phases, straggler
 from chopper.attribution.columns import DVFS_CAUSES, FLAGS, STEP_COLUMNS
 from chopper.attribution.markers import STEP_KEY, marker_tables
 from chopper.attribution.timeline import F64, GpuTimeline
@@ -218,10 +221,12 @@ def attribute(
     key_index = pd.MultiIndex.from_frame(steps[STEP_KEY])
     iv = tables.intervals
     iv_step = key_index.get_indexer(pd.MultiIndex.from_frame(iv[STEP_KEY])) if len(iv) else np.zeros(0, np.int64)
-    exposed = exposed_comm.exposed_seconds(
-        n, iv_step.astype(np.int64), iv["is_collective"].to_numpy(dtype=bool),
-        iv["begin_ns"].to_numpy(dtype=np.int64), iv["end_ns"].to_numpy(dtype=np.int64),
-    )
+    is_coll = iv["is_collective"].to_numpy(dtype=bool)
+    iv_begin, iv_end = iv["begin_ns"].to_numpy(dtype=np.int64), iv["end_ns"].to_numpy(dtype=np.int64)
+    exposed = exposed_comm.exposed_seconds(n, iv_step.astype(np.int64), is_coll, iv_begin, iv_end)
+    phase = ~is_coll
+    phase_s = phases.phase_seconds(n, iv_step[phase].astype(np.int64), iv["name"].to_numpy()[phase].tolist(),
+                                   iv_begin[phase], iv_end[phase])
     terms = rank_terms(
         step_s, fig, exposed, steps["max_gfx_clock_mhz"].to_numpy(dtype=np.float64),
         steps["flops"].to_numpy(dtype=np.float64), steps["peak_flops"].to_numpy(dtype=np.float64),
@@ -237,4 +242,5 @@ def attribute(
     conditions = {k: terms[k] for k in ROW_FLAGS}
     conditions["slowest_rank"] = slowest.fillna(False).to_numpy(dtype=bool)
     out["flags"] = flag_tuples(conditions) if n else []
+    out["phase_s"] = phase_s
     return Attribution(out[list(STEP_COLUMNS)].reset_index(drop=True), slow, problems)

@@ -7,12 +7,14 @@ JSON shape (``chopper attribute --json``)::
                 "current", "other", "unattributed"}, "exposed_comm_s", "straggler_wait_s",
                 "idle_s", "mfu", "busy_ratio", "matrix_ratio", "mean_gfx_clock_mhz",
                 "min_gfx_clock_mhz", "max_temp_c", "energy_j", "tokens_per_s", "tokens_per_j",
-                "flags": [...]}, ...],
+                "flags": [...], "phase_s": {"forward": 0.012, ...}}, ...],
      "summary": {"jobs": [...per job totals...], "ranks": [...per rank totals...],
                  "stragglers": [...slowest rank per step...], "problems": [...]}}
 
 Unknown values (NaN) are ``null``. Totals are sums of seconds; ``mfu`` of a total is
-``Σ ideal / Σ step time`` over the steps whose ideal time is known.
+``Σ ideal / Σ step time`` over the steps whose ideal time is known. ``phase_s`` of a step maps
+each phase name to the union of its windows in the step, s (phases may nest, so they need not
+add up to the step time); of a total, the sum over its steps.
 """
 from __future__ import annotations
 
@@ -47,7 +49,17 @@ def _totals(group: pd.DataFrame) -> dict[str, Any]:
     out["mfu"] = _clean(known["ideal_s"].sum() / time_known) if time_known > 0 else None
     out["mean_step_time_s"] = _clean(group["step_time_s"].mean())
     out["flagged_steps"] = int((group["flags"].map(len) > 0).sum())
+    out["phase_s"] = phase_totals(group["phase_s"])
     return out
+
+
+def phase_totals(per_step: pd.Series) -> dict[str, float]:
+    """Seconds by phase name summed over steps, names sorted."""
+    totals: dict[str, float] = {}
+    for times in per_step:
+        for name, seconds in times.items():
+            totals[name] = totals.get(name, 0.0) + seconds
+    return dict(sorted(totals.items()))
 
 
 def summary(result: Attribution) -> dict[str, Any]:
@@ -70,6 +82,7 @@ def to_json(result: Attribution) -> dict[str, Any]:
         item["mfu"] = _clean(row["mfu"])
         item.update({k: _clean(row[k]) for k in EXTRA})
         item["flags"] = list(row["flags"])
+        item["phase_s"] = dict(row["phase_s"])
         rows.append(item)
     return {"steps": rows, "summary": summary(result)}
 
@@ -105,6 +118,10 @@ def format_table(result: Attribution) -> str:
         lines.append(f"\njob {job['job']}: {job['steps']} rank-steps, {t:.3f} s, MFU {mfu}; {shares}")
         causes = ", ".join(f"{c} {1e3 * (job[f'dvfs_{c}_s'] or 0.0):.1f} ms" for c in DVFS_CAUSES)
         lines.append(f"  dvfs by cause: {causes}")
+        if job["phase_s"]:
+            per_step = ", ".join(f"{name} {1e3 * seconds / job['steps']:.1f} ms"
+                                 for name, seconds in job["phase_s"].items())
+            lines.append(f"  phases, mean per rank-step: {per_step}")
     slow = result.stragglers
     if len(slow):
         worst = slow.sort_values("compute_excess_s", ascending=False).head(5)

@@ -7,8 +7,11 @@ one row per (job, rank, step) with the attribution columns already split at job 
 Algorithm of ``read_step_store``:
 
 1. Read every part file as one Hive-partitioned dataset, ``job`` and ``date`` as text (a job
-   named ``123`` stays text), keeping only ``job`` when one is asked for.
-2. Order rows by job, step, rank, and turn ``flags`` back into tuples.
+   named ``123`` stays text), keeping only ``job`` when one is asked for. The schema is the union
+   of every file's, so files written before a column existed (``columns.OPTIONAL_COLUMNS``) read
+   alongside newer ones; that column is empty in their rows.
+2. Order rows by job, step, rank, turn ``flags`` back into tuples and ``phase_s`` (a Parquet
+   map) back into dicts.
 3. Name the slowest rank of each step again with ``straggler.slowest_ranks`` on the rows that
    took part in the step's finalization (``late`` rows did not), with compute time before the
    split: ``step − idle − exposed − straggler wait`` (unknown idle as 0). This is what the
@@ -20,7 +23,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from chopper.attribution.columns import STEP_COLUMNS
+from chopper.attribution.columns import OPTIONAL_COLUMNS, STEP_COLUMNS
 from chopper.attribution.model import Attribution, AttributionError
 
 
@@ -46,11 +49,14 @@ def read_step_store(path: str | Path, job: str | None = None) -> Attribution:
     try:
         partitioning = ds.partitioning(pa.schema([("job", pa.string()), ("date", pa.string())]), flavor="hive")
         dataset = ds.dataset(root, format="parquet", partitioning=partitioning)
+        # The first file's schema would hide columns that only newer files have.
+        schema = pa.unify_schemas([dataset.schema, *(f.physical_schema for f in dataset.get_fragments())])
+        dataset = ds.dataset(root, format="parquet", partitioning=partitioning, schema=schema)
         table = dataset.to_table(filter=ds.field("job") == job) if job is not None else dataset.to_table()
         names = table.column_names  # decoded here: a corrupt schema fails now, not later
     except (OSError, pa.ArrowException, UnicodeError) as exc:
         raise AttributionError(f"step store {root}: cannot be read ({exc}); is it an aggregator store_dir?") from None
-    missing = [c for c in (*STEP_COLUMNS, "late") if c not in names]
+    missing = [c for c in (*STEP_COLUMNS, "late") if c not in names and c not in OPTIONAL_COLUMNS]
     if missing:
         raise AttributionError(f"step store {root}: rows lack column(s) {', '.join(missing)}; written by an "
                                "aggregator of another version?")
@@ -64,6 +70,8 @@ def read_step_store(path: str | Path, job: str | None = None) -> Attribution:
                                "corrupt: move it out of the store") from None
     steps = steps.sort_values(["job", "step", "rank"], kind="stable").reset_index(drop=True)
     steps["flags"] = [tuple(f) if f is not None else () for f in steps["flags"]]
+    phase = steps["phase_s"] if "phase_s" in steps else [None] * len(steps)
+    steps["phase_s"] = [dict(p) if p is not None else {} for p in phase]
     steps["job"] = steps["job"].astype(str)
     taken = steps[~steps["late"].astype(bool)].copy()
     # Unknown idle (a rank without GPU samples) counts as 0, as the aggregator counted it; rows
