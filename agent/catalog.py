@@ -146,6 +146,13 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("chopper_agent_marker_streams", "gauge", "Open PushMarkers streams from trainers.", NODE),
     MetricSpec("chopper_agent_subscribers", "gauge", "Open Subscribe streams from consumers.", NODE),
     MetricSpec("chopper_agent_step_summaries_total", "counter", "Step summaries computed.", NODE),
+    MetricSpec("chopper_agent_ranks", "gauge", "(job, rank)s the agent tracks: each has chopper_rank_* series.",
+               NODE),
+    MetricSpec(
+        "chopper_agent_ranks_retired_total", "counter",
+        "(job, rank)s forgotten with their series, by reason: idle (the job sent no marker for rank_idle_s) or "
+        "limit (more than max_ranks were tracked; the one silent longest went).", (*NODE, "reason"),
+    ),
     MetricSpec(
         "chopper_agent_workload_source_up", "gauge",
         "1 when the last reading of a GPU-owner source (jobmap, podresources) succeeded.", (*NODE, "source"),

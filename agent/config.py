@@ -93,6 +93,14 @@ class AgentSettings:
     workload_refresh_s: float = field(
         default=5.0, metadata={"help": "how often GPU owners are read from job_mapping_dir and the kubelet, s"}
     )
+    rank_idle_s: float = field(
+        default=300.0, metadata={"help": "forget a (job, rank) and its /metrics series once no rank of its job has "
+                                 "sent a marker for this long (not while it has a step open), s"}
+    )
+    max_ranks: int = field(
+        default=1024, metadata={"help": "(job, rank)s tracked at most; beyond it the one silent longest is "
+                                "forgotten"}
+    )
 
 
 def _check(s: AgentSettings) -> None:
@@ -156,6 +164,10 @@ def _check(s: AgentSettings) -> None:
             raise bad(key, "is not an absolute path; give the full path or leave it empty to turn this off")
     if not 0.5 <= s.workload_refresh_s <= 300:
         raise bad("workload_refresh_s", "is out of range; use 0.5 to 300 seconds")
+    if not 1 <= s.rank_idle_s <= 7 * 24 * 3600:
+        raise bad("rank_idle_s", "is out of range; use 1 s to a week")
+    if not 1 <= s.max_ranks <= 1_000_000:
+        raise bad("max_ranks", "is out of range; use 1 to 1000000")
     _check_access(s)
 
 

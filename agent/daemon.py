@@ -2,8 +2,15 @@
 
 It does no networking: ``agent.server`` decodes gRPC into calls on it, ``agent.metrics`` reads
 it at scrape time and ``agent.sampler`` drives ``tick``. Locks: ``_marker_lock`` serialises the
-marker state machine (many trainer streams), ``_state_lock`` guards the latest-sample tables and
-pending summaries shared by the sampler thread and the gRPC threads.
+marker state machine (many trainer streams), ``_state_lock`` guards the latest-sample tables,
+pending summaries and per-rank totals shared by the sampler thread and the gRPC threads; where
+both are held, ``_marker_lock`` is taken first.
+
+Finished jobs retire: a ``(job, rank)`` (its marker state, its totals and so its ``/metrics``
+series) is forgotten once no rank of its job has sent a marker for ``rank_idle_s`` (reason
+``idle``; a rank with a step open or summaries pending stays), and when more than ``max_ranks``
+are tracked the one silent longest is forgotten at once (reason ``limit``: ranks without an open
+step first, never one with summaries pending). A retired rank that sends again starts afresh.
 """
 from __future__ import annotations
 
@@ -13,8 +20,8 @@ import math
 import operator
 import threading
 import time
-from collections import Counter, deque
-from collections.abc import Callable
+from collections import Counter, OrderedDict, deque
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from agent.backends.base import Backend, BackendUnavailable, DeviceLost, MarkerObserver
@@ -42,6 +49,9 @@ STEP_HISTORY_S = 120.0
 HOST_INTERVAL_NS = 10**9
 # Reopen a failed backend after this many seconds, doubling up to the maximum.
 REOPEN_BACKOFF_S = (1.0, 30.0)
+# Silent ranks are looked for at most this often.
+RETIRE_INTERVAL_NS = 10**9
+RankKey = tuple[str, int]
 
 
 @dataclasses.dataclass
@@ -54,6 +64,45 @@ class BackendHealth:
     needs_reopen: bool = False
     next_reopen_ns: int = 0
     backoff_s: float = REOPEN_BACKOFF_S[0]
+
+
+class RankActivity:
+    """When each ``(job, rank)`` last sent markers (oldest first) and each job's latest, ns."""
+
+    def __init__(self) -> None:
+        self.ranks: OrderedDict[RankKey, int] = OrderedDict()
+        self._jobs: dict[str, list[int]] = {}  # job -> [latest ns, ranks tracked]
+
+    def __len__(self) -> int:
+        return len(self.ranks)
+
+    def seen(self, key: RankKey, now_ns: int) -> None:
+        job = self._jobs.setdefault(key[0], [now_ns, 0])
+        if key not in self.ranks:
+            job[1] += 1
+        job[0] = max(job[0], now_ns)
+        self.ranks[key] = now_ns
+        self.ranks.move_to_end(key)
+
+    def forget(self, key: RankKey) -> None:
+        del self.ranks[key]
+        job = self._jobs[key[0]]
+        job[1] -= 1
+        if not job[1]:
+            del self._jobs[key[0]]
+
+    def idle(self, before_ns: int) -> list[RankKey]:
+        """Ranks whose whole job has been silent since before ``before_ns``, oldest first."""
+        out = []
+        for key, seen_ns in self.ranks.items():
+            if seen_ns >= before_ns:
+                break
+            if self._jobs[key[0]][0] < before_ns:
+                out.append(key)
+        return out
+
+    def oldest(self) -> Iterator[RankKey]:
+        return iter(self.ranks)
 
 
 class Agent:
@@ -111,6 +160,10 @@ class Agent:
         self._ingest = MarkerIngest(settings.node, 0)
         self._marker_lock = threading.Lock()
         self._state_lock = threading.Lock()
+        # Last marker per (job, rank), guarded by the marker lock; what retirement goes by.
+        self._activity = RankActivity()
+        self._next_retire_ns = 0
+        self.ranks_retired: Counter[str] = Counter({"idle": 0, "limit": 0})
         # Who holds each GPU per Slurm or the kubelet, read on its own thread (agent/workload.py).
         self.workloads = build_tracker(
             settings.job_mapping_dir, settings.pod_resources_socket, settings.workload_refresh_s
@@ -191,15 +244,18 @@ class Agent:
                     steps, self.settings.node, self._window_samples(gpu, first), self._devices_by_gpu.get(gpu),
                     self.ticker.period_ns,
                 )
+            # Under the same lock as the pop, so retirement never sees a step in neither place.
+            for summary in summaries:
+                self.rank_figures.setdefault((summary.job, summary.rank), RankFigures()).add(summary)
         if samples:
             jobs = self.workloads.jobs() if self.workloads is not None else {}
             self.samples.extend(_sample_to_pb(s, jobs.get(s.gpu, "")) for s in samples)
         if summaries:
             self.summaries_total += len(summaries)
-            with self._state_lock:
-                for summary in summaries:
-                    self.rank_figures.setdefault((summary.job, summary.rank), RankFigures()).add(summary)
             self.summaries.extend(summaries)
+        if now_ns >= self._next_retire_ns:
+            self._next_retire_ns = now_ns + RETIRE_INTERVAL_NS
+            self.retire_idle(now_ns)
 
     def _sample_backend(self, now_ns: int) -> list[Sample]:
         health = self.health
@@ -260,19 +316,74 @@ class Agent:
     def push_markers(self, batch: pb.MarkerBatch) -> IngestResult:
         """Validate and store one batch from a trainer; forwards markers to a simulating backend."""
         now_ns = self.realtime_ns()
+        key = (batch.job, batch.rank)
         with self._marker_lock:
             result = self._ingest.ingest(batch, now_ns)
             self.rejected.update(result.rejected)
+            if key in self._ingest.ranks:  # a batch whose header was refused made no state
+                self._activity.seen(key, now_ns)
+                if len(self._activity) > self.settings.max_ranks:
+                    self._evict_over_limit(key)
+            if result.closed_steps:
+                # Still under the marker lock, so retirement sees these steps pending.
+                with self._state_lock:
+                    self._pending.add(result.closed_steps)
         if result.accepted:
             self.markers.extend(result.accepted)
             if self._observer is not None and batch.gpu >= 0:
                 for record in result.accepted:
                     m = record.marker
                     self._observer.observe_marker(batch.gpu, MarkerKind(m.kind), m.name, m.ts_ns, m.bytes)
-        if result.closed_steps:
-            with self._state_lock:
-                self._pending.add(result.closed_steps)
         return result
+
+    # -- retirement (module docstring) -------------------------------------------------------
+
+    def retire_idle(self, now_ns: int) -> int:
+        """Forget the ranks of jobs silent for ``rank_idle_s``, but not one with a step open or pending."""
+        before_ns = now_ns - int(self.settings.rank_idle_s * 1e9)
+        retired = 0
+        with self._marker_lock:
+            candidates = self._activity.idle(before_ns)
+            if not candidates:
+                return 0
+            with self._state_lock:
+                pending = self._pending.ranks()
+                for key in candidates:
+                    state = self._ingest.ranks.get(key)
+                    if key in pending or (state is not None and state.open_step is not None):
+                        continue
+                    self._forget(key)
+                    retired += 1
+            self.ranks_retired["idle"] += retired
+        if retired:
+            log.info("event=ranks_retired reason=idle ranks=%d tracked=%d", retired, len(self._activity))
+        return retired
+
+    def _evict_over_limit(self, keep: RankKey) -> None:
+        """Forget the rank silent longest, ranks without an open step first (caller holds the marker lock)."""
+        with self._state_lock:
+            pending = self._pending.ranks()
+            movable = [k for k in self._activity.oldest() if k != keep and k not in pending]
+            if not movable:
+                return
+            ranks = self._ingest.ranks
+            closed = (k for k in movable if (st := ranks.get(k)) is None or st.open_step is None)
+            key = next(closed, movable[0])
+            self._forget(key)
+        self.ranks_retired["limit"] += 1
+        if self.ranks_retired["limit"] == 1:  # the counter tells the rest; a flood must not flood the log
+            log.warning("event=ranks_retired reason=limit job=%r rank=%d max_ranks=%d note='raise max_ranks if "
+                        "this node runs that many ranks at once'", key[0], key[1], self.settings.max_ranks)
+
+    def _forget(self, key: RankKey) -> None:
+        """Drop every trace of one rank (caller holds both locks)."""
+        self._activity.forget(key)
+        self._ingest.ranks.pop(key, None)
+        self.rank_figures.pop(key, None)
+
+    def tracked_ranks(self) -> int:
+        with self._marker_lock:
+            return len(self._activity)
 
     def rank_figures_now(self) -> dict[tuple[str, int], RankFiguresNow]:
         """Per (job, rank): seconds by cause, collective seconds, tokens, rolling MFU and flag counts, consistently."""

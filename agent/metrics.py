@@ -178,6 +178,9 @@ class AgentCollector(Collector):
         fam.add("chopper_agent_marker_streams", (node,), float(agent.open_streams["PushMarkers"]))
         fam.add("chopper_agent_subscribers", (node,), float(agent.open_streams["Subscribe"]))
         fam.add("chopper_agent_step_summaries_total", (node,), float(agent.summaries_total))
+        fam.add("chopper_agent_ranks", (node,), float(agent.tracked_ranks()))
+        for reason, count in sorted(agent.ranks_retired.items()):
+            fam.add("chopper_agent_ranks_retired_total", (node, reason), float(count))
         if agent.delivery is not None:
             for replica, d in sorted(agent.delivery.snapshot().items()):
                 rl = (node, replica)

@@ -105,6 +105,10 @@ class SummaryQueue:
     def __len__(self) -> int:
         return len(self._pending)
 
+    def ranks(self) -> set[tuple[str, int]]:
+        """The ``(job, rank)`` of every waiting step."""
+        return {(s.job, s.rank) for s in self._pending}
+
     def ready(self, latest_sample_ns: dict[int, int], now_ns: int) -> list[ClosedStep]:
         """Pop steps whose GPU has a sample at or after their end, or that waited long enough."""
         done: list[ClosedStep] = []

@@ -13,7 +13,8 @@ BASE_UNITS = ("_hertz", "_ratio", "_watts", "_joules", "_celsius", "_bytes", "_s
               "_flops_per_second")
 # Counts and states with no unit, as Prometheus' own `up`: each one is a deliberate exception.
 UNITLESS = {"chopper_agent_backend_up", "chopper_host_load1", "chopper_rank_last_step", "chopper_agent_marker_streams",
-            "chopper_agent_subscribers", "chopper_agent_delivery_connected", "chopper_agent_workload_source_up"}
+            "chopper_agent_subscribers", "chopper_agent_delivery_connected", "chopper_agent_workload_source_up",
+            "chopper_agent_ranks"}
 
 
 def test_docs_metrics_md_is_current() -> None:
@@ -43,3 +44,11 @@ def test_every_rejection_reason_is_documented() -> None:
         and isinstance(node.elts[0].value, str) and re.fullmatch(r"[a-z_]+", node.elts[0].value)
     }
     assert used and used <= set(REJECTION_REASONS), used - set(REJECTION_REASONS)
+
+
+def test_phase_series_bound_is_the_one_documented() -> None:
+    from agent.steps import MAX_PHASE_SERIES
+    from chopper.attribution.phases import OTHER
+
+    text = catalog.BY_NAME["chopper_rank_phase_seconds_total"].help
+    assert f"first {MAX_PHASE_SERIES} names" in text and f'phase="{OTHER}"' in text

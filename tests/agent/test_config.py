@@ -36,6 +36,8 @@ def test_config_file_from_env(tmp_path: Path) -> None:
         (["--backend", "replay"], None, "replay_dir: required with backend replay"),
         (["--sim-hot-gpus", "9"], None, "sim_hot_gpus: (9,) names a GPU outside 0..7"),
         (["--sim-power-cap-w", "-5"], None, "sim_power_cap_w: -5.0 is negative; use 0 for the model's TDP"),
+        (["--rank-idle-s", "0"], None, "rank_idle_s: 0.0 is out of range; use 1 s to a week"),
+        (["--max-ranks", "0"], None, "max_ranks: 0 is out of range; use 1 to 1000000"),
         ([], "sample_hz: [1, 2]\n", "sample_hz: [1, 2] (from config file"),
         ([], "sampel_hz: 10\n", "unknown setting(s) sampel_hz; known settings are node, backend"),
         ([], "- 1\n- 2\n", "must be a mapping of setting: value, got list"),
@@ -67,3 +69,9 @@ def test_docs_config_md_is_current() -> None:
 
     doc = Path(__file__).resolve().parents[2] / "docs" / "CONFIG.md"
     assert doc.read_text() == markdown(), "run: python -m agent.config > docs/CONFIG.md"
+
+
+def test_retirement_settings_from_env() -> None:
+    s = load_settings([], env={"CHOPPER_AGENT_RANK_IDLE_S": "60", "CHOPPER_AGENT_MAX_RANKS": "64"})
+    assert (s.rank_idle_s, s.max_ranks) == (60.0, 64)
+    assert (load_settings([], env={}).rank_idle_s, load_settings([], env={}).max_ranks) == (300.0, 1024)

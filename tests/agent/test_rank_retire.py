@@ -1,0 +1,87 @@
+"""Retirement of silent ranks keeps what is still in flight: open steps, pending summaries, live siblings."""
+from __future__ import annotations
+
+from agent.backends.simulated import SimulatedBackend
+from agent.config import load_settings
+from agent.daemon import Agent
+from chopper.proto.chopper.v1 import agent_pb2 as pb
+from chopper.schema import MarkerKind
+
+S = 10**9
+T0 = 1_800_000_000 * S
+
+
+class Node:
+    """An agent on a simulated node with a clock the test moves."""
+
+    def __init__(self, *flags: str) -> None:
+        self.now = T0
+        settings = load_settings(["--node", "n", "--backend", "simulated", "--sim-gpus", "2", *flags], env={})
+        self.agent = Agent(settings, SimulatedBackend("n", gpus=2), realtime_ns=lambda: self.now)
+        self.agent.open_backend()
+        self.seq: dict[tuple[str, int], int] = {}
+
+    def send(self, job: str, rank: int, *markers: tuple[MarkerKind, int]) -> None:
+        seq = self.seq[(job, rank)] = self.seq.get((job, rank), 0) + 1
+        self.agent.push_markers(pb.MarkerBatch(
+            job=job, rank=rank, gpu=rank, seq=seq, pid=100 + rank,
+            markers=[pb.Marker(kind=k, ts_ns=self.now, step=step) for k, step in markers]))
+
+    def at(self, seconds: float) -> None:
+        self.now = T0 + int(seconds * S)
+
+    def tracked(self) -> set[tuple[str, int]]:
+        return {key for key, _ in self.agent.rank_states()}
+
+
+def test_an_open_step_outlives_the_silence_and_still_closes() -> None:
+    node = Node("--rank-idle-s", "10")
+    node.send("j", 0, (MarkerKind.STEP_BEGIN, 0))
+    node.at(60)  # a step of a minute without a marker: a checkpoint save, say
+    node.agent.tick(node.now)
+    assert node.tracked() == {("j", 0)} and node.agent.ranks_retired["idle"] == 0
+    node.send("j", 0, (MarkerKind.STEP_END, 0))
+    node.at(60.1)
+    node.agent.tick(node.now)
+    assert node.agent.rejected.total() == 0
+    assert [s.step_time_s for s in node.agent.summaries.read(0, 100)[0]] == [60.0]
+
+
+def test_pending_summaries_are_made_before_the_rank_goes() -> None:
+    node = Node("--rank-idle-s", "10")
+    node.send("j", 0, (MarkerKind.STEP_BEGIN, 0))
+    node.at(1)
+    node.send("j", 0, (MarkerKind.STEP_END, 0))
+    node.at(30)
+    assert node.agent.retire_idle(node.now) == 0  # its step waits for a sample that covers it
+    node.agent.tick(node.now)  # summarises, then retires
+    assert node.tracked() == set() and node.agent.ranks_retired["idle"] == 1
+    assert len(node.agent.summaries.read(0, 100)[0]) == 1 and node.agent.summaries_total == 1
+    assert node.agent.rank_figures_now() == {}
+
+
+def test_a_rank_goes_only_when_its_whole_job_is_silent() -> None:
+    node = Node("--rank-idle-s", "10")
+    for rank in (0, 1):
+        node.send("j", rank, (MarkerKind.STEP_BEGIN, 0), (MarkerKind.STEP_END, 0))
+    node.send("k", 0, (MarkerKind.STEP_BEGIN, 0), (MarkerKind.STEP_END, 0))
+    node.at(8)
+    node.send("j", 1, (MarkerKind.STEP_BEGIN, 1), (MarkerKind.STEP_END, 1))
+    node.at(12)
+    node.agent.tick(node.now)
+    # Rank 0 of j has been silent 12 s, but its job has not; k has.
+    assert node.tracked() == {("j", 0), ("j", 1)}
+    node.at(19)
+    node.agent.tick(node.now)
+    assert node.tracked() == set() and node.agent.ranks_retired["idle"] == 3
+
+
+def test_the_limit_evicts_ranks_without_an_open_step_first() -> None:
+    node = Node("--max-ranks", "2")
+    node.send("old", 0, (MarkerKind.STEP_BEGIN, 0))  # in a step
+    node.at(1)
+    node.send("mid", 0, (MarkerKind.STEP_BEGIN, 0), (MarkerKind.STEP_END, 0))
+    node.agent.tick(node.now)
+    node.at(2)
+    node.send("new", 0, (MarkerKind.STEP_BEGIN, 0))
+    assert node.tracked() == {("old", 0), ("new", 0)} and node.agent.ranks_retired["limit"] == 1
