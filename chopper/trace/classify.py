@@ -2,20 +2,20 @@
 
 Two levels:
 
-* ``kernel_class``: the three-way split Holistic Trace Analysis (HTA) 0.5 uses for its temporal
-  breakdown, overlap and kernel-type views (COMMUNICATION, MEMORY, COMPUTATION). Its patterns are
-  copied exactly from ``shared/data/kineto/REFERENCE.md`` so figures compare one to one.
+* ``kernel_class``: the split Holistic Trace Analysis (HTA) 0.5.0 uses for its temporal breakdown,
+  overlap and kernel-type views, as its ``get_kernel_type`` (``hta/utils/utils.py``) decides it,
+  tested in this order with ``re.match``: COMMUNICATION when the name is ``nccl…Kernel…``; MEMORY
+  when it starts with ``Memcpy``, ``Memset`` or ``dma``; OTHER (busy, but neither compute nor
+  communication) when it contains ``Memcpy`` or ``Sync`` anywhere; COMPUTATION otherwise.
 * ``kernel_type``: a finer split of COMPUTATION (GEMM, ATTENTION, ELEMENTWISE, OTHER) for the
-  kernel-type and top-kernel views; COMMUNICATION and MEMORY kernels keep their class.
+  kernel-type and top-kernel views; COMMUNICATION, MEMORY and OTHER kernels keep their class.
 
-GPU-timeline *sync* events (``cat`` ``cuda_sync``: "Stream Sync", "Context Sync", "Stream Wait
-Event") are not kernels, but HTA counts them as GPU activity: names matching ``.*Sync`` fall in its
-``OTHER`` class (busy, not compute) and the rest fall through to COMPUTATION. ``sync_class_unique`` applies
-that rule so the reference figures reproduce exactly.
+The same rule classes GPU-timeline *sync* events (``cat`` ``cuda_sync``), which HTA counts as GPU
+activity: "Stream Sync" and "Context Sync" are OTHER, "Stream Wait Event" COMPUTATION.
 
-The per-name functions work on arrays of *distinct* names (``classify_unique``, ``sync_class_unique``)
-and need only numpy; callers map the results back to rows with the names' inverse indices. The
-pandas wrapper ``classify_names`` serves the DataFrame analyses.
+The per-name function works on arrays of *distinct* names (``classify_unique``) and needs only
+numpy; callers map the results back to rows with the names' inverse indices. The pandas wrapper
+``classify_names`` serves the DataFrame analyses.
 """
 from __future__ import annotations
 
@@ -33,12 +33,14 @@ MEMORY = "MEMORY"
 COMPUTATION = "COMPUTATION"
 OTHER = "OTHER"
 
-# (class, kernel_type, pattern): tested top to bottom, first match wins. The first two rows are
-# HTA's exact rules (communication is tested before memory, so "hipMemcpy..." kernels are
-# communication there too); every later row is a COMPUTATION kernel with a finer type.
+# (class, kernel_type, pattern): tested top to bottom with re.search, first match wins. The first
+# three rows are HTA 0.5.0's rules (its NCCL_KERNEL_RE, MEMORY_KERNEL_RE and the not-compute half of
+# NCCL_COMPUTE_KERNEL_RE, whose ".*Memcpy" and ".*Sync" match anywhere in the name); every later row
+# is a COMPUTATION kernel with a finer type.
 KERNEL_TABLE: tuple[tuple[str, str, str], ...] = (
-    (COMMUNICATION, COMMUNICATION, r"^nccl|^hip|^hccl|ncclKernel"),
-    (MEMORY, MEMORY, r"^(hip)?Memcpy|^(hip)?Memset|^dma"),
+    (COMMUNICATION, COMMUNICATION, r"^nccl.*Kernel"),
+    (MEMORY, MEMORY, r"^(Memcpy|Memset|dma)"),
+    (OTHER, OTHER, r"Memcpy|Sync"),
     # Attention before GEMM: fused attention kernels often carry "gemm" in their template names.
     (COMPUTATION, "ATTENTION", r"(?i)flash|fmha|attention|sdpa|_attn|attn_"),
     # Convolutions run as implicit GEMMs on tensor / matrix cores, so they count as GEMM.
@@ -52,12 +54,7 @@ KERNEL_TABLE: tuple[tuple[str, str, str], ...] = (
 )
 COMPUTATION_DEFAULT_TYPE = "OTHER"
 
-# HTA's compute test excludes names matching this (with re.match), which is what makes sync events
-# busy-but-not-compute time.
-SYNC_OTHER_PATTERN = r".*Sync"
-
 _COMPILED = tuple((cls, typ, re.compile(pat)) for cls, typ, pat in KERNEL_TABLE)
-_SYNC_OTHER = re.compile(SYNC_OTHER_PATTERN)
 
 
 def classify_name(name: str) -> tuple[str, str]:
@@ -67,7 +64,7 @@ def classify_name(name: str) -> tuple[str, str]:
         name: The kernel name as the trace writes it.
 
     Returns:
-        The HTA class (COMMUNICATION, MEMORY or COMPUTATION) and the finer type.
+        The HTA class (COMMUNICATION, MEMORY, OTHER or COMPUTATION) and the finer type.
     """
     for cls, typ, pat in _COMPILED:
         if pat.search(name):
@@ -88,21 +85,6 @@ def classify_unique(names: Sequence[str] | np.ndarray) -> tuple[np.ndarray, np.n
     cls = np.array([c for c, _ in pairs], dtype=object)
     typ = np.array([t for _, t in pairs], dtype=object)
     return cls, typ
-
-
-def sync_class_unique(names: Sequence[str] | np.ndarray) -> np.ndarray:
-    """HTA class of distinct GPU sync event names: the kernel table, then ``.*Sync`` → OTHER.
-
-    Args:
-        names: Distinct names of ``cuda_sync`` events.
-
-    Returns:
-        One class per name (object array): the kernel table's class, except that a COMPUTATION
-        name matching ``.*Sync`` is OTHER (busy, not compute).
-    """
-    cls, _ = classify_unique(names)
-    is_sync = np.array([_SYNC_OTHER.match(str(n)) is not None for n in names], dtype=bool)
-    return np.where((cls == COMPUTATION) & is_sync, OTHER, cls).astype(object)
 
 
 def classify_names(names: pd.Series) -> tuple[pd.Series, pd.Series]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import math
 import re
 import zlib
 from array import array
@@ -31,6 +30,7 @@ from chopper.trace.frames import (
     RUNTIME_COLUMNS,
     Columns,
 )
+from chopper.trace.timestamps import MAX_NS, hta_rounds, kineto_time_ns
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -49,9 +49,6 @@ FLOW_CATS = frozenset({"fwdbwd", "ac2g"})
 FLOW_PHASES = frozenset({"s", "f", "t"})
 
 _TAIL_BYTES = 1 << 16
-# Times and durations beyond ±2**62 ns (146 years) are garbage; the bound also keeps ts + dur in int64.
-_MAX_NS = 2**62
-_MAX_US = _MAX_NS / 1000
 _RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
 
 
@@ -81,8 +78,11 @@ class Trace:
             kernels, but counted as GPU activity by Holistic Trace Analysis.
         clock_offset_ns: What was added to every Kineto time to put it on CLOCK_REALTIME
             (:func:`clock_offset_ns`), so frames, markers and samples share one time axis.
-        fractional_ts: True when the trace writes timestamps as floats (sub-µs, ROCm and newer
-            PyTorch); HTA then rounds starts up and ends down to whole µs.
+        fractional_ts: True when HTA rounds this trace's times to whole µs: some event writes its
+            ``ts`` as a float (ns resolution, newer Kineto) or has none
+            (:func:`chopper.trace.timestamps.hta_rounds`).
+        cpu_stream_events: Events off the GPU timeline (CPU ops, runtime calls, annotations) that
+            carry a ``stream`` argument: HTA counts them as GPU kernels, Chopper does not.
         metadata: Top-level keys other than ``traceEvents`` (distributedInfo, deviceProperties,
             baseTimeNanoseconds, traceName, ...).
         warnings: What the reader could not link, and which analyses lose what because of it.
@@ -100,6 +100,7 @@ class Trace:
     gpu_sync_columns: Columns
     clock_offset_ns: int = 0
     fractional_ts: bool = False
+    cpu_stream_events: int = 0
     metadata: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
 
@@ -182,19 +183,14 @@ def _to_int(v: Any, default: int = -1) -> int:
     return out if -(2**63) <= out < 2**63 else default
 
 
-def _time_ns(v: Any) -> int | None:
-    """A Kineto time in µs as int ns, or None when it is not a number within ±``_MAX_NS``."""
-    if isinstance(v, bool) or not isinstance(v, int | float) or not abs(v) < _MAX_US:  # NaN fails too
-        return None
-    return _us_to_ns(v)
-
-
-def _us_to_ns(v: Any) -> int:
-    """Kineto µs (int or float) → int ns, rounded; the integer part stays exact beyond 2**53 ns."""
-    if isinstance(v, int):
-        return v * 1000
-    whole = math.floor(v)
-    return whole * 1000 + round((v - whole) * 1000)
+def _on_a_stream(v: Any) -> bool:
+    """Whether HTA reads a ``stream`` argument as a stream: ``int(v)`` succeeds and is not -1."""
+    if isinstance(v, bool) or not isinstance(v, int | float | str):
+        return False
+    try:
+        return int(v) != -1
+    except (ValueError, OverflowError):  # "0x0" (ROCm runtime calls), NaN, inf: HTA's -1
+        return False
 
 
 class _TailKeeper:
@@ -296,9 +292,9 @@ def read_trace(path: str | Path, require_gpu: bool = True) -> Trace:
            typed column buffers, keeping from ``args`` only correlation, External id, device and
            stream; intern names and categories.
         3. Parse top-level keys written after the events from the last 64 KiB of the stream.
-        4. Build the frames (ts/dur µs → int64 ns, then ts moved onto CLOCK_REALTIME by
-           :func:`clock_offset_ns`; end = ts + dur), detect rank, world size and
-           device type, and record what cannot be linked in ``warnings``.
+        4. Build the frames (ts/dur µs → int64 ns by :func:`chopper.trace.timestamps.kineto_time_ns`,
+           then ts moved onto CLOCK_REALTIME by :func:`clock_offset_ns`; end = ts + dur), detect
+           rank, world size and device type, and record what cannot be linked in ``warnings``.
 
     Args:
         path: A ``.json`` or ``.json.gz`` trace.
@@ -347,6 +343,7 @@ def _read_events(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     g = _Columns({"name": "i", "ts": "q", "dur": "q", "device": "q", "stream": "q"})
     f = _Columns({"id": "q", "cat": "i", "phase": "i", "ts": "q", "pid": "q", "tid": "q"})
     fractional = False
+    cpu_stream_events = 0
     kernels_without_corr = 0
     bad_times = 0
     with _open(path) as raw:
@@ -356,21 +353,23 @@ def _read_events(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
                 continue
             cat = e.get("cat")
             ts = e.get("ts")
-            if isinstance(ts, float):
-                fractional = True
+            fractional = fractional or hta_rounds(ts)
             ph = e.get("ph")
             # Only string categories and phases route events (anything else is not Kineto's).
             if ts is None or not isinstance(cat, str) or not isinstance(ph, str):
                 continue
-            ts_ns = _time_ns(ts)
+            ts_ns = kineto_time_ns(ts)
             if ph == "X":
-                dur_ns = _time_ns(e.get("dur", 0) or 0)
+                dur_ns = kineto_time_ns(e.get("dur", 0) or 0)
                 if ts_ns is None or dur_ns is None or dur_ns < 0:
                     bad_times += 1
                     continue
                 args = e.get("args")
                 if not isinstance(args, dict):
                     args = {}
+                if cat not in KERNEL_CATS and cat not in SYNC_CATS and cat != "Trace" and \
+                        _on_a_stream(args.get("stream")):
+                    cpu_stream_events += 1
                 if cat in KERNEL_CATS or cat in SYNC_CATS:
                     cols = k.cols if cat in KERNEL_CATS else s.cols
                     corr = _to_int(args.get("correlation"))
@@ -421,7 +420,7 @@ def _read_events(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
         tail = fh.tail
     parsed = {
         "names": names, "cats": cats, "kernels": k, "syncs": s, "runtime": r, "cpu_ops": c,
-        "gpu_annotations": g, "flows": f, "fractional": fractional,
+        "gpu_annotations": g, "flows": f, "fractional": fractional, "cpu_stream_events": cpu_stream_events,
         "kernels_without_corr": kernels_without_corr, "bad_times": bad_times,
     }
     return _read_tail(tail), parsed
@@ -461,8 +460,8 @@ def clock_offset_ns(meta: dict[str, Any]) -> int:
     markers and samples (DESIGN "Data model").
     """
     base = meta.get("baseTimeNanoseconds")
-    # Bounded like every time (``_MAX_NS``), so that ts + base + dur stays within int64.
-    return base if isinstance(base, int) and not isinstance(base, bool) and 0 < base < _MAX_NS else 0
+    # Bounded like every time (``MAX_NS``), so that ts + base + dur stays within int64.
+    return base if isinstance(base, int) and not isinstance(base, bool) and 0 < base < MAX_NS else 0
 
 
 def _any_name_starts(frame: Columns, prefix: str) -> bool:
@@ -504,7 +503,7 @@ def _assemble(path: Path, meta: dict[str, Any], p: dict[str, Any], require_gpu: 
     kernels = columns("kernels", KERNEL_COLUMNS)
     if require_gpu and not len(kernels) and p["bad_times"]:
         raise _bad(path, f"no usable GPU kernels: {p['bad_times']} events have a ts or dur that is not a number of "
-                   f"µs within ±{_MAX_NS} ns, or a negative dur", "The file is not a trace torch.profiler wrote; "
+                   f"µs within ±{MAX_NS} ns, or a negative dur", "The file is not a trace torch.profiler wrote; "
                    "record it again")
     if require_gpu and not len(kernels):
         raise _bad(path, "no GPU kernels (no events with cat kernel / gpu_memcpy / gpu_memset): a CPU-only profile",
@@ -520,7 +519,7 @@ def _assemble(path: Path, meta: dict[str, Any], p: dict[str, Any], require_gpu: 
     if p["bad_times"]:
         warnings.append(
             f"{path}: {p['bad_times']} events were skipped: their ts or dur is not a number of µs within "
-            f"±{_MAX_NS} ns, or their dur is negative")
+            f"±{MAX_NS} ns, or their dur is negative")
     missing = p["kernels_without_corr"]
     if missing:
         warnings.append(
@@ -528,9 +527,16 @@ def _assemble(path: Path, meta: dict[str, Any], p: dict[str, Any], require_gpu: 
             "cannot be linked to their launching runtime call, so the hierarchy leaves cpu_op, layer, phase "
             "and iteration empty for them, and the ProfilerStep filter of the temporal, overlap and "
             "kernel-type analyses keeps them unfiltered")
+    if p["cpu_stream_events"]:
+        warnings.append(
+            f"{path}: {p['cpu_stream_events']} events off the GPU timeline (CPU ops, runtime calls, annotations) "
+            "carry a 'stream' argument (Triton / Inductor launches do): Holistic Trace Analysis 0.5.0 counts them as "
+            "GPU kernels and so reports more compute and less idle time; chopper counts only kernels, memcpys, "
+            "memsets and syncs (docs/TRACE.md, 'Where we differ from HTA')")
     return Trace(
         path=path, rank=rank, world_size=world, device_type=_detect_device_type(meta, runtime, kernels),
         kernel_columns=kernels, runtime_columns=runtime, cpu_op_columns=cpu_ops,
         gpu_annotation_columns=gpu_annotations, flow_columns=flows, gpu_sync_columns=syncs,
-        clock_offset_ns=offset, fractional_ts=p["fractional"], metadata=meta, warnings=warnings,
+        clock_offset_ns=offset, fractional_ts=p["fractional"], cpu_stream_events=p["cpu_stream_events"],
+        metadata=meta, warnings=warnings,
     )

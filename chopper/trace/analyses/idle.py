@@ -9,8 +9,9 @@ import numpy as np
 import pandas as pd
 
 from chopper.trace.analyses.launch import join_launch
-from chopper.trace.analyses.temporal import gpu_activity, merge_intervals, without_last_step
+from chopper.trace.analyses.temporal import ACTIVITY_CLASSES, activity, merge_intervals, without_last_step
 from chopper.trace.reader import Trace
+from chopper.trace.timestamps import ceil_us
 
 _US = 1000.0
 GAP_COLUMNS: tuple[str, ...] = ("start_ns", "end_ns", "gap_us", "next_launch_ts_ns", "host_wait_us",
@@ -23,9 +24,10 @@ def activity_with_launch(trace: Trace) -> pd.DataFrame:
     """HTA's GPU activity (:func:`~chopper.trace.analyses.temporal.gpu_activity`) with each event's launch.
 
     Algorithm:
-        1. Take ``gpu_activity`` without its ProfilerStep filter: its rows are the kernels, then the
-           GPU sync events, in trace order, so correlation, device and stream attach by position.
-        2. Apply the temporal breakdown's own ProfilerStep filter, so the set is HTA's exactly.
+        1. Take :func:`~chopper.trace.analyses.temporal.activity` without its ProfilerStep filter;
+           its ``row`` indexes the kernels, then the GPU sync events, so name, correlation, device
+           and stream attach by that index.
+        2. Apply the temporal breakdown's own ProfilerStep filter, so the set is the same.
         3. Join each event's runtime call by correlation (``launch_ts_ns`` -1 where none).
 
     Args:
@@ -35,19 +37,14 @@ def activity_with_launch(trace: Trace) -> pd.DataFrame:
         ``start_ns``, ``end_ns``, ``kernel_class``, ``name``, ``device``, ``stream``, ``correlation``,
         ``launch_ts_ns``, ``linked``.
     """
-    act = gpu_activity(trace, drop_last_step=False)
-    parts = [trace.kernels] + ([trace.gpu_syncs] if len(trace.gpu_syncs) else [])
-    src = pd.concat([p[["device", "stream", "correlation"]] for p in parts], ignore_index=True)
-    if len(src) != len(act):  # pragma: no cover - guards the positional join against a change upstream
-        raise RuntimeError("gpu_activity no longer returns one row per kernel and sync event")
-    act[["device", "stream", "correlation"]] = src.to_numpy()
+    a = activity(trace, drop_last_step=False)
+    cols = ["name", "device", "stream", "correlation"]
+    src = pd.concat([trace.kernels[cols], trace.gpu_syncs[cols]], ignore_index=True).iloc[a.row]
+    act = pd.DataFrame({"start_ns": a.start_ns, "end_ns": a.end_ns,
+                        "kernel_class": np.array(ACTIVITY_CLASSES, dtype=object)[a.class_code],
+                        **{c: src[c].to_numpy() for c in cols}})
     rounding = trace.fractional_ts
-
-    def up(ns: pd.Series | np.ndarray) -> np.ndarray:
-        v = np.asarray(ns, dtype=np.int64)
-        return -((-v) // 1000) * 1000 if rounding else v
-
-    act = without_last_step(trace, act, up).reset_index(drop=True)
+    act = without_last_step(trace, act, lambda ns: ceil_us(ns, rounding)).reset_index(drop=True)
     act["launch_ts_ns"], _, act["linked"] = join_launch(trace.runtime, act["correlation"])
     return act
 

@@ -13,14 +13,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from chopper.trace.classify import COMMUNICATION, COMPUTATION, MEMORY, OTHER, classify_unique, sync_class_unique
+from chopper.trace.classify import COMMUNICATION, COMPUTATION, MEMORY, OTHER, classify_unique
 from chopper.trace.frames import Columns
 from chopper.trace.reader import Trace
+from chopper.trace.timestamps import US_NS, ceil_us, hta_interval
 
 if TYPE_CHECKING:
     import pandas as pd
-
-_US = 1000  # ns per µs
 
 # HTA classes by small-int code: Activity.class_code indexes this, so selections compare ints, not strings.
 ACTIVITY_CLASSES: tuple[str, ...] = (COMMUNICATION, MEMORY, COMPUTATION, OTHER)
@@ -89,17 +88,11 @@ class Activity:
         return union_ns(self.start_ns[sel], self.end_ns[sel])
 
 
-def _class_codes(frame: Columns, classify: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
-    """HTA class code per row: ``classify`` runs on the distinct names only, then maps back."""
+def _class_codes(frame: Columns) -> np.ndarray:
+    """HTA class code per row: the names are classed once each, then mapped back."""
     uniques, inverse = frame.factorize("name")
-    per_name = np.array([_CLASS_CODE[c] for c in classify(uniques)], dtype=np.int8)
+    per_name = np.array([_CLASS_CODE[c] for c in classify_unique(uniques)[0]], dtype=np.int8)
     return per_name[inverse]
-
-
-def _ceil_us(ns: np.ndarray, rounding: bool) -> np.ndarray:
-    """Round ns times up to whole µs when ``rounding`` (HTA's parser on float timestamps)."""
-    v = np.asarray(ns, dtype=np.int64)
-    return -((-v) // _US) * _US if rounding else v
 
 
 def activity(trace: Trace, *, hta_rounding: bool = True, include_syncs: bool = True,
@@ -107,13 +100,15 @@ def activity(trace: Trace, *, hta_rounding: bool = True, include_syncs: bool = T
     """GPU busy intervals of one rank, classed as Holistic Trace Analysis classes them.
 
     Algorithm:
-        1. Take kernels, memcpys and memsets (and, as HTA does, ``cuda_sync`` events) on every
-           stream and device of the rank.
-        2. Class kernels with the HTA three-way table; sync events as "OTHER" when their name matches
-           ``.*Sync`` (busy, not compute), else COMPUTATION (HTA's fall-through). Each distinct name
-           is classed once and the class mapped back to its rows.
-        3. When the trace writes float timestamps, round starts up and ends down to whole µs, as
-           HTA's parser does (an end that falls before its start is clamped to the start).
+        1. Take kernels, memcpys and memsets on every stream and device of the rank and, as HTA
+           does, the ``cuda_sync`` events that name a stream (HTA leaves out those with stream -1,
+           device-wide syncs in newer traces). HTA 0.5.0 counts any event with a ``stream``
+           argument; CPU ops and runtime calls that carry one are not GPU work and stay out here
+           (``Trace.cpu_stream_events`` counts them).
+        2. Class every event by name with HTA's rules (:mod:`chopper.trace.classify`); each
+           distinct name is classed once and the class mapped back to its rows.
+        3. Time each event with :func:`chopper.trace.timestamps.hta_interval`: inward to whole µs
+           when HTA rounds the trace (``Trace.fractional_ts``), else exact ns.
         4. With two or more distinct ``ProfilerStep#N`` names, keep only events whose launching
            runtime call (joined by ``correlation``) starts before the last ProfilerStep starts;
            events without a correlation id are kept (HTA joins them to the CPU side's -1), those
@@ -128,21 +123,20 @@ def activity(trace: Trace, *, hta_rounding: bool = True, include_syncs: bool = T
     Returns:
         The kept events, kernels first, then sync events, each in trace order.
     """
-    k = trace.kernel_columns
-    parts = [(k, lambda names: classify_unique(names)[0])]
-    if include_syncs and len(trace.gpu_sync_columns):
-        parts.append((trace.gpu_sync_columns, sync_class_unique))
-    start = np.concatenate([p["ts_ns"] for p, _ in parts])
-    end = np.concatenate([p["end_ns"] for p, _ in parts])
-    code = np.concatenate([_class_codes(p, classify) for p, classify in parts])
+    parts = [trace.kernel_columns] + ([trace.gpu_sync_columns] if include_syncs else [])
+    start = np.concatenate([p["ts_ns"] for p in parts])
+    end = np.concatenate([p["end_ns"] for p in parts])
+    code = np.concatenate([_class_codes(p) for p in parts])
     rounding = hta_rounding and trace.fractional_ts
-    start = _ceil_us(start, rounding)
-    if rounding:
-        end = np.maximum((end // _US) * _US, start)
-    row = np.arange(len(start))
+    start, end = hta_interval(start, end, rounding)
+    n_kernels = len(trace.kernel_columns)
+    on_stream = np.ones(len(start), dtype=bool)
+    on_stream[n_kernels:] = trace.gpu_sync_columns["stream"] != -1 if include_syncs else True
+    row = np.flatnonzero(on_stream)
+    start, end, code = start[on_stream], end[on_stream], code[on_stream]
     if drop_last_step:
-        correlation = np.concatenate([p["correlation"] for p, _ in parts])
-        keep = last_step_mask(trace, correlation, lambda ns: _ceil_us(ns, rounding))
+        correlation = np.concatenate([p["correlation"] for p in parts])[on_stream]
+        keep = last_step_mask(trace, correlation, lambda ns: ceil_us(ns, rounding))
         start, end, code, row = start[keep], end[keep], code[keep], row[keep]
     return Activity(start_ns=start, end_ns=end, class_code=code, row=row)
 
@@ -242,8 +236,8 @@ def breakdown(trace: Trace, **options: bool) -> dict[str, float]:
         return 100.0 * x / span if span else 0.0
 
     return {
-        "idle_time_us": idle / _US, "compute_time_us": compute / _US,
-        "non_compute_time_us": non_compute / _US, "kernel_time_us": span / _US,
+        "idle_time_us": idle / US_NS, "compute_time_us": compute / US_NS,
+        "non_compute_time_us": non_compute / US_NS, "kernel_time_us": span / US_NS,
         "idle_pct": pct(idle), "compute_pct": pct(compute), "non_compute_pct": pct(non_compute),
     }
 
