@@ -5,9 +5,9 @@ from agent.backends.simulated import SimulatedBackend
 from agent.config import load_settings
 from agent.daemon import Agent
 from chopper.proto.chopper.v1 import agent_pb2 as pb
-from chopper.schema import MarkerKind
 
 S = 10**9
+BEGIN, END = pb.MARKER_KIND_STEP_BEGIN, pb.MARKER_KIND_STEP_END
 T0 = 1_800_000_000 * S
 
 
@@ -21,7 +21,7 @@ class Node:
         self.agent.open_backend()
         self.seq: dict[tuple[str, int], int] = {}
 
-    def send(self, job: str, rank: int, *markers: tuple[MarkerKind, int]) -> None:
+    def send(self, job: str, rank: int, *markers: tuple[pb.MarkerKind.ValueType, int]) -> None:
         seq = self.seq[(job, rank)] = self.seq.get((job, rank), 0) + 1
         self.agent.push_markers(pb.MarkerBatch(
             job=job, rank=rank, gpu=rank, seq=seq, pid=100 + rank,
@@ -36,11 +36,11 @@ class Node:
 
 def test_an_open_step_outlives_the_silence_and_still_closes() -> None:
     node = Node("--rank-idle-s", "10")
-    node.send("j", 0, (MarkerKind.STEP_BEGIN, 0))
+    node.send("j", 0, (BEGIN, 0))
     node.at(60)  # a step of a minute without a marker: a checkpoint save, say
     node.agent.tick(node.now)
     assert node.tracked() == {("j", 0)} and node.agent.ranks_retired["idle"] == 0
-    node.send("j", 0, (MarkerKind.STEP_END, 0))
+    node.send("j", 0, (END, 0))
     node.at(60.1)
     node.agent.tick(node.now)
     assert node.agent.rejected.total() == 0
@@ -49,9 +49,9 @@ def test_an_open_step_outlives_the_silence_and_still_closes() -> None:
 
 def test_pending_summaries_are_made_before_the_rank_goes() -> None:
     node = Node("--rank-idle-s", "10")
-    node.send("j", 0, (MarkerKind.STEP_BEGIN, 0))
+    node.send("j", 0, (BEGIN, 0))
     node.at(1)
-    node.send("j", 0, (MarkerKind.STEP_END, 0))
+    node.send("j", 0, (END, 0))
     node.at(30)
     assert node.agent.retire_idle(node.now) == 0  # its step waits for a sample that covers it
     node.agent.tick(node.now)  # summarises, then retires
@@ -63,10 +63,10 @@ def test_pending_summaries_are_made_before_the_rank_goes() -> None:
 def test_a_rank_goes_only_when_its_whole_job_is_silent() -> None:
     node = Node("--rank-idle-s", "10")
     for rank in (0, 1):
-        node.send("j", rank, (MarkerKind.STEP_BEGIN, 0), (MarkerKind.STEP_END, 0))
-    node.send("k", 0, (MarkerKind.STEP_BEGIN, 0), (MarkerKind.STEP_END, 0))
+        node.send("j", rank, (BEGIN, 0), (END, 0))
+    node.send("k", 0, (BEGIN, 0), (END, 0))
     node.at(8)
-    node.send("j", 1, (MarkerKind.STEP_BEGIN, 1), (MarkerKind.STEP_END, 1))
+    node.send("j", 1, (BEGIN, 1), (END, 1))
     node.at(12)
     node.agent.tick(node.now)
     # Rank 0 of j has been silent 12 s, but its job has not; k has.
@@ -78,10 +78,10 @@ def test_a_rank_goes_only_when_its_whole_job_is_silent() -> None:
 
 def test_the_limit_evicts_ranks_without_an_open_step_first() -> None:
     node = Node("--max-ranks", "2")
-    node.send("old", 0, (MarkerKind.STEP_BEGIN, 0))  # in a step
+    node.send("old", 0, (BEGIN, 0))  # in a step
     node.at(1)
-    node.send("mid", 0, (MarkerKind.STEP_BEGIN, 0), (MarkerKind.STEP_END, 0))
+    node.send("mid", 0, (BEGIN, 0), (END, 0))
     node.agent.tick(node.now)
     node.at(2)
-    node.send("new", 0, (MarkerKind.STEP_BEGIN, 0))
+    node.send("new", 0, (BEGIN, 0))
     assert node.tracked() == {("old", 0), ("new", 0)} and node.agent.ranks_retired["limit"] == 1
