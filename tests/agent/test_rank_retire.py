@@ -21,7 +21,7 @@ class Node:
         self.agent.open_backend()
         self.seq: dict[tuple[str, int], int] = {}
 
-    def send(self, job: str, rank: int, *markers: tuple[pb.MarkerKind.ValueType, int]) -> None:
+    def send(self, job: str, rank: int, *markers: tuple[pb.MarkerKind, int]) -> None:
         seq = self.seq[(job, rank)] = self.seq.get((job, rank), 0) + 1
         self.agent.push_markers(pb.MarkerBatch(
             job=job, rank=rank, gpu=rank, seq=seq, pid=100 + rank,
