@@ -4,8 +4,12 @@
 rejected (each with a reason key for metrics and a message naming the problem and the fix) and
 the steps that closed. Algorithm, per batch:
 
-1. Check the batch header: a job name, a rank, a GPU index of this node (or -1), a size limit.
-   A bad header rejects the whole batch.
+1. Check the batch header: a job name, a rank, a GPU index >= -1, a size limit. A bad header
+   rejects the whole batch.
+1a. Resolve the rank's GPU (docs/IDENTITY.md): a ``device_uuid`` the node has names its GPU and
+   wins over ``gpu``; a UUID it does not have, a client's ``unresolved:`` report or an index
+   beyond this node's GPUs makes the GPU -1 and flags the rank's steps ``unknown_device``
+   (never another GPU), with one warning per rank and problem in ``IngestResult.warnings``.
 2. Per marker, check kind, step, name, timestamp plausibility and non-negative payloads.
 3. Track each ``(job, rank)``: the open step and its open phases/collectives. A ``step_end``
    for a step that never began, or a ``phase_end`` without its begin, is rejected; a
@@ -21,6 +25,7 @@ import math
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
+from chopper.device_identity import UNRESOLVED, canonical_uuid, match_uuid
 from chopper.jobname import job_name_problem
 from chopper.proto.chopper.v1 import agent_pb2 as pb
 from chopper.schema import MAX_MARKERS_PER_BATCH, MarkerKind
@@ -32,6 +37,8 @@ MAX_OPEN_INTERVALS = 4096
 # Timestamps further than this from the agent's clock are garbled, not late.
 MAX_CLOCK_SKEW_NS = 24 * 3600 * 10**9
 MAX_ERRORS_REPORTED = 8
+# The ClosedStep flag of a rank whose GPU could not be resolved (docs/ATTRIBUTION.md, docs/IDENTITY.md).
+UNKNOWN_DEVICE = "unknown_device"
 
 # Every reason a marker can be rejected for: the ``reason`` label of
 # ``chopper_agent_markers_rejected_total``, documented in docs/METRICS.md.
@@ -91,6 +98,8 @@ class RankState:
     """What the agent knows of one ``(job, rank)``."""
 
     gpu: int = -1
+    device_flags: tuple[str, ...] = ()  # UNKNOWN_DEVICE while the rank's GPU is unresolved
+    device_warning: str = ""  # the device problem last warned about, so each is warned once
     open_step: _OpenStep | None = None
     # Begun, not yet ended, by name: FIFO of (step, begin_ns), paired first-in first-out as offline.
     open_phases: dict[str, deque[tuple[int, int]]] = field(default_factory=dict)
@@ -117,6 +126,8 @@ class IngestResult:
     rejected: Counter[str] = field(default_factory=Counter)
     errors: list[str] = field(default_factory=list)
     closed_steps: list[ClosedStep] = field(default_factory=list)
+    gpu: int = -1  # the batch's GPU as resolved (step 1a)
+    warnings: list[str] = field(default_factory=list)  # device problems, each once per rank, for the log
 
     def reject(self, reason: str, message: str, count: int = 1) -> None:
         self.rejected[reason] += count
@@ -136,8 +147,19 @@ class MarkerIngest:
     def __init__(self, node: str, gpu_count: int, device_uuids: dict[str, int] | None = None) -> None:
         self.node = node
         self.gpu_count = gpu_count
+        self._canonical: dict[str, int] = {}
         self.device_uuids = device_uuids if device_uuids is not None else {}
         self.ranks: dict[tuple[str, int], RankState] = {}
+
+    @property
+    def device_uuids(self) -> dict[str, int]:
+        return self._device_uuids
+
+    @device_uuids.setter
+    def device_uuids(self, uuids: dict[str, int]) -> None:
+        # Compared in one canonical form: torch names a GPU without NVML's "GPU-" prefix.
+        self._device_uuids = uuids
+        self._canonical = {canonical_uuid(u): gpu for u, gpu in uuids.items()}
 
     def ingest(self, batch: pb.MarkerBatch, now_ns: int) -> IngestResult:
         """Validate one batch against the per-rank state; see the module docstring."""
@@ -148,7 +170,12 @@ class MarkerIngest:
             result.reject(reason, message, max(1, len(batch.markers)))
             return result
         state = self.ranks.setdefault((batch.job, batch.rank), RankState())
-        state.gpu = batch.gpu
+        state.gpu, state.device_flags, warning = self._device(batch)
+        result.gpu = state.gpu
+        if warning != state.device_warning:
+            state.device_warning = warning
+            if warning:
+                result.warnings.append(warning)
         self._track_sender(state, batch)
         for marker in batch.markers:
             error = self._check_marker(marker, now_ns) or self._apply(state, batch, marker, result)
@@ -158,9 +185,39 @@ class MarkerIngest:
                 continue
             state.received[MarkerKind(marker.kind)] += 1
             result.accepted.append(
-                pb.MarkerRecord(job=batch.job, node=self.node, rank=batch.rank, gpu=batch.gpu, marker=marker)
+                pb.MarkerRecord(job=batch.job, node=self.node, rank=batch.rank, gpu=state.gpu, marker=marker)
             )
         return result
+
+    def _device(self, batch: pb.MarkerBatch) -> tuple[int, tuple[str, ...], str]:
+        """(GPU, flags, warning or "") of a batch whose header passed (module docstring, step 1a)."""
+        who = f"job {batch.job!r} rank {batch.rank}"
+        fix = ("list this node's devices in that variable, call chopper.init() after torch.cuda.set_device(), or set "
+               "CHOPPER_GPU; the training log's event=identity line names the variable")
+        uuid = batch.device_uuid
+        if uuid.startswith(UNRESOLVED):
+            why = uuid.removeprefix(UNRESOLVED)
+            return -1, (UNKNOWN_DEVICE,), (
+                f"{who} cannot tell which GPU it drives ({why}); its steps are flagged {UNKNOWN_DEVICE} and carry "
+                f"no GPU; {fix}")
+        if uuid:
+            gpu = match_uuid(uuid, self._canonical)
+            if gpu is None:
+                return -1, (UNKNOWN_DEVICE,), (
+                    f"{who} drives device {uuid[:80]!r}, which is not a GPU of node {self.node!r} "
+                    f"({len(self._canonical)} GPUs; a MIG instance or another node's GPU?); its steps are flagged "
+                    f"{UNKNOWN_DEVICE} and carry no GPU; {fix}")
+            if 0 <= batch.gpu != gpu:
+                return gpu, (), (
+                    f"{who}'s device {uuid[:80]} is GPU {gpu} of this node, but its environment gave GPU {batch.gpu}; "
+                    f"using GPU {gpu}. Indices in CUDA_VISIBLE_DEVICES follow CUDA_DEVICE_ORDER (set "
+                    "CUDA_DEVICE_ORDER=PCI_BUS_ID for the agent's order) and count only the devices a cgroup shows")
+            return gpu, (), ""
+        if batch.gpu >= self.gpu_count:
+            return -1, (UNKNOWN_DEVICE,), (
+                f"{who} names GPU {batch.gpu}, but node {self.node!r} has GPUs 0..{self.gpu_count - 1}; its steps are "
+                f"flagged {UNKNOWN_DEVICE} and carry no GPU; {fix}")
+        return batch.gpu, (), ""
 
     def _check_header(self, batch: pb.MarkerBatch) -> tuple[str, str] | None:
         job_problem = job_name_problem(batch.job)
@@ -170,10 +227,10 @@ class MarkerIngest:
             )
         if batch.rank < 0:
             return "bad_rank", f"marker batch has rank {batch.rank}: ranks are >= 0; pass chopper.init(rank=...)"
-        if not -1 <= batch.gpu < self.gpu_count:
+        if batch.gpu < -1:  # an index beyond this node's GPUs is flagged in _device, not rejected
             return "bad_gpu", (
-                f"marker batch from job {batch.job!r} rank {batch.rank} names GPU {batch.gpu}, but this node has "
-                f"GPUs 0..{self.gpu_count - 1}; pass chopper.init(gpu=LOCAL_RANK) or -1 for none"
+                f"marker batch from job {batch.job!r} rank {batch.rank} names GPU {batch.gpu}: GPU indices are >= 0, "
+                "or -1 for none; pass chopper.init(gpu=...) or let chopper resolve it (docs/IDENTITY.md)"
             )
         if len(batch.markers) > MAX_MARKERS_PER_BATCH:
             return "batch_too_large", (
@@ -237,8 +294,8 @@ class MarkerIngest:
             state.last_step_time_s = (m.ts_ns - open_step.begin_ns) / 1e9
             result.closed_steps.append(
                 ClosedStep(
-                    batch.job, batch.rank, batch.gpu, m.step, open_step.begin_ns, m.ts_ns, m.flops, m.tokens,
-                    tuple(open_step.intervals), open_step.device_clock and device_clock,
+                    batch.job, batch.rank, state.gpu, m.step, open_step.begin_ns, m.ts_ns, m.flops, m.tokens,
+                    tuple(open_step.intervals), open_step.device_clock and device_clock, state.device_flags,
                 )
             )
             return None

@@ -83,6 +83,8 @@ class AgentServicer:
                         "chopper client of a matching version",
                     )
                 result = agent.push_markers(batch)
+                for warning in result.warnings:  # each once per rank and problem (agent.markers)
+                    log.warning("event=unknown_device problem=%r", warning)
                 response.accepted += len(result.accepted)
                 rejected = sum(result.rejected.values())
                 if rejected:

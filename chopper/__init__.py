@@ -50,13 +50,15 @@ def init(
     """Start the process-wide marker client, replacing (and flushing) any previous one.
 
     Args:
-        job: Job id; default ``CHOPPER_JOB``, else ``TORCHELASTIC_RUN_ID``, else
-            ``SLURM_JOB_ID``, else ``"default"``.
+        job: Job id; default ``CHOPPER_JOB``, else the Slurm job (or array task), else
+            ``TORCHELASTIC_RUN_ID`` unless ``none``, else what Kubernetes training operators
+            expose, else ``"default"`` (docs/IDENTITY.md).
         rank: Global rank; default from ``torch.distributed`` when torch is already imported and
-            the process group initialised, else ``RANK``, else 0.
+            the process group initialised, else ``RANK``, Slurm, Open MPI, PMI or PMIx.
         agent: gRPC target of the node agent; default ``CHOPPER_AGENT``, else
             ``unix:///run/chopper/agent.sock``.
-        gpu: Local GPU index; default ``LOCAL_RANK``, else torch's current device, else -1.
+        gpu: The agent's index of the GPU this rank drives, -1 for none; default resolved from
+            the visibility variables, the local rank and torch's device UUID (docs/IDENTITY.md).
         queue_size: Most markers buffered while the agent is slow or away; more are dropped and
             counted.
 
@@ -66,10 +68,13 @@ def init(
     """
     global _client, _atexit_registered
     env = os.environ
+    identity = _identity.resolve(env, job=job, rank=rank, gpu=gpu)
     client = Client(
-        job=job if job is not None else _identity.default_job(env),
-        rank=rank if rank is not None else _identity.default_rank(env),
-        gpu=gpu if gpu is not None else _identity.default_gpu(env),
+        job=identity.job,
+        rank=identity.rank,
+        gpu=identity.gpu,
+        device_uuid=identity.device_uuid,
+        device_source=identity.device_source,
         agent=agent if agent is not None else _identity.default_agent(env),
         queue_size=queue_size,
         device_clock=_device_clock.from_torch(),

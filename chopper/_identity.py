@@ -1,77 +1,92 @@
-"""Who a training process is (job, rank, GPU) and where its agent listens, from the environment.
+"""Who a training process is (job, rank, GPU) and where its agent listens, resolved once at ``chopper.init``.
 
-Resolved once, at ``chopper.init``, never on the hot path. Launchers differ in what they export
-(torchrun, Slurm, plain ``RANK``), so each value tries the sources in a fixed order. A malformed
-variable never raises into training: it is logged once, naming the variable, and the next
-source is used.
+The rules live in ``chopper.launcher_identity`` (job, rank, local rank, world size) and
+``chopper.device_identity`` (the physical GPU), as pure functions; this module applies them to
+the process's environment and logs what they found: each warning once per process (``init``
+may run many times), and one ``event=identity`` line saying what was resolved from where.
 """
 from __future__ import annotations
 
 import logging
 import sys
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
+
+from chopper import device_identity, launcher_identity
 
 logger = logging.getLogger("chopper.client")
 
 DEFAULT_AGENT = "unix:///run/chopper/agent.sock"
 
+_warned: set[str] = set()
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """What ``chopper.init`` sends: job, rank, agent GPU index (-1 none) and device UUID ("" none)."""
+
+    job: str
+    rank: int
+    gpu: int
+    device_uuid: str
+    device_source: str
+
 
 def default_job(env: Mapping[str, str]) -> str:
-    """The job id: ``CHOPPER_JOB``, else ``TORCHELASTIC_RUN_ID``, else ``SLURM_JOB_ID``, else ``default``."""
-    for key in ("CHOPPER_JOB", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID"):
-        value = env.get(key, "").strip()
-        if value:
-            return value
-    return "default"
-
-
-def _env_int(env: Mapping[str, str], key: str) -> int | None:
-    raw = env.get(key)
-    if raw is None or raw.strip() == "":
-        return None
-    try:
-        return int(raw)
-    except ValueError:
-        logger.warning("event=bad_env_var var=%s value=%r reason=%s", key, raw, "not an integer; ignored")
-        return None
-
-
-def default_rank(env: Mapping[str, str], modules: Mapping[str, Any] | None = None) -> int:
-    """The global rank: ``torch.distributed`` when initialised, else ``RANK``, else 0.
-
-    torch is consulted only when the training code already imported it (``modules`` is
-    ``sys.modules`` by default): importing torch here would cost seconds and memory.
-    """
-    modules = sys.modules if modules is None else modules
-    dist = modules.get("torch.distributed")
-    if dist is not None:
-        try:
-            if dist.is_available() and dist.is_initialized():
-                return int(dist.get_rank())
-        except Exception:  # a half-initialised process group must not stop training
-            pass
-    rank = _env_int(env, "RANK")
-    return 0 if rank is None else rank
-
-
-def default_gpu(env: Mapping[str, str], modules: Mapping[str, Any] | None = None) -> int:
-    """The local GPU index: ``LOCAL_RANK``, else torch's current device, else -1 (no GPU)."""
-    gpu = _env_int(env, "LOCAL_RANK")
-    if gpu is not None:
-        return gpu
-    modules = sys.modules if modules is None else modules
-    torch = modules.get("torch")
-    if torch is not None:
-        try:
-            if torch.cuda.is_available() and torch.cuda.is_initialized():
-                return int(torch.cuda.current_device())
-        except Exception:
-            pass
-    return -1
+    """The job id by ``chopper.launcher_identity.resolve_job`` (``"default"`` when nothing names one); logs nothing."""
+    return str(launcher_identity.resolve_job(env).value)
 
 
 def default_agent(env: Mapping[str, str]) -> str:
     """The agent's gRPC target: ``CHOPPER_AGENT``, else ``unix:///run/chopper/agent.sock``."""
     value = env.get("CHOPPER_AGENT", "").strip()
     return value or DEFAULT_AGENT
+
+
+def _warn(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        logger.warning("event=identity_problem problem=%r", message)
+
+
+def resolve(env: Mapping[str, str], modules: Mapping[str, Any] | None = None, job: str | None = None,
+            rank: int | None = None, gpu: int | None = None) -> Identity:
+    """The identity from ``env`` and ``modules`` (``sys.modules``), except the values given explicitly.
+
+    Never raises: a failure of the rules themselves falls back to job ``default``, rank 0, no GPU.
+    """
+    modules = sys.modules if modules is None else modules
+    try:
+        return _resolve(env, modules, job, rank, gpu)
+    except Exception as e:  # identity is telemetry's, never training's problem
+        _warn(f"identity resolution failed ({type(e).__name__}: {e}); using job 'default', rank 0, no GPU")
+        return Identity(job or launcher_identity.DEFAULT_JOB, rank or 0, -1 if gpu is None else gpu, "", "error")
+
+
+def _resolve(env: Mapping[str, str], modules: Mapping[str, Any], job: str | None, rank: int | None,
+             gpu: int | None) -> Identity:
+    found: dict[str, launcher_identity.Resolved] = {}
+    if job is None:
+        found["job"] = launcher_identity.resolve_job(env)
+        job = str(found["job"].value)
+    if rank is None:
+        found["rank"] = launcher_identity.resolve_rank(env, modules)
+        found["world_size"] = size = launcher_identity.resolve_world_size(env, modules)
+        rank = int(found["rank"].value)
+        if rank >= size.value:
+            _warn(f"rank {rank} ({found['rank'].source}) is not below the world size {size.value} ({size.source}); "
+                  "one of the launcher's variables is stale: set RANK and WORLD_SIZE together")
+    device: device_identity.Device | None = None
+    if gpu is None:
+        found["local_rank"] = local = launcher_identity.resolve_local_rank(env)
+        device = device_identity.resolve_device(env, local.value, modules, local.source)
+        gpu = device.gpu
+    for message in [m for r in found.values() for m in r.warnings] + list(device.warnings if device else ()):
+        _warn(message)
+    identity = Identity(job, rank, gpu, device.uuid if device else "",
+                        device.source if device else "chopper.init(gpu=)")
+    logger.info("event=identity job=%r rank=%d gpu=%d device_uuid=%r device_source=%r sources=%r", identity.job,
+                identity.rank, identity.gpu, identity.device_uuid, identity.device_source,
+                {what: f"{r.source}={r.value}" for what, r in found.items()})
+    return identity

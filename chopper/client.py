@@ -43,6 +43,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from chopper._device_clock import DeviceClock
+from chopper.device_identity import UNRESOLVED, canonical_uuid, match_uuid
 from chopper.jobname import job_name_problem
 from chopper.schema import MAX_MARKERS_PER_BATCH, ClockSource, MarkerKind
 
@@ -180,7 +181,7 @@ class Client:
     Args:
         job: Job id carried in every batch.
         rank: Global rank of this process.
-        gpu: Local GPU index driven by this rank, -1 for none.
+        gpu: The agent's index of the GPU this rank drives, -1 for none or unknown.
         agent: gRPC target of the node agent, e.g. ``unix:///run/chopper/agent.sock``.
         queue_size: Most markers waiting to be sent; beyond it markers are dropped and counted.
         max_batch: Most markers per ``MarkerBatch``.
@@ -193,6 +194,8 @@ class Client:
         start: Start the sender thread now (tests may start it later with ``start()``).
         control: Also hold a ``Control`` stream so that ``chopper capture`` can profile this
             process (docs/CAPTURE.md).
+        device_uuid: The device's UUID (``MarkerBatch.device_uuid``; docs/IDENTITY.md), "" for none.
+        device_source: How ``gpu``/``device_uuid`` were found, for the warning when the agent lacks the device.
     """
 
     def __init__(
@@ -211,10 +214,14 @@ class Client:
         pid: int | None = None,
         start: bool = True,
         control: bool = True,
+        device_uuid: str = "",
+        device_source: str = "",
     ) -> None:
         self.job = str(job)  # chopper.init(job=SLURM_JOB_ID as an int) is a job name too
         self.rank = rank
         self.gpu = gpu
+        self.device_uuid = device_uuid
+        self.device_source = device_source
         self.target = agent
         self.pid = os.getpid() if pid is None else pid
         problem = job_name_problem(self.job)
@@ -622,6 +629,7 @@ class Client:
         self._channel = channel
         stub = agent_pb2_grpc.AgentStub(channel)
         backoff = self._initial_backoff
+        device_checked = False
         while not self._abort_event.is_set():
             if self._stopping and not self._q:
                 return
@@ -629,6 +637,9 @@ class Client:
                 self._disconnected(f"agent not ready within {backoff:.3f}s")
                 backoff = min(backoff * 2, self._max_backoff)
                 continue
+            if not device_checked:
+                device_checked = True
+                self._check_device(stub, agent_pb2)
             stream = _Stream()
             self._stream = stream
             done = threading.Event()
@@ -667,6 +678,31 @@ class Client:
                 # Streams that end before carrying anything must not spin.
                 self._abort_event.wait(backoff)
                 backoff = min(backoff * 2, self._max_backoff)
+
+    def _check_device(self, stub: Any, pb2: Any) -> None:
+        """Once per client: warn, naming what chose the device, when the agent has no such device.
+
+        The agent flags such a rank's steps ``unknown_device`` whatever happens here; this warning
+        is for the training log, where the variable that chose the device is known.
+        """
+        if (self.gpu < 0 and not self.device_uuid) or self.device_uuid.startswith(UNRESOLVED):
+            return  # no GPU, or already warned at init
+        try:
+            info = stub.GetInfo(pb2.GetInfoRequest(), timeout=2.0)
+        except Exception:  # an older or busy agent: it still flags the steps itself
+            return
+        if self.device_uuid:
+            uuids = {canonical_uuid(d.uuid): d.gpu for d in info.devices if d.uuid}
+            if match_uuid(self.device_uuid, uuids) is not None:
+                return
+            problem = f"device UUID {self.device_uuid} is not a GPU of node {info.node!r}"
+        elif any(d.gpu == self.gpu for d in info.devices):
+            return
+        else:
+            problem = f"GPU {self.gpu} is not a GPU of node {info.node!r} ({len(info.devices)} GPUs)"
+        logger.warning("event=unknown_device job=%s rank=%d problem=%r source=%r note='its steps are flagged "
+                       "unknown_device; fix the variable named in source, or set CHOPPER_GPU to the agent index "
+                       "or UUID'", self.job, self.rank, problem, self.device_source)
 
     def _await_ready(self, grpc: Any, channel: Any, timeout: float) -> bool:
         """Wait up to ``timeout`` s for the channel to be READY, in short slices so abort is seen."""
@@ -770,5 +806,5 @@ class Client:
         self._seq += 1
         return pb2.MarkerBatch(
             job=self.job, rank=self.rank, gpu=self.gpu, seq=self._seq, pid=self.pid,
-            client_dropped_total=self._dropped_total(), markers=markers,
+            client_dropped_total=self._dropped_total(), markers=markers, device_uuid=self.device_uuid,
         )

@@ -1,7 +1,10 @@
 """Marker validation: every malformed or out-of-order marker rejected with a reason, the rest of its batch kept."""
 from __future__ import annotations
 
-from agent.markers import MarkerIngest
+import pytest
+
+from agent.backends.simulated import SimulatedBackend
+from agent.markers import UNKNOWN_DEVICE, MarkerIngest
 from chopper.proto.chopper.v1 import agent_pb2 as pb
 
 NOW = 1_800_000_000 * 10**9
@@ -12,8 +15,9 @@ def marker(kind: int, step: int, ts: int, name: str = "", **kw: float) -> pb.Mar
 
 
 def batch(*markers: pb.Marker, job: str = "j", rank: int = 0, gpu: int = 0, seq: int = 1, pid: int = 7,
-          dropped: int = 0) -> pb.MarkerBatch:
-    return pb.MarkerBatch(job=job, rank=rank, gpu=gpu, seq=seq, pid=pid, markers=markers, client_dropped_total=dropped)
+          dropped: int = 0, uuid: str = "") -> pb.MarkerBatch:
+    return pb.MarkerBatch(job=job, rank=rank, gpu=gpu, seq=seq, pid=pid, markers=markers, client_dropped_total=dropped,
+                          device_uuid=uuid)
 
 
 def full_step(step: int, t0: int) -> list[pb.Marker]:
@@ -50,10 +54,80 @@ def test_step_end_that_never_began_is_rejected_with_fix() -> None:
 
 def test_bad_header_rejects_whole_batch() -> None:
     ingest = MarkerIngest("n1", 2)
-    result = ingest.ingest(batch(*full_step(0, 0), gpu=5), NOW)
+    result = ingest.ingest(batch(*full_step(0, 0), gpu=-2), NOW)
     assert result.rejected == {"bad_gpu": 6} and not result.accepted
-    assert "names GPU 5, but this node has GPUs 0..1" in result.errors[0]
+    assert "names GPU -2: GPU indices are >= 0, or -1 for none" in result.errors[0]
     assert ingest.ingest(batch(*full_step(0, 0), job=""), NOW).rejected == {"bad_job": 6}
+
+
+# -- device identity (docs/IDENTITY.md): the agent's devices are the simulated backend's, as the daemon sets them
+
+
+@pytest.fixture
+def node() -> MarkerIngest:
+    devices = SimulatedBackend("n1", gpus=8).open()
+    return MarkerIngest("n1", len(devices), {d.uuid: d.gpu for d in devices})
+
+
+def test_a_device_uuid_of_this_node_names_the_gpu_in_any_spelling(node: MarkerIngest) -> None:
+    sim5 = next(u for u, gpu in node.device_uuids.items() if gpu == 5)
+    for rank, spelling in enumerate((sim5, sim5.lower(), sim5.upper(), sim5[:12])):
+        result = node.ingest(batch(*full_step(0, 0), rank=rank, gpu=-1, uuid=spelling), NOW)
+        assert (result.gpu, result.closed_steps[0].gpu, result.closed_steps[0].flags) == (5, 5, ())
+        assert {r.gpu for r in result.accepted} == {5} and not result.warnings
+
+
+def test_nvml_and_torch_spellings_of_one_uuid_match() -> None:
+    ingest = MarkerIngest("n1", 2, {"GPU-8932f937-d72c-4106-c12f-20bd9faed9f6": 1,
+                                    "GPU-aaaa0000-0000-0000-0000-000000000000": 0})
+    # torch's get_device_properties().uuid prints without NVML's "GPU-" prefix
+    result = ingest.ingest(batch(*full_step(0, 0), gpu=-1, uuid="8932f937-d72c-4106-c12f-20bd9faed9f6"), NOW)
+    assert result.gpu == 1 and not result.closed_steps[0].flags
+    # a MIG instance is never its parent GPU
+    mig = ingest.ingest(batch(*full_step(0, 0), rank=1, gpu=-1, uuid="MIG-8932f937-d72c-4106-c12f-20bd9faed9f6"), NOW)
+    assert mig.gpu == -1 and mig.closed_steps[0].flags == (UNKNOWN_DEVICE,)
+
+
+def test_the_uuid_wins_over_a_disagreeing_index_and_says_why_once(node: MarkerIngest) -> None:
+    sim3 = next(u for u, gpu in node.device_uuids.items() if gpu == 3)
+    first = node.ingest(batch(*full_step(0, 0), gpu=1, uuid=sim3), NOW)
+    assert first.gpu == 3 and first.closed_steps[0].gpu == 3 and first.closed_steps[0].flags == ()
+    (warning,) = first.warnings
+    assert "is GPU 3 of this node, but its environment gave GPU 1; using GPU 3" in warning
+    assert "CUDA_DEVICE_ORDER=PCI_BUS_ID" in warning
+    assert not node.ingest(batch(*full_step(1, 100), gpu=1, uuid=sim3, seq=2), NOW).warnings
+
+
+def test_a_uuid_this_node_does_not_have_is_flagged_never_another_gpu(node: MarkerIngest) -> None:
+    other = SimulatedBackend("another-node", gpus=8).open()[5].uuid
+    first = node.ingest(batch(*full_step(0, 0), gpu=5, uuid=other), NOW)
+    assert not first.rejected and len(first.accepted) == 6  # training's markers are kept
+    assert (first.gpu, first.closed_steps[0].gpu, first.closed_steps[0].flags) == (-1, -1, (UNKNOWN_DEVICE,))
+    assert {r.gpu for r in first.accepted} == {-1}
+    (warning,) = first.warnings
+    assert f"job 'j' rank 0 drives device {other!r}, which is not a GPU of node 'n1' (8 GPUs" in warning
+    assert "set CHOPPER_GPU" in warning and "CUDA_VISIBLE_DEVICES" not in warning.split(";")[0]
+    second = node.ingest(batch(*full_step(1, 100), gpu=5, uuid=other, seq=2), NOW)
+    assert second.closed_steps[0].flags == (UNKNOWN_DEVICE,) and not second.warnings  # warned once per rank
+
+
+def test_an_index_beyond_this_node_is_flagged_not_rejected(node: MarkerIngest) -> None:
+    result = node.ingest(batch(*full_step(0, 0), gpu=9), NOW)
+    assert not result.rejected and result.closed_steps[0].flags == (UNKNOWN_DEVICE,) and result.gpu == -1
+    assert "names GPU 9, but node 'n1' has GPUs 0..7" in result.warnings[0]
+
+
+def test_a_device_the_client_could_not_resolve_is_flagged_with_its_reason(node: MarkerIngest) -> None:
+    why = "ordinal 3 (LOCAL_RANK=3) is beyond the 2 devices of CUDA_VISIBLE_DEVICES='4,5'"
+    result = node.ingest(batch(*full_step(0, 0), gpu=-1, uuid="unresolved:" + why), NOW)
+    assert result.closed_steps[0].flags == (UNKNOWN_DEVICE,) and result.gpu == -1
+    assert f"cannot tell which GPU it drives ({why})" in result.warnings[0]
+
+
+def test_an_old_client_without_uuid_keeps_its_index(node: MarkerIngest) -> None:
+    result = node.ingest(batch(*full_step(0, 0), gpu=6), NOW)
+    assert (result.gpu, result.closed_steps[0].flags, result.warnings) == (6, (), [])
+    assert node.ingest(batch(*full_step(0, 0), rank=1, gpu=-1), NOW).closed_steps[0].flags == ()
 
 
 def test_garbled_fields_rejected_one_by_one() -> None:
