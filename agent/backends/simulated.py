@@ -10,10 +10,15 @@ Activity. Each GPU is in one of four states, decided by the markers of the rank 
 state        when                                                   busy       matrix  a
 ===========  =====================================================  =========  ======  =====
 compute      inside a phase (forward/backward/optimizer/...)        0.90–0.97  0.70    1.00
-collective   inside a collective, outside any phase                 0.12       0.00    0.30
+collective   inside a collective, outside any phase                 0.90       0.00    0.30
 step         inside a step, outside phases and collectives          0.45       0.08    0.35
 idle         outside any step, or > 2 s since the last marker       0.02       0.00    0.00
 ===========  =====================================================  =========  ======  =====
+
+A collective keeps the engines busy without matrix work: NVML and amd-smi count any running
+kernel as activity, and NCCL/RCCL kernels run (spinning on their peers) for as long as the
+collective lasts, also while a rank waits for a late one. So an exposed collective reads as busy,
+not idle, as on real devices, and its time is not counted as idle and exposed at once.
 
 A sample's ratios are the time-weighted means over its interval (markers split the interval at
 their timestamps). ``a`` is the activity factor that drives dynamic power. A collective's bytes
@@ -44,8 +49,9 @@ most 1 s (the first call covers a nominal 0.1 s). Units: MHz, W, °C, s, J.
 
 Per-GPU variation drawn from ``numpy.random.default_rng(seed)``: ``R_th × U(0.9, 1.1)``,
 ``τ × U(0.85, 1.15)``, leakage ``U(0.9, 1.15)``, silicon quality ``q ~ U(1.0, 1.2)``, compute
-busy ``U(0.90, 0.97)``. ``hot_gpus`` get ``R_th × 2.2`` (a failing fan or blocked airflow), so
-under sustained load they reach the thermal limit and run at a visibly lower clock.
+busy ``U(0.90, 0.97)``. ``hot_gpus`` get ``R_th × 3`` (a failed fan or blocked airflow): under
+sustained load they reach the thermal limit within seconds (about 5 s at 600 W) and then run at
+roughly two thirds of the clock of a healthy GPU, as a GPU that lost its cooling does.
 Current and other throttle causes are never simulated (their counters stay 0).
 
 Cost: per ``sample`` a few list operations per GPU plus ~30 numpy operations on arrays of
@@ -71,7 +77,7 @@ STALE_AFTER_NS = 2_000_000_000
 AMBIENT_C = 30.0
 T_LIMIT_C = 100.0
 TAU_S = 6.0
-HOT_RTH_FACTOR = 2.2
+HOT_RTH_FACTOR = 3.0
 LINK_BYTES_PER_S = 100e9
 PCIE_BYTES_PER_S = 2e8  # host↔device traffic at full activity (data loading, checkpoints)
 VF_EXPONENT = 2.5
@@ -86,7 +92,7 @@ _LEVELS = np.array(
     [
         [0.02, 0.00, 0.01, 0.00],
         [0.45, 0.08, 0.20, 0.35],
-        [0.12, 0.00, 0.35, 0.30],
+        [0.90, 0.00, 0.35, 0.30],
         [0.93, 0.70, 0.55, 1.00],
     ]
 )
