@@ -32,8 +32,9 @@ def live_summaries(target: str) -> pd.DataFrame:
     deadline = time.monotonic() + 10
     try:
         for batch in stream:
-            rows += [{f.name: getattr(s, f.name) for f in pb.StepSummary.DESCRIPTOR.fields if f.name != "flags"}
-                     for s in batch.step_summaries]
+            rows += [{**{f.name: getattr(s, f.name) for f in pb.StepSummary.DESCRIPTOR.fields
+                         if f.name not in ("flags", "phase_times")},
+                      "phase_s": {p.name: p.seconds for p in s.phase_times}} for s in batch.step_summaries]
             if time.monotonic() > deadline or len(batch.step_summaries) < 4096:
                 break
     finally:
@@ -73,3 +74,8 @@ def test_live_summaries_equal_offline_attribution(agent_process: AgentProcess, t
     assert np.allclose(joined["exposed_comm_s_live"], joined["exposed_comm_s"] + joined["straggler_wait_s"],
                        rtol=1e-6, atol=1e-9)
     assert (joined["exposed_comm_s_live"] > 0).all()  # the demo's all_reduce runs outside any phase
+    # Phase times: the same names per step, the same seconds.
+    for live_phases, offline_phases in zip(joined["phase_s_live"], joined["phase_s"], strict=True):
+        assert live_phases.keys() == offline_phases.keys() == {"forward", "backward", "optimizer"}
+        for name, seconds in offline_phases.items():
+            assert live_phases[name] == pytest.approx(seconds, rel=1e-9, abs=1e-9), name
