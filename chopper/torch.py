@@ -14,16 +14,38 @@ What is marked and how (all through the public ``chopper.step/phase/collective``
 ``Client`` passed in):
 
 * **forward**: ``register_forward_pre_hook(prepend=True)`` to ``register_forward_hook(always_call=True)``
-  on the module passed in only (the outermost; submodules are not hooked). ``prepend`` puts the
-  begin before hooks that frameworks registered earlier (FSDP2's root all-gather lands inside).
-  Forwards under ``torch.no_grad()`` (evaluation) are not marked.
+  on the module passed in (the outermost; submodules are not hooked, except for the output hook
+  below). ``prepend`` puts the begin before hooks that frameworks registered earlier (FSDP2's root
+  all-gather lands inside). Forwards under ``torch.no_grad()`` (evaluation) are not marked.
 * **backward**: from the first gradient computed for the forward's output
-  (``torch.autograd.graph.register_multi_grad_hook(outputs, mode="any")``) until the optimizer step
-  begins (or the next forward, with gradient accumulation). Starting at the output's gradient rather
-  than at the end of forward keeps the loss computation and ``zero_grad`` out of the backward phase;
-  ending at the optimizer step includes the gradient synchronisation DDP/FSDP finish at the end of
-  backward, which is where it belongs.
-* **optimizer**: ``optimizer.register_step_pre_hook`` to ``register_step_post_hook``.
+  (``torch.autograd.graph.register_multi_grad_hook(outputs, mode="any")``) until the autograd engine
+  has run every node of that backward: the output's hook queues an engine final callback
+  (``Variable._execution_engine.queue_callback``) that closes the phase. The engine runs final
+  callbacks in the order they were queued, after the last node; DDP's Reducer queues its
+  ``finalize_backward`` (which waits for the bucket all-reduces) when its last bucket is ready, and
+  FSDP1/FSDP2 queue their root post-backward callbacks (which wait for the reduce-scatters) from
+  hooks on the forward's outputs, so the backward phase ends where the backward *computation*
+  ends and the gradient synchronisation still running then is exposed (docs/ATTRIBUTION.md). To be
+  queued first, the output hook is registered by a forward hook with ``prepend=True`` (before
+  FSDP2's post-forward hook registers its own) on the module whose outputs come first in backward
+  without a framework hook on them already: through ``torch.compile``'s ``OptimizedModule``, FSDP1
+  (which hooks its outputs inside its own ``forward``) and DeepSpeed's engine down to the module
+  they wrap, never inside DDP (whose ``_DDPSink`` may queue the static-graph all-reduce). The final
+  callback runs with the caller's streams, synchronised with every stream backward used, so with
+  device-event timestamps (``chopper._device_clock``) the phase ends when the device finished the
+  backward kernels, not when the host got there; without a GPU it is a CPU timestamp (the agent
+  flags ``cpu_clock``). Starting at the output's gradient rather than at the end of forward keeps
+  the loss computation and ``zero_grad`` out of the backward phase; with gradient accumulation
+  each backward is its own phase.
+* **optimizer**: ``optimizer.register_step_pre_hook`` to ``register_step_post_hook`` on the
+  ``torch.optim.Optimizer`` inside the wrappers libraries put around it (``unwrap_optimizer``:
+  accelerate's ``AcceleratedOptimizer``, DeepSpeed's ZeRO/FP16 optimizers, Lightning's
+  ``LightningOptimizer``); its hooks run when the wrapper really steps, so a step skipped under
+  gradient accumulation is no step.
+* **wrappers** around the model (``wrapper_chain``): ``torch.compile``'s ``OptimizedModule``
+  (``_orig_mod``), ``DistributedDataParallel`` and DeepSpeed's engine (``module``) and FSDP1
+  (``_fsdp_wrapped_module``) are seen through to find DDP (for its comm hook) and the module whose
+  outputs carry the backward hook.
 * **step**: begins at the first forward after the previous optimizer step and ends when the
   optimizer step ends, numbered from ``start_step``. Pass ``mark_steps=False`` when the loop marks
   steps itself with ``chopper.step()``. An optimizer without step hooks: steps end at the next
@@ -60,11 +82,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
+import itertools
 import logging
 import threading
 import weakref
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -75,7 +98,7 @@ import chopper
 
 logger = logging.getLogger("chopper.torch")
 
-__all__ = ["Instrumentation", "instrument"]
+__all__ = ["Instrumentation", "instrument", "queue_backward_end", "unwrap_optimizer", "wrapper_chain"]
 
 # torch.distributed function → (position, keyword) of the argument whose nbytes is the payload;
 # None for collectives without payload.
@@ -106,6 +129,110 @@ _dist_owner: Instrumentation | None = None
 _tls = threading.local()  # .depth: collectives being issued on this thread (nested ones not marked)
 
 
+# Wrapper classes seen through by name (their libraries are optional and never imported here):
+# qualified class name → attribute holding the wrapped module. Each either hooks the wrapped
+# module's outputs inside its own forward (FSDP1, DeepSpeed ZeRO-3) or adds nothing to them
+# (torch.compile), so the backward-begin hook goes below them, on the wrapped module's outputs.
+_WRAPPED_BY_NAME = {
+    "torch._dynamo.eval_frame.OptimizedModule": "_orig_mod",
+    "torch.distributed.fsdp.fully_sharded_data_parallel.FullyShardedDataParallel": "_fsdp_wrapped_module",
+    "deepspeed.runtime.engine.DeepSpeedEngine": "module",
+}
+
+
+def _wrapper_name(module: Any) -> str | None:
+    """The ``_WRAPPED_BY_NAME`` key of ``module``'s class or a base class, if any."""
+    for cls in type(module).__mro__:
+        name = f"{cls.__module__}.{cls.__qualname__}"
+        if name in _WRAPPED_BY_NAME:
+            return name
+    return None
+
+
+def wrapper_chain(model: nn.Module, max_depth: int = 8) -> list[nn.Module]:
+    """``model`` and the modules it wraps, outermost first.
+
+    Followed: ``DistributedDataParallel.module``, ``torch.compile``'s ``OptimizedModule._orig_mod``,
+    FSDP1's ``_fsdp_wrapped_module`` and DeepSpeed's ``DeepSpeedEngine.module`` (also through
+    subclasses such as its pipeline engine), at most ``max_depth`` modules. ``DataParallel`` is not
+    followed: its replicas run the hooks on other threads.
+    """
+    chain = [model]
+    while len(chain) < max_depth:
+        m = chain[-1]
+        if isinstance(m, nn.parallel.DistributedDataParallel):
+            inner = m.module
+        else:
+            name = _wrapper_name(m)
+            inner = getattr(m, _WRAPPED_BY_NAME[name], None) if name is not None else None
+        if not isinstance(inner, nn.Module) or inner is m:
+            break
+        chain.append(inner)
+    return chain
+
+
+def _output_hook_module(chain: list[nn.Module]) -> nn.Module:
+    """The module whose forward outputs get the backward-begin hook (module docstring, backward)."""
+    target = chain[0]
+    for outer, inner in itertools.pairwise(chain):
+        if _wrapper_name(outer) is None:  # DDP or the end of the chain
+            break
+        target = inner
+    return target
+
+
+def _hooked_optimizers(optimizer: Any, max_depth: int = 8) -> Iterator[Any]:
+    """``optimizer`` and the optimizers it wraps (``optimizer`` / ``_optimizer`` attributes), outermost first."""
+    seen: set[int] = set()
+    while optimizer is not None and id(optimizer) not in seen and len(seen) < max_depth:
+        seen.add(id(optimizer))
+        yield optimizer
+        inner = getattr(optimizer, "optimizer", None)
+        optimizer = inner if inner is not None else getattr(optimizer, "_optimizer", None)
+
+
+def _has_step_hooks(optimizer: Any) -> bool:
+    # A torch.optim.Optimizer subclass that never ran Optimizer.__init__ (accelerate's wrapper) has
+    # the methods but not the hook dicts they write to.
+    return (isinstance(getattr(optimizer, "_optimizer_step_pre_hooks", None), dict)
+            and isinstance(getattr(optimizer, "_optimizer_step_post_hooks", None), dict)
+            and callable(getattr(optimizer, "register_step_pre_hook", None)))
+
+
+def unwrap_optimizer(optimizer: Any) -> Any:
+    """The optimizer whose ``step`` runs ``torch.optim`` step hooks: ``optimizer`` or one it wraps.
+
+    Looks through ``.optimizer`` (accelerate's ``AcceleratedOptimizer``, DeepSpeed's ZeRO and FP16
+    optimizers) and ``._optimizer`` (Lightning's ``LightningOptimizer``) for the outermost object
+    with initialised step hooks (TorchTitan's ``OptimizersContainer`` has its own); ``optimizer``
+    itself when none has.
+    """
+    for opt in _hooked_optimizers(optimizer):
+        if _has_step_hooks(opt):
+            return opt
+    return optimizer
+
+
+def queue_backward_end(callback: Callable[[], None]) -> None:
+    """Run ``callback`` when the running backward has executed its last node.
+
+    Call from inside a backward (a tensor or node hook): the autograd engine runs its final callbacks
+    in the order they were queued once every node has run, with the caller's streams (synchronised
+    with the streams backward used), before ``backward()`` returns. Callbacks that DDP and FSDP
+    queue later (waiting for gradient synchronisation) run after this one.
+    """
+    torch.autograd.Variable._execution_engine.queue_callback(callback)  # type: ignore[attr-defined]
+
+
+def _on_cpu(x: Any) -> bool:
+    """True when ``x`` is (or holds) a CPU tensor: a collective on it runs on the host (gloo)."""
+    if isinstance(x, torch.Tensor):
+        return x.device.type == "cpu"
+    if isinstance(x, (list, tuple)) and x:
+        return _on_cpu(x[0])
+    return False
+
+
 def _nbytes(x: Any) -> int:
     if isinstance(x, torch.Tensor):
         return x.numel() * x.element_size()
@@ -132,6 +259,7 @@ class Instrumentation:
                  tokens_per_step: int | None, start_step: int, mark_steps: bool) -> None:
         self.model = model
         self.optimizer = optimizer
+        self.chain = wrapper_chain(model)
         self._marks = marks
         self.tokens_per_step = tokens_per_step
         self.mark_steps = mark_steps
@@ -148,7 +276,7 @@ class Instrumentation:
         self._handles: list[Any] = []
         self._saved_dist: dict[str, Callable[..., Any]] = {}
         self._step_open = False
-        self._phase: tuple[str, Any] | None = None
+        self._phase: tuple[str, Any, int] | None = None  # (name, context manager, opening thread)
         self._in_forward = False
         self._flop_mode: Any = None
         self._grad_handle: Any = None
@@ -169,13 +297,21 @@ class Instrumentation:
         self._close_phase()
         cm = self._marks.phase(name)
         cm.__enter__()
-        self._phase = (name, cm)
+        self._phase = (name, cm, threading.get_ident())
 
     def _close_phase(self, name: str | None = None) -> None:
         if self._phase is not None and (name is None or self._phase[0] == name):
-            _, cm = self._phase
+            cm = self._phase[1]
             self._phase = None
             cm.__exit__(None, None, None)
+
+    def _pause_phase(self) -> str | None:
+        """Close the phase this thread opened, for a collective that blocks it; its name, else None."""
+        phase = self._phase
+        if phase is None or phase[2] != threading.get_ident():
+            return None
+        self._close_phase()
+        return phase[0]
 
     def _open_step(self) -> None:
         if self.mark_steps and not self._step_open:
@@ -218,6 +354,15 @@ class Instrumentation:
         try:
             self._close_phase("forward")
             self._finish_flop_count()
+        except Exception:
+            self._fail("forward")
+
+    def _hook_outputs(self, module: nn.Module, args: Any, output: Any) -> None:
+        # Runs before any later forward hook of this module (prepend=True), so the backward-begin
+        # hook comes before the ones frameworks register on the same tensors.
+        if "backward" in self.disabled or not self._in_forward or self._grad_handle is not None:
+            return
+        try:
             from torch.utils._pytree import tree_leaves
 
             outs = [t for t in tree_leaves(output) if isinstance(t, torch.Tensor) and t.requires_grad]
@@ -225,7 +370,7 @@ class Instrumentation:
                 self._grad_handle = torch.autograd.graph.register_multi_grad_hook(
                     outs, self._backward_begin, mode="any")
         except Exception:
-            self._fail("forward")
+            self._fail("backward")
 
     def _start_flop_count(self) -> None:
         # Separate from the forward hook's failure handling: a counter that cannot start must not
@@ -269,6 +414,14 @@ class Instrumentation:
             self._grad_handle = None  # fired once per registration
             if self._phase is None or self._phase[0] != "backward":
                 self._open_phase("backward")
+            queue_backward_end(self._backward_end)
+        except Exception:
+            self._fail("backward")
+
+    def _backward_end(self) -> None:
+        # An autograd final callback: an exception here would surface from backward() itself.
+        try:
+            self._close_phase("backward")
         except Exception:
             self._fail("backward")
 
@@ -303,13 +456,18 @@ class Instrumentation:
             depth = getattr(_tls, "depth", 0)
             if depth or hook in self.disabled:
                 return orig(*args, **kwargs)
+            paused: str | None = None
             try:
                 self.collectives_issued[name] += 1
-                nbytes = 0
+                payload = None
                 if where is not None:
                     pos, kw = where
-                    nbytes = _nbytes(args[pos] if len(args) > pos else kwargs.get(kw))
-                cm = self._marks.collective(name, bytes=nbytes)
+                    payload = args[pos] if len(args) > pos else kwargs.get(kw)
+                if not kwargs.get("async_op", False) and _on_cpu(payload):
+                    # A synchronous collective on CPU tensors blocks this thread until it is done:
+                    # the phase computes nothing meanwhile, so it is paused around the call.
+                    paused = self._pause_phase()
+                cm = self._marks.collective(name, bytes=_nbytes(payload))
                 cm.__enter__()
             except Exception:
                 self._fail(hook)
@@ -319,10 +477,14 @@ class Instrumentation:
                 result = orig(*args, **kwargs)
             except BaseException:
                 self._end(cm, name)
+                self._resume_phase(paused)
                 raise
             finally:
                 _tls.depth = depth
-            if result is not None and hasattr(result, "get_future"):
+            if paused is not None:
+                self._end(cm, name)  # first, so the resumed phase covers none of the collective
+                self._resume_phase(paused)
+            elif result is not None and hasattr(result, "get_future"):
                 try:
                     result.get_future().then(lambda fut: self._end(cm, name))
                 except Exception:
@@ -332,6 +494,15 @@ class Instrumentation:
             return result
 
         return wrapper
+
+    def _resume_phase(self, phase: str | None) -> None:
+        if phase is None:
+            return
+        try:
+            if self._phase is None:  # nothing else opened one meanwhile
+                self._open_phase(phase)
+        except Exception:
+            self._fail("collective")
 
     def _end(self, cm: Any, name: str) -> None:
         # Runs on the training thread or, for async work, on the backend's completion thread.
@@ -403,6 +574,7 @@ class Instrumentation:
     def _install(self) -> None:
         m = self.model
         self._handles.append(m.register_forward_pre_hook(self._forward_pre, prepend=True))
+        self._handles.append(_output_hook_module(self.chain).register_forward_hook(self._hook_outputs, prepend=True))
         self._handles.append(m.register_forward_hook(self._forward_post, always_call=True))
         opt = self.optimizer
         if hasattr(opt, "register_step_pre_hook") and hasattr(opt, "register_step_post_hook"):
@@ -415,8 +587,9 @@ class Instrumentation:
         if self.n_params == 0:
             logger.warning("event=model_without_parameters note=no 6NT FLOPs estimate; forward still marked")
         self._patch_dist()
-        if isinstance(m, nn.parallel.DistributedDataParallel):
-            self._register_ddp_hook(m)
+        ddp = next((w for w in self.chain if isinstance(w, nn.parallel.DistributedDataParallel)), None)
+        if ddp is not None:
+            self._register_ddp_hook(ddp)
 
     def remove(self) -> None:
         """Remove every hook, restore ``torch.distributed`` and close an open phase or step."""
@@ -479,8 +652,10 @@ def instrument(model: nn.Module, optimizer: Any, flops_per_step: float | None = 
     """Mark steps, phases and collectives of a plain PyTorch loop from hooks (module docstring).
 
     Args:
-        model: The outermost module the loop calls (the DDP/FSDP wrapper when there is one).
-        optimizer: Its optimizer (``torch.optim.Optimizer``; anything else loses the optimizer phase).
+        model: The outermost module the loop calls (the DDP/FSDP/compiled/DeepSpeed wrapper when there
+            is one: ``accelerator.prepare``'s model, ``deepspeed.initialize``'s engine).
+        optimizer: Its optimizer: a ``torch.optim.Optimizer`` or a wrapper around one
+            (``unwrap_optimizer``); one without step hooks loses the optimizer phase.
         flops_per_step: FLOPs of one step on this rank, if known.
         tokens_per_step: Tokens of one step on this rank; carried on STEP_END and used for 6·N·T.
         client: Marker client; default the process-wide one from ``chopper.init()``.
@@ -493,17 +668,18 @@ def instrument(model: nn.Module, optimizer: Any, flops_per_step: float | None = 
     Raises:
         ValueError: ``model`` or ``optimizer`` is already instrumented (call ``remove()`` first).
     """
-    for obj, what in ((model, "model"), (optimizer, "optimizer")):
+    hooked = unwrap_optimizer(optimizer)
+    for obj, what in ((model, "model"), (hooked, "optimizer")):
         try:
             if obj in _active:
                 raise ValueError(f"this {what} is already instrumented by chopper.torch.instrument; "
                                  "call .remove() on the first Instrumentation before instrumenting again")
         except TypeError:  # not weak-referenceable: cannot be tracked, cannot be refused either
             pass
-    inst = Instrumentation(model, optimizer, client if client is not None else chopper, flops_per_step,
+    inst = Instrumentation(model, hooked, client if client is not None else chopper, flops_per_step,
                            tokens_per_step, start_step, mark_steps)
     inst._install()
-    for obj in (model, optimizer):
+    for obj in (model, hooked):
         with contextlib.suppress(TypeError):
             _active.add(obj)
     return inst
