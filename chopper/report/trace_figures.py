@@ -302,33 +302,34 @@ def overlap_cdf(comm_overlap: pd.DataFrame, overlap_pct: dict[int, float | None]
 
 
 def launch_overhead(by_op: pd.DataFrame, n: int = TOP_N) -> Figure:
-    """CPU ops with the most launch overhead (µs, summed over their kernels and all ranks), split
-    into CPU-late and launch-to-start.
+    """CPU ops whose kernels wait longest after their launch call: per-kernel launch delay (µs),
+    median as the bar and 95th percentile as the whisker, over the op's kernels on all ranks.
 
     Args:
         by_op: ``rank`` + ``launch.BY_OP_COLUMNS``.
-        n: Operations drawn.
+        n: Operations drawn (the largest p95).
     """
     fig = new_figure(12, 1.4 + 0.3 * n)
     if by_op.empty:
         return no_data(fig, "no kernel could be linked to its launch (no correlation ids)")
-    g = by_op.groupby("cpu_op", sort=False)[["count", "cpu_late_sum_us", "launch_to_start_sum_us",
-                                             "launch_overhead_sum_us"]].sum()
-    g = g.sort_values("launch_overhead_sum_us", ascending=False, kind="stable").head(n)
+    # Across ranks, a kernel-weighted median of medians would invent a distribution; the largest rank's
+    # figures are shown instead, so every bar is one real distribution.
+    g = by_op.sort_values(["launch_delay_p95_us", "kernels"], ascending=False, kind="stable")
+    g = g.drop_duplicates("cpu_op").head(n)
     ax = fig.add_subplot()
     y = np.arange(len(g))
-    late, start = g["cpu_late_sum_us"].to_numpy(np.float64), g["launch_to_start_sum_us"].to_numpy(np.float64)
-    ax.barh(y, late, height=0.7, color=CPU_LATE, label="CPU-late: stream idle, launch not yet called")
-    ax.barh(y, start, left=late, height=0.7, color=TO_START,
-            label="launch-to-start: launch called, kernel not yet running (queue + latency)")
-    for yi, (tot, cnt) in enumerate(zip(late + start, g["count"], strict=True)):
-        ax.text(tot, yi, f" {cnt} kernel{'s' if cnt != 1 else ''}, {tot / max(cnt, 1):,.0f} µs each", va="center",
+    med, p95 = g["launch_delay_median_us"].to_numpy(np.float64), g["launch_delay_p95_us"].to_numpy(np.float64)
+    ax.barh(y, med, height=0.7, color=TO_START, label="median launch delay (kernel start − end of its launch call)")
+    ax.errorbar(p95, y, xerr=[p95 - med, np.zeros(len(g))], fmt="|", color="black", markersize=10,
+                label="95th percentile")
+    for yi, (top, cnt, late, r) in enumerate(zip(p95, g["kernels"], g["cpu_late_kernels"], g["rank"], strict=True)):
+        ax.text(top, yi, f" rank {r}: {cnt} kernel{'s' if cnt != 1 else ''}, {late} CPU-late", va="center",
                 fontsize="small")
-    ax.set_yticks(y, [clip_name(str(s)) for s in g.index], fontsize="small")
+    ax.set_yticks(y, [clip_name(str(s)) for s in g["cpu_op"]], fontsize="small")
     ax.invert_yaxis()
-    ax.set_xlim(0, float((late + start).max()) * 1.3 if len(g) else 1.0)
+    ax.set_xlim(0, float(p95.max()) * 1.4 if len(g) and p95.max() > 0 else 1.0)
     ax.xaxis.set_major_formatter(US_FORMAT)
-    ax.set_xlabel("launch overhead (µs, summed over the op's kernels and all ranks)")
+    ax.set_xlabel("launch delay per kernel (µs)")
     ax.grid(axis="x", alpha=0.3)
     ax.set_axisbelow(True)
     fig.legend(loc="outside upper center", ncols=2, fontsize="small", frameon=False)
@@ -492,11 +493,13 @@ TRACE_FIGURES: list[FigureSpec] = [
         ("traces",), lambda d: iteration_kernel_time(_traces(d).iterations),
     ),
     FigureSpec(
-        "trace-launch-overhead", HOST_SECTION, "Launch overhead per operation",
-        f"The {TOP_N} CPU ops whose kernels lost the most time to launching (µs, summed over kernels and ranks): "
-        "CPU-late = the stream had finished its previous kernel but the host had not yet called the launch; "
-        "launch-to-start = from the end of the launch call to the kernel's start (queueing behind earlier kernels "
-        "plus launch latency). Sums over kernels, so concurrent streams count once each.",
+        "trace-launch-overhead", HOST_SECTION, "Launch delay per operation",
+        f"The {TOP_N} CPU ops whose kernels wait longest after their launch call: per kernel, launch delay = "
+        "kernel start − end of the launch call (queueing behind earlier kernels plus launch latency), µs; the bar "
+        "is the median over the op's kernels, the whisker the 95th percentile, shown for the rank where the "
+        "p95 is largest. The label counts the op's kernels there and how many were CPU-late (their stream had "
+        "finished its previous kernel before the host called the launch). The time the GPU as a whole waited for "
+        "launches is the host-wait of the idle split below.",
         ("traces",), lambda d: launch_overhead(_traces(d).launch_by_op),
     ),
     FigureSpec(

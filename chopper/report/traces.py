@@ -26,6 +26,7 @@ from chopper.trace.analyses import host, idle, kernel_types, launch, overlap, st
 from chopper.trace.analyses.temporal import gpu_activity, merge_intervals
 from chopper.trace.classify import COMMUNICATION, COMPUTATION
 from chopper.trace.hierarchy import build
+from chopper.trace.report import launch_wait
 
 _US = 1000.0
 OVERLAP_COLUMNS: tuple[str, ...] = ("rank", "name", "start_ns", "end_ns", "dur_us", "overlapped_us", "fraction")
@@ -96,8 +97,9 @@ class TraceSet:
         top_kernels: ``rank`` + ``top_kernels.TOP_KERNEL_COLUMNS``, every kernel name.
         overlap_pct: HTA comm–compute overlap % per rank, None without communication.
         comm_overlap: ``rank`` + :func:`comm_overlap_fractions`.
-        launch_by_op: ``rank`` + ``launch.BY_OP_COLUMNS``.
-        launch_totals: ``rank`` + :func:`launch.totals`.
+        launch_by_op: ``rank`` + ``launch.BY_OP_COLUMNS`` (per-kernel launch delay: median, p95, max µs).
+        launch_totals: ``rank`` + :func:`launch.totals` + ``chopper.trace.report.launch_wait`` (GPU
+            time waiting on launches, µs and % of the kernel span).
         idle_split: ``rank`` + :func:`idle.split` (µs and % of idle).
         iterations: ``rank`` + ``tables.ITERATION_COLUMNS``.
         host: ``rank``, ``sync_blocked_us``, ``memory_transfer_pct``, ``memory_us``.
@@ -172,15 +174,18 @@ def analyze_traces(traces: Sequence[Trace], stage: Stage) -> TraceSet:
         hierarchies.append(k)
         counts[t.rank] = len(k)
         r = t.rank
-        parts["temporal"].append(pd.DataFrame([{"rank": r, **temporal.breakdown(t)}]))
+        tb = temporal.breakdown(t)
+        split = idle.split(t)
+        parts["temporal"].append(pd.DataFrame([{"rank": r, **tb}]))
         parts["kernel_types"].append(_with_rank(kernel_types.breakdown(t).to_frame(), r))
         parts["top_kernels"].append(_with_rank(top_kernels.top_kernels(k, None), r))
         overlap_pct[r] = overlap.comm_comp_overlap_pct(t)
         parts["comm_overlap"].append(_with_rank(comm_overlap_fractions(gpu_activity(t)), r))
         launches = launch.per_kernel(t, k)
         parts["launch_by_op"].append(_with_rank(launch.by_op(launches), r))
-        parts["launch_totals"].append(pd.DataFrame([{"rank": r, **launch.totals(launches)}]))
-        parts["idle_split"].append(pd.DataFrame([{"rank": r, **idle.split(t)}]))
+        parts["launch_totals"].append(pd.DataFrame([{"rank": r, **launch.totals(launches),
+                                                     **launch_wait(split, tb["kernel_time_us"])}]))
+        parts["idle_split"].append(pd.DataFrame([{"rank": r, **split}]))
         parts["iterations"].append(_with_rank(tables.per_iteration(k), r))
         threads = host.threads(t)
         mem = host.memory_transfer(t)

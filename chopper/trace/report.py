@@ -31,6 +31,19 @@ def _plain(obj: Any) -> Any:
     return obj
 
 
+def launch_wait(idle_split: dict[str, float | int], span_us: float) -> dict[str, float]:
+    """Time the GPU (all streams merged) sat idle waiting for the host to call a launch.
+
+    It is the idle split's host-wait (:func:`chopper.trace.analyses.idle.split`), so it lies inside
+    the kernel span and is never a sum over streams or kernels.
+
+    Returns:
+        ``gpu_wait_on_launch_us`` (µs) and ``gpu_wait_on_launch_pct`` (% of the kernel span).
+    """
+    wait = float(idle_split["host_wait_us"])
+    return {"gpu_wait_on_launch_us": wait, "gpu_wait_on_launch_pct": 100.0 * wait / span_us if span_us else 0.0}
+
+
 def analyze_rank(trace: Trace, kernels: pd.DataFrame, top: int = DEFAULT_TOP) -> dict[str, Any]:
     """All single-rank analyses of one trace.
 
@@ -44,22 +57,22 @@ def analyze_rank(trace: Trace, kernels: pd.DataFrame, top: int = DEFAULT_TOP) ->
     """
     kt = kernel_types.breakdown(trace)
     launches = launch.per_kernel(trace, kernels)
-    launch_totals = launch.totals(launches)
     host_view = host.summary(trace)
+    tb = temporal.breakdown(trace)
+    idle_split = idle.split(trace)
     return {
         "rank": trace.rank, "path": str(trace.path), "device_type": trace.device_type,
         "world_size": trace.world_size,
-        **temporal.breakdown(trace),
+        **tb,
         "comm_comp_overlap_pct": overlap.comm_comp_overlap_pct(trace),
         "kernel_types": kt.times(),
         "kernel_types_pct": kt.percentages(),
         "top_kernels": top_kernels.top_kernels(kernels, top),
-        "launch_overhead_us": launch_totals["launch_overhead_us"],
-        "launch": launch_totals,
+        "launch": {**launch.totals(launches), **launch_wait(idle_split, tb["kernel_time_us"])},
         "launch_by_op": launch.by_op(launches).head(top),
         "iterations": tables.per_iteration(kernels),
         "phases": tables.per_phase(kernels),
-        "idle_split": idle.split(trace),
+        "idle_split": idle_split,
         "idle_by_stream": idle.per_stream(trace),
         "host": {k: host_view[k] for k in ("threads", "sync_calls", "sync_blocked_us")},
         "memory_transfer_pct": host_view["memory_transfer_pct"],
@@ -157,9 +170,11 @@ def format_text(result: dict[str, Any]) -> str:
                    f"{s['kernel_wait_us']:,.1f} µs ({s['kernel_wait_pct']:.1f}%)   unattributed "
                    f"{s['unattributed_us']:,.1f} µs   over {s['gaps']} gaps")
         la = r["launch"]
-        out.append(f"  launch overhead {la['launch_overhead_us']:,.1f} µs over {la['kernels']} kernels: CPU-late "
-                   f"{la['cpu_late_us']:,.1f} µs + launch-to-start {la['launch_to_start_us']:,.1f} µs (queue "
-                   f"{la['queue_us']:,.1f}, latency {la['launch_latency_us']:,.1f})")
+        out += [f"  GPU waited on launches {la['gpu_wait_on_launch_us']:,.1f} µs ({la['gpu_wait_on_launch_pct']:.1f}% "
+                f"of the span)   CPU-late kernels {la['cpu_late_kernels']} of {la['kernels']}",
+                f"  launch delay per kernel (start − end of its launch call): median "
+                f"{la['launch_delay_median_us']:,.1f} µs, p95 {la['launch_delay_p95_us']:,.1f} µs, max "
+                f"{la['launch_delay_max_us']:,.1f} µs"]
         if "straggler_lead_us" in r:
             out.append(f"  straggler lead: mean {r['straggler_lead_us']:,.1f} µs, max {r['straggler_max_lead_us']:,.1f}"
                        f" µs ({', '.join(map(str, r['straggler_slowest_ops']))})")
@@ -172,11 +187,11 @@ def format_text(result: dict[str, Any]) -> str:
         out += _table(r["top_kernels"], [
             ("short_name", "kernel", _text(50)), ("kernel_type", "type", _text(13)), ("count", "count", str),
             ("total_us", "total_us", _num()), ("mean_us", "mean_us", _num()), ("share_pct", "share_%", _num())])
-        out += ["", "  launch overhead by CPU op"]
+        out += ["", "  launch delay by CPU op (per kernel: start − end of its launch call)"]
         out += _table(r["launch_by_op"], [
-            ("cpu_op", "cpu_op", _text(40)), ("count", "kernels", str),
-            ("cpu_late_sum_us", "cpu_late_us", _num()), ("launch_to_start_sum_us", "to_start_us", _num()),
-            ("launch_overhead_sum_us", "total_us", _num()), ("launch_overhead_mean_us", "mean_us", _num())])
+            ("cpu_op", "cpu_op", _text(40)), ("kernels", "kernels", str), ("cpu_late_kernels", "cpu_late", str),
+            ("launch_delay_median_us", "median_delay_us", _num()), ("launch_delay_p95_us", "p95_delay_us", _num()),
+            ("launch_delay_max_us", "max_delay_us", _num())])
         out += ["", "  iterations"]
         out += _table(r["iterations"], [
             ("iteration", "iteration", str), ("kernels", "kernels", str), ("span_us", "span_us", _num()),

@@ -17,7 +17,7 @@ from tests.kineto_data import requires_kineto
 
 needs_data = requires_kineto
 RANK_KEYS = ("rank", "idle_time_us", "compute_time_us", "non_compute_time_us", "kernel_time_us",
-             "comm_comp_overlap_pct", "kernel_types", "top_kernels", "launch_overhead_us", "iterations",
+             "comm_comp_overlap_pct", "kernel_types", "top_kernels", "launch", "iterations",
              "idle_split", "phases", "host", "memory_transfer_pct")
 # REFERENCE.md: trace → (rank, idle, compute, non-compute, kernel span, overlap %, kernel types µs)
 REFERENCE: dict[str, tuple[Any, ...]] = {
@@ -67,7 +67,11 @@ def test_json_figures_equal_the_reference(capsys: pytest.CaptureFixture[str], na
     assert {k: v for k, v in r["kernel_types"].items() if k in types} == types
     assert len(r["top_kernels"]) == 3
     assert r["idle_split"]["host_wait_us"] + r["idle_split"]["kernel_wait_us"] == pytest.approx(idle)
-    assert r["launch_overhead_us"] > 0
+    # The GPU's wait on launches is part of its idle time, so it cannot exceed the span.
+    la = r["launch"]
+    assert 0 < la["gpu_wait_on_launch_us"] == r["idle_split"]["host_wait_us"] <= idle < span
+    assert la["gpu_wait_on_launch_pct"] == pytest.approx(100 * la["gpu_wait_on_launch_us"] / span)
+    assert 0 <= la["launch_delay_median_us"] <= la["launch_delay_p95_us"] <= la["launch_delay_max_us"]
     assert "straggler_lead_us" not in r and "stragglers" not in result
 
 
@@ -79,7 +83,7 @@ def test_table(capsys: pytest.CaptureFixture[str], name: str) -> None:
     rank, idle, *_ = REFERENCE[name]
     assert out.startswith(f"rank {rank}  {DATA / name}")
     assert f"idle {idle:,.1f} µs" in out
-    for section in ("kernel types", "top kernels", "launch overhead by CPU op", "iterations", "phases",
+    for section in ("kernel types", "top kernels", "launch delay by CPU op", "iterations", "phases",
                     "host threads", "idle split: host-wait"):
         assert section in out, section
 
@@ -151,7 +155,7 @@ def test_missing_correlation_ids_warn_and_still_analyze(capsys: pytest.CaptureFi
     assert rc == 0
     assert f"chopper trace: warning: {path}: 1 of 1 GPU kernels have no correlation id" in err
     r = json.loads(out)["ranks"][0]
-    assert r["launch"]["unlinked_kernels"] == 1 and r["launch_overhead_us"] == 0
+    assert r["launch"]["unlinked_kernels"] == 1 and r["launch"]["kernels"] == 0
     assert r["phases"][3] == {"phase": "unknown", "kernels": 1, "kernel_us": 30.0, "share_pct": 100.0}
 
 

@@ -1,4 +1,10 @@
-"""Launch overhead per kernel, split as the Chopper paper splits it: CPU-late and launch-to-start."""
+"""Launch overhead per kernel, split as the Chopper paper splits it: CPU-late and launch-to-start.
+
+Per-kernel delays are summarized by their distribution (median, p95, max), never by their sum: a
+sum over kernels counts every stream that waits at the same moment, so on a busy rank it exceeds the
+trace span many times over. The time the GPU as a whole waited for launches is the idle split's
+host-wait (:func:`chopper.trace.analyses.idle.split`), which is bounded by the span.
+"""
 from __future__ import annotations
 
 import numpy as np
@@ -12,8 +18,7 @@ LAUNCH_COLUMNS: tuple[str, ...] = (
     "cpu_late_us", "launch_to_start_us", "queue_us", "launch_latency_us", "launch_overhead_us",
 )
 BY_OP_COLUMNS: tuple[str, ...] = (
-    "cpu_op", "count", "cpu_late_sum_us", "cpu_late_mean_us", "launch_to_start_sum_us", "launch_to_start_mean_us",
-    "launch_overhead_sum_us", "launch_overhead_mean_us",
+    "cpu_op", "kernels", "cpu_late_kernels", "launch_delay_median_us", "launch_delay_p95_us", "launch_delay_max_us",
 )
 
 
@@ -94,14 +99,25 @@ def per_kernel(trace: Trace, kernels: pd.DataFrame | None = None) -> pd.DataFram
     }, columns=list(LAUNCH_COLUMNS))
 
 
+def _delay_stats(delay_us: pd.Series) -> dict[str, float]:
+    """Median, 95th percentile and maximum of per-kernel launch delays (µs); 0 for no kernels."""
+    v = delay_us.to_numpy(np.float64)
+    if not len(v):
+        return {"launch_delay_median_us": 0.0, "launch_delay_p95_us": 0.0, "launch_delay_max_us": 0.0}
+    return {"launch_delay_median_us": float(np.median(v)), "launch_delay_p95_us": float(np.percentile(v, 95)),
+            "launch_delay_max_us": float(v.max())}
+
+
 def by_op(launches: pd.DataFrame) -> pd.DataFrame:
-    """Launch overhead aggregated per CPU op (the operation that launched the kernels).
+    """Launch delay per CPU op (the operation that launched the kernels), as a distribution.
 
     Algorithm:
         1. Keep kernels with a linked launch; kernels whose launch lies in no CPU op are grouped
            under "(no cpu_op)".
-        2. Per op: kernel count, sum and mean of CPU-late, launch-to-start and their total.
-        3. Sort by total overhead, largest first.
+        2. Per op: kernel count, kernels that were CPU-late (their stream sat idle before the
+           launch call began), and the median, 95th percentile and maximum launch delay
+           (launch-to-start: kernel start − end of its launch call, µs).
+        3. Sort by p95, then median, largest first: the ops whose kernels wait longest.
 
     Args:
         launches: Output of :func:`per_kernel`.
@@ -111,39 +127,33 @@ def by_op(launches: pd.DataFrame) -> pd.DataFrame:
     """
     d = launches[launches["launch_overhead_us"].notna()].copy()
     d["cpu_op"] = d["cpu_op"].fillna("(no cpu_op)")
-    g = d.groupby("cpu_op", sort=False).agg(
-        count=("launch_overhead_us", "size"),
-        cpu_late_sum_us=("cpu_late_us", "sum"), cpu_late_mean_us=("cpu_late_us", "mean"),
-        launch_to_start_sum_us=("launch_to_start_us", "sum"), launch_to_start_mean_us=("launch_to_start_us", "mean"),
-        launch_overhead_sum_us=("launch_overhead_us", "sum"), launch_overhead_mean_us=("launch_overhead_us", "mean"),
-    ).reset_index()
-    return g.sort_values(["launch_overhead_sum_us", "cpu_op"], ascending=[False, True], ignore_index=True)[
-        list(BY_OP_COLUMNS)]
+    rows = [{"cpu_op": op, "kernels": len(g), "cpu_late_kernels": int((g["cpu_late_us"] > 0).sum()),
+             **_delay_stats(g["launch_to_start_us"])}
+            for op, g in d.groupby("cpu_op", sort=False)]
+    out = pd.DataFrame(rows, columns=list(BY_OP_COLUMNS))
+    return out.sort_values(["launch_delay_p95_us", "launch_delay_median_us", "cpu_op"],
+                           ascending=[False, False, True], ignore_index=True)
 
 
 def totals(launches: pd.DataFrame) -> dict[str, float | int]:
-    """Rank totals of :func:`per_kernel`.
+    """Rank summary of :func:`per_kernel`: how long a kernel typically waits after its launch call.
 
     Args:
         launches: Output of :func:`per_kernel`.
 
     Returns:
-        ``cpu_late_us``, ``launch_to_start_us`` (= ``queue_us`` + ``launch_latency_us``),
-        ``launch_overhead_us`` (= CPU-late + launch-to-start; sums over kernels, µs, so time during which
-        several streams wait counts once per stream),
-        ``mean_launch_to_start_us``, ``kernels`` (linked), ``unlinked_kernels``, and
-        ``cpu_late_kernels`` (kernels that found their stream idle when the launch call began).
+        ``kernels`` (linked), ``unlinked_kernels``, ``cpu_late_kernels`` (kernels that found their
+        stream idle when the launch call began), and per kernel ``launch_delay_median_us``,
+        ``launch_delay_p95_us``, ``launch_delay_max_us`` (launch-to-start, µs), plus
+        ``cpu_late_median_us`` over the CPU-late kernels (µs the stream sat idle before the call).
     """
     linked = launches["launch_overhead_us"].notna()
     d = launches[linked]
+    late = d.loc[d["cpu_late_us"] > 0, "cpu_late_us"]
     return {
-        "cpu_late_us": float(d["cpu_late_us"].sum()),
-        "launch_to_start_us": float(d["launch_to_start_us"].sum()),
-        "queue_us": float(d["queue_us"].sum()),
-        "launch_latency_us": float(d["launch_latency_us"].sum()),
-        "launch_overhead_us": float(d["launch_overhead_us"].sum()),
-        "mean_launch_to_start_us": float(d["launch_to_start_us"].mean()) if len(d) else 0.0,
         "kernels": int(linked.sum()),
         "unlinked_kernels": int((~linked).sum()),
-        "cpu_late_kernels": int((d["cpu_late_us"] > 0).sum()),
+        "cpu_late_kernels": len(late),
+        **_delay_stats(d["launch_to_start_us"]),
+        "cpu_late_median_us": float(late.median()) if len(late) else 0.0,
     }
