@@ -64,6 +64,10 @@ METRICS: tuple[MetricSpec, ...] = (
                "Summaries not joined, by reason (see below).", ("reason",)),
     MetricSpec("chopper_aggregator_jobs", "gauge", "Live jobs.", ()),
     MetricSpec("chopper_aggregator_jobs_expired_total", "counter", "Jobs forgotten after job_expiry_s of silence.", ()),
+    MetricSpec("chopper_aggregator_ranks", "gauge", "Ranks held over all live jobs (before rank_series_top_k).", ()),
+    MetricSpec("chopper_aggregator_ranks_retired_total", "counter",
+               "Ranks forgotten with their series, by reason: job_expired (their job went after job_expiry_s) or "
+               "idle (out of the job's rank set and silent for rank_expiry_s).", ("reason",)),
     MetricSpec("chopper_aggregator_rank_series_omitted", "gauge",
                "Ranks whose per-rank series are left out by rank_series_top_k.", ()),
     MetricSpec("chopper_aggregator_store_rows_written_total", "counter", "Rows written to the Parquet store.", ()),

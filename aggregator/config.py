@@ -46,6 +46,13 @@ class AggregatorSettings:
     )
     max_jobs: int = field(default=10_000, metadata={"help": "live jobs held at most; further new jobs are rejected"})
     job_expiry_s: float = field(default=900.0, metadata={"help": "forget a job silent this long, s"})
+    rank_expiry_s: float = field(
+        default=300.0, metadata={"help": "forget a rank that left its job's rank set (missed steps in a row) and "
+                                 "has been silent this long, with its series, s"}
+    )
+    max_ranks_per_job: int = field(
+        default=65_536, metadata={"help": "ranks held per job at most; summaries of further new ranks are rejected"}
+    )
     recent_steps_per_job: int = field(default=16, metadata={"help": "finalized steps per job kept for QuerySteps"})
     max_message_bytes: int = field(default=64 * 1024 * 1024, metadata={"help": "largest accepted gRPC message"})
     # Access control (docs/SECURITY.md).
@@ -86,6 +93,10 @@ def _check(s: AggregatorSettings) -> None:
         raise bad("max_jobs", "must be at least 1")
     if s.job_expiry_s < s.step_timeout_s:
         raise bad("job_expiry_s", f"is shorter than step_timeout_s ({s.step_timeout_s:g}); use at least that")
+    if not 1 <= s.rank_expiry_s <= 7 * 24 * 3600:
+        raise bad("rank_expiry_s", "is out of range; use 1 s to a week")
+    if s.max_ranks_per_job < 1:
+        raise bad("max_ranks_per_job", "must be at least 1")
     if s.recent_steps_per_job < 1:
         raise bad("recent_steps_per_job", "must be at least 1")
     if not 64 * 1024 <= s.max_message_bytes <= MAX_MESSAGE_BYTES:

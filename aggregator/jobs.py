@@ -43,7 +43,11 @@ fixed-size record per rank. Finalized rows leave in the returned ``Finalized.row
 store); no step history is kept here.
 
 A job that sends nothing for ``job_expiry_s`` and has no open step is forgotten, freeing its
-slot under ``max_jobs``.
+slot under ``max_jobs`` (its ranks count as retired, reason ``job_expired``). Within a live job, a
+rank that left the expected set (step 2) and has sent nothing for ``rank_expiry_s`` is forgotten
+with its series (reason ``idle``), unless it is in an open step; a rejoining rank starts afresh.
+A job holds at most ``max_ranks_per_job`` ranks: a summary of a further new rank is rejected
+(``rank_limit``).
 """
 from __future__ import annotations
 
@@ -81,6 +85,7 @@ REJECTION_REASONS: dict[str, str] = {
                "or step, a step time that is negative or not finite, seconds by cause outside [0, step time], or "
                "energy that is negative or infinite",
     "job_limit": "a new job while max_jobs jobs are live",
+    "rank_limit": "a new rank of a job that already holds max_ranks_per_job ranks",
     "duplicate_rank_step": "the same rank twice in one open step (the first is kept)",
 }
 
@@ -110,6 +115,7 @@ class RankState:
 
     node: str
     gpu: int
+    last_ns: int = 0  # receive time of its last summary
     seconds: np.ndarray = field(default_factory=lambda: np.zeros(len(CAUSES)))
     last_step_time_s: float = math.nan
     missing_steps: int = 0
@@ -239,6 +245,8 @@ class JobTable:
             expected set.
         max_open_steps: Open steps held per job at most.
         job_expiry_s: A job silent this long with no open step is forgotten, s.
+        rank_expiry_s: A rank out of the expected set and silent this long is forgotten, s.
+        max_ranks_per_job: Ranks held per job at most; summaries of further new ranks are rejected.
         finalize_every_s: ``add`` finalizes the steps it completed at most this often (they
             wait, still open, for the next ``add`` or ``expire``), s: attributing many steps in
             one vectorized pass costs about what one step does, so many small batches of small
@@ -254,6 +262,8 @@ class JobTable:
         max_open_steps: int = 256,
         job_expiry_s: float = 900.0,
         finalize_every_s: float = 0.0,
+        rank_expiry_s: float = 300.0,
+        max_ranks_per_job: int = 65_536,
     ) -> None:
         self.step_timeout_ns = int(step_timeout_s * NS)
         self.join_ns = self.step_timeout_ns if join_s is None else int(join_s * NS)
@@ -261,7 +271,10 @@ class JobTable:
         self.vanish_after_steps = vanish_after_steps
         self.max_open_steps = max_open_steps
         self.job_expiry_ns = int(job_expiry_s * NS)
+        self.rank_expiry_ns = int(rank_expiry_s * NS)
+        self.max_ranks_per_job = max_ranks_per_job
         self.jobs: dict[str, JobState] = {}
+        self.ranks_retired: dict[str, int] = {"idle": 0, "job_expired": 0}
         self.rejected: dict[str, int] = dict.fromkeys(REJECTION_REASONS, 0)
         self.jobs_expired_total = 0
         self.finalize_every_ns = int(finalize_every_s * NS)
@@ -292,6 +305,9 @@ class JobTable:
                     self.rejected["job_limit"] += 1
                     continue
                 job = self.jobs[s.job] = JobState(s.job, now_ns, now_ns)
+            if s.rank not in job.ranks and len(job.ranks) >= self.max_ranks_per_job:
+                self.rejected["rank_limit"] += 1
+                continue
             job.last_ns = now_ns
             touched[job.job] = job
             self._join_rank(job, s, now_ns)
@@ -339,9 +355,21 @@ class JobTable:
                 self._pending[(job.job, step)] = complete
         out = self._finalize(self._take_pending(), [], now_ns)
         for name in [n for n, j in self.jobs.items() if not j.open and now_ns - j.last_ns >= self.job_expiry_ns]:
-            del self.jobs[name]
+            self.ranks_retired["job_expired"] += len(self.jobs.pop(name).ranks)
             self.jobs_expired_total += 1
+        for job in self.jobs.values():
+            if len(job.ranks) > len(job.expected):  # only a rank out of the expected set can go
+                self._retire_ranks(job, now_ns)
         return out
+
+    def _retire_ranks(self, job: JobState, now_ns: int) -> None:
+        """Forget the ranks of ``job`` out of its expected set, silent for ``rank_expiry_s``, in no open step."""
+        in_open = {r for _, rows in job.open.values() for r in rows}
+        gone = [r for r, st in job.ranks.items()
+                if r not in job.expected and r not in in_open and now_ns - st.last_ns >= self.rank_expiry_ns]
+        for rank in gone:
+            del job.ranks[rank]
+        self.ranks_retired["idle"] += len(gone)
 
     def close(self, now_ns: int) -> Finalized:
         """Finalize every open step (shutdown): complete ones as such, the rest as incomplete."""
@@ -357,6 +385,7 @@ class JobTable:
         else:
             # A rank moved to another node/GPU (restarted elsewhere): its series follow it.
             state.node, state.gpu = s.node, s.gpu
+        state.last_ns = now_ns
         state.miss_streak = 0
         if s.rank not in job.expected:
             # Strictly after: with join_s=0 the ranks of the job's first batch are its rank set.

@@ -67,7 +67,8 @@ def _serve(settings: AggregatorSettings, stop: StopSignals) -> int:
         log.warning("event=no_store reason='store_dir is empty: finalized rows are not kept, and acknowledgements "
                     "are not durable (no write-ahead log): a crash loses open steps'")
     jobs = JobTable(settings.step_timeout_s, max_jobs=settings.max_jobs, job_expiry_s=settings.job_expiry_s,
-                    finalize_every_s=FINALIZE_EVERY_S)
+                    finalize_every_s=FINALIZE_EVERY_S, rank_expiry_s=settings.rank_expiry_s,
+                    max_ranks_per_job=settings.max_ranks_per_job)
     core = Aggregator(Ledger(), jobs, store, settings.recent_steps_per_job, wal=wal)
     try:
         core.recover()

@@ -131,6 +131,9 @@ class AggregatorCollector(Collector):
             fam.add("chopper_aggregator_summaries_rejected_total", (reason,), float(count))
         fam.add("chopper_aggregator_jobs", (), float(len(core.jobs.jobs)))
         fam.add("chopper_aggregator_jobs_expired_total", (), float(core.jobs.jobs_expired_total))
+        fam.add("chopper_aggregator_ranks", (), float(sum(len(j.ranks) for j in core.jobs.jobs.values())))
+        for reason, count in core.jobs.ranks_retired.items():
+            fam.add("chopper_aggregator_ranks_retired_total", (reason,), float(count))
         fam.add("chopper_aggregator_rank_series_omitted", (), float(omitted))
         store = core.store
         fam.add("chopper_aggregator_store_rows_written_total", (), float(store.rows_written_total if store else 0))

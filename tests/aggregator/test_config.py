@@ -29,6 +29,8 @@ def test_precedence_defaults_yaml_env_flags(tmp_path: Path) -> None:
     [
         (["--step-timeout-s", "soon"], None, "step_timeout_s: 'soon' (from --step-timeout-s) is not a valid float"),
         (["--step-timeout-s", "0"], None, "step_timeout_s: 0.0 is out of range"),
+        (["--rank-expiry-s", "0.5"], None, "rank_expiry_s: 0.5 is out of range; use 1 s to a week"),
+        (["--max-ranks-per-job", "0"], None, "max_ranks_per_job: 0 must be at least 1"),
         (["--max-message-bytes", str(2**31)], None, "max_message_bytes: 2147483648 is out of range"),
         (["--listen", "9480"], None, "listen: '9480' is not host:port"),
         (["--metrics-listen", "127.0.0.1:9480"], None, "metrics_listen: '127.0.0.1:9480' is the same address"),

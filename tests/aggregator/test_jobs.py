@@ -185,3 +185,24 @@ def test_finalize_every_gathers_steps_of_many_small_batches() -> None:
     assert sorted(s.job for s in done.steps) == ["b", "c", "d"] and len(done.rows) == 3
     assert table.add([summary("e", 0, 0)], T0 + NS + 1).steps == []
     assert [s.job for s in table.expire(T0 + NS + 2).steps] == ["e"]
+
+
+def test_a_vanished_rank_retires_after_rank_expiry_and_a_rejoining_one_starts_afresh() -> None:
+    table = joined_table(step_timeout_s=2.0, vanish_after_steps=2, rank_expiry_s=10.0)
+    table.add([summary("j", r, 0) for r in range(3)], T0)
+    for t in range(1, 16):  # rank 2 died after step 0
+        table.add([summary("j", r, t) for r in range(2)], T0 + t * NS)
+        table.expire(T0 + t * NS)
+        if t == 9:  # out of the rank set, silent 9 s: still held
+            assert 2 in table.jobs["j"].ranks and 2 not in table.jobs["j"].expected
+    assert sorted(table.jobs["j"].ranks) == [0, 1] and table.ranks_retired == {"idle": 1, "job_expired": 0}
+    table.add([summary("j", 2, 16)], T0 + 16 * NS)
+    assert table.jobs["j"].ranks[2].missing_steps == 0
+
+
+def test_expired_jobs_count_their_ranks_and_new_ranks_beyond_the_limit_are_rejected() -> None:
+    table = joined_table(job_expiry_s=60.0, max_ranks_per_job=3)
+    table.add([summary("j", r, 0) for r in range(4)], T0)
+    assert sorted(table.jobs["j"].ranks) == [0, 1, 2] and table.rejected["rank_limit"] == 1
+    table.expire(T0 + 61 * NS)
+    assert not table.jobs and table.ranks_retired == {"idle": 0, "job_expired": 3}
