@@ -74,7 +74,7 @@ def _resolve(env: Mapping[str, str], modules: Mapping[str, Any], job: str | None
         found["rank"] = launcher_identity.resolve_rank(env, modules)
         found["world_size"] = size = launcher_identity.resolve_world_size(env, modules)
         rank = int(found["rank"].value)
-        if rank >= size.value:
+        if size.source != "default" and rank >= size.value:
             _warn(f"rank {rank} ({found['rank'].source}) is not below the world size {size.value} ({size.source}); "
                   "one of the launcher's variables is stale: set RANK and WORLD_SIZE together")
     device: device_identity.Device | None = None

@@ -12,9 +12,10 @@ UUIDs to its devices, and a UUID wins over an index, docs/IDENTITY.md). Algorith
    * NVIDIA: ``NVIDIA_VISIBLE_DEVICES`` (the container toolkit: host indices or UUIDs; ``all``
      or unset: every device; ``none``: no device; ``void`` or a device-list path: the container
      holds devices whose host identity only torch can tell), then ``CUDA_VISIBLE_DEVICES``.
-   * ROCm (any of ``ROCR_VISIBLE_DEVICES``, ``GPU_DEVICE_ORDINAL``, ``HIP_VISIBLE_DEVICES`` is set,
-     or torch is a ROCm build): ``ROCR_VISIBLE_DEVICES``, then ``GPU_DEVICE_ORDINAL``, then
-     ``HIP_VISIBLE_DEVICES`` (else ``CUDA_VISIBLE_DEVICES``, which HIP reads the same way).
+   * ROCm (``ROCR_VISIBLE_DEVICES`` or ``HIP_VISIBLE_DEVICES`` is set, or torch is a ROCm
+     build): ``ROCR_VISIBLE_DEVICES``, then ``GPU_DEVICE_ORDINAL``, then ``HIP_VISIBLE_DEVICES``
+     (else ``CUDA_VISIBLE_DEVICES``, which HIP reads the same way). ``GPU_DEVICE_ORDINAL`` alone
+     does not mean ROCm: Slurm sets it for OpenCL on every GPU node, and CUDA ignores it.
 
    A variable whose value repeats the previous one is a copy (Slurm's GPU plugin sets
    ``CUDA_VISIBLE_DEVICES``, ``GPU_DEVICE_ORDINAL`` and ``ROCR_VISIBLE_DEVICES`` alike) and is
@@ -152,7 +153,7 @@ def _visible(env: Mapping[str, str], rocm: bool, chain: list[str], warnings: lis
         visible = _container(env["NVIDIA_VISIBLE_DEVICES"], chain, warnings) if "NVIDIA_VISIBLE_DEVICES" in env \
             else None
         stages = [("CUDA_VISIBLE_DEVICES", env["CUDA_VISIBLE_DEVICES"])] if "CUDA_VISIBLE_DEVICES" in env else []
-        if stages and env.get("NVIDIA_VISIBLE_DEVICES", "").strip() == stages[0][1].strip():
+        if stages and "NVIDIA_VISIBLE_DEVICES" in env and env["NVIDIA_VISIBLE_DEVICES"].strip() == stages[0][1].strip():
             stages = []  # a copy of the container's list, not a selection from it
     previous = None
     for var, raw in stages:
@@ -202,7 +203,7 @@ def resolve_device(env: Mapping[str, str], local_rank: int | None, modules: Mapp
             return Device(-1, explicit, f"CHOPPER_GPU={explicit}")
         warnings.append(f"CHOPPER_GPU={explicit!r} is neither an agent device index nor a UUID; ignored")
     torch_ordinal, torch_uuid, rocm_build = _torch_device(modules)
-    rocm = rocm_build or any(k in env for k in _ROCM_VARS)
+    rocm = rocm_build or "ROCR_VISIBLE_DEVICES" in env or "HIP_VISIBLE_DEVICES" in env
     chain: list[str] = []
     visible = _visible(env, rocm, chain, warnings)
     if torch_ordinal is not None:

@@ -109,7 +109,7 @@ def test_markers_arrive_exactly_in_order_with_identity_and_seq(sock: Path) -> No
     server = start_server(sock, rec)
     try:
         clock = counter_clock()
-        c = fast_client(sock, clock=clock, max_batch=4, pid=4242)
+        c = fast_client(sock, clock=clock, max_batch=4, pid=4242, device_uuid="GPU-8932f937")
         for i in range(3):
             with c.step(i, flops=1.5e12 * (i + 1), tokens=4096 + i):
                 with c.phase("forward"):
@@ -142,7 +142,8 @@ def test_markers_arrive_exactly_in_order_with_identity_and_seq(sock: Path) -> No
     assert [m.ts_ns for m in markers] == [1_700_000_000_000_000_000 + 1000 * k for k in range(24)]
     assert [b.seq for b in rec.batches] == list(range(1, len(rec.batches) + 1))
     assert all(len(b.markers) <= 4 for b in rec.batches)
-    assert {(b.job, b.rank, b.gpu, b.pid, b.client_dropped_total) for b in rec.batches} == {("j1", 3, 1, 4242, 0)}
+    assert {(b.job, b.rank, b.gpu, b.pid, b.client_dropped_total, b.device_uuid) for b in rec.batches} == {
+        ("j1", 3, 1, 4242, 0, "GPU-8932f937")}
     s = c.stats()
     assert (s["queued"], s["sent"], s["dropped"], s["batches_sent"]) == (24, 24, 0, len(rec.batches))
     assert s["connected"] is False
@@ -349,14 +350,19 @@ def test_module_init_replaces_and_flushes_previous_client(sock: Path) -> None:
 
 
 def test_init_defaults_come_from_the_environment(monkeypatch: pytest.MonkeyPatch, sock: Path) -> None:
-    for key in ("CHOPPER_JOB", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "RANK", "LOCAL_RANK"):
+    for key in ("CHOPPER_JOB", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "RANK", "LOCAL_RANK", "CUDA_VISIBLE_DEVICES",
+                "NVIDIA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "CHOPPER_GPU"):
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("SLURM_JOB_ID", "777")
     monkeypatch.setenv("RANK", "5")
-    monkeypatch.setenv("LOCAL_RANK", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6")
     monkeypatch.setenv("CHOPPER_AGENT", f"unix://{sock}")
     c = chopper.init()
-    assert (c.job, c.rank, c.gpu, c.target) == ("777", 5, 2, f"unix://{sock}")
+    assert (c.job, c.rank, c.gpu, c.device_uuid, c.target) == ("777", 5, 6, "", f"unix://{sock}")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-8932f937")
+    c = chopper.init()
+    assert (c.gpu, c.device_uuid) == (-1, "GPU-8932f937")  # the agent maps the UUID to its index
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "elastic-1")
     monkeypatch.setenv("CHOPPER_JOB", "mine")
     assert chopper.init().job == "mine"
@@ -365,25 +371,9 @@ def test_init_defaults_come_from_the_environment(monkeypatch: pytest.MonkeyPatch
 
 def test_identity_sources_in_order() -> None:
     assert _identity.default_job({}) == "default"
-    assert _identity.default_job({"SLURM_JOB_ID": "9", "TORCHELASTIC_RUN_ID": "te"}) == "te"
+    assert _identity.default_job({"SLURM_JOB_ID": "9", "TORCHELASTIC_RUN_ID": "te"}) == "9"
+    assert _identity.default_job({"SLURM_JOB_ID": "9", "CHOPPER_JOB": "mine"}) == "mine"
     assert _identity.default_agent({}) == "unix:///run/chopper/agent.sock"
-    assert _identity.default_rank({"RANK": "oops"}, modules={}) == 0
-    assert _identity.default_gpu({}, modules={}) == -1
-
-    class Dist:
-        @staticmethod
-        def is_available() -> bool:
-            return True
-
-        @staticmethod
-        def is_initialized() -> bool:
-            return True
-
-        @staticmethod
-        def get_rank() -> int:
-            return 11
-
-    assert _identity.default_rank({"RANK": "4"}, modules={"torch.distributed": Dist}) == 11
 
 
 def test_import_chopper_is_light() -> None:
