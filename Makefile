@@ -19,7 +19,7 @@ HTA_VENV := .venv-hta
 HTA_VERSION := 0.5.0
 HTA_STAMP := $(HTA_VENV)/.installed-$(HTA_VERSION)
 
-.PHONY: demo test lint bench reliability proto dashboards apt-deps clean stack
+.PHONY: demo test lint bench reliability proto dashboards apt-deps clean stack gpu-wheels gpu-check
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -67,6 +67,30 @@ lint: $(STAMP)
 
 bench: $(STAMP) $(HTA_STAMP)
 	CHOPPER_HTA_PYTHON=$(HTA_VENV)/bin/python $(BIN)/python -m benchmarks --write docs/PERFORMANCE.md
+
+# The GPU check (docs/GPU_CHECK.md). `make gpu-wheels`, here with network, puts the wheels the agent
+# and the check need beyond what the GPU machine's python has into $(GPU_WHEELS)/ (ignored by git;
+# carry it with the tree). `make gpu-check`, on the GPU machine, with its own python and no network,
+# installs exactly those wheels into a throwaway directory (never into that python) and runs the
+# check: at most 60 s for the install and 230 s for the check, so five minutes in all.
+# E.g. make gpu-check GPU_CHECK_ARGS='--backend simulated --duration 5' for the dry run.
+GPU_PYTHON ?= python3
+GPU_WHEELS := .gpu-wheels
+GPU_CHECK_ARGS ?=
+
+gpu-wheels: | $(STAMP)
+	$(BIN)/python -m benchmarks.gpu.wheels --dest $(GPU_WHEELS)
+
+gpu-check:
+	@test -f $(GPU_WHEELS)/requirements.txt || { echo "gpu-check: $(GPU_WHEELS)/requirements.txt is missing: run \
+make gpu-wheels on a machine with network and carry $(GPU_WHEELS)/ with the tree" >&2; exit 2; }
+	@site=$$(mktemp -d) && trap 'rm -rf "$$site"' EXIT && \
+	{ PIP_CONFIG_FILE=/dev/null timeout 60 $(GPU_PYTHON) -m pip install --quiet --disable-pip-version-check \
+	  --no-index --find-links $(GPU_WHEELS) --only-binary=:all: --no-deps --target "$$site" \
+	  -r $(GPU_WHEELS)/requirements.txt || { echo "gpu-check: installing $(GPU_WHEELS)/ with \
+'$(GPU_PYTHON) -m pip' failed (see above): is pip there, and were the wheels made for this python?" >&2; \
+	  exit 2; }; } && \
+	PYTHONPATH="$$site:$(CURDIR)" timeout --kill-after=10 230 $(GPU_PYTHON) -m benchmarks.gpu $(GPU_CHECK_ARGS)
 
 # The fault-injection suite and the bad-input tests, rendered as docs/RELIABILITY.md (every row from this run).
 reliability: $(STAMP) apt-deps
