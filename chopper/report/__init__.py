@@ -11,7 +11,7 @@
    rank (``chopper.report.traces``); beside a run, CPU-only traces (a capture on a machine without
    GPU) are read too, for the capture section only;
 4. draw every registered figure whose inputs are present (``figures.FIGURES``, in order);
-5. add the summary tables (run: per job, per rank, slowest ranks, problems; traces: per rank HTA
+5. add the summary tables (run: per job, per rank, slowest ranks, phase times per rank, problems; traces: per rank HTA
    figures, overlap, memory-transfer share, sync-blocked time, launch overhead, idle split,
    largest straggler leads; a capture, i.e. a run with traces: each profiled step's counters beside
    its kernels, ``chopper.capture_join``) and write the page (``html.render``).
@@ -299,6 +299,7 @@ def summary_blocks(result: Attribution) -> list[Any]:
             "Slowest ranks: the largest compute excess over the job's median at a step, with the hardware evidence "
             "(cause none: the clock was not low, look at the host, data loader or kernels)",
             cols, rows, frozenset(cols[5:9])))
+    blocks += phase_blocks(steps)
     seen = sorted({f for flags in steps["flags"] for f in flags}, key=list(FLAGS).index)
     if seen:
         counts = {f: int(steps["flags"].map(lambda fl, f=f: f in fl).sum()) for f in seen}
@@ -309,6 +310,23 @@ def summary_blocks(result: Attribution) -> list[Any]:
     else:
         blocks.append(TextBlock("Problems: none; every marker was paired."))
     return blocks
+
+
+def phase_blocks(steps: Any) -> list[Any]:
+    """The per-rank phase table (``figures.phase_change``): median ms per step and its change across the run."""
+    from chopper.report.figures import MAX_PHASES, phase_change
+    from chopper.report.html import TableBlock
+
+    change = phase_change(steps)
+    if change.empty:
+        return []
+    cols = ["job", "rank", "phase", "steps", "median ms", "first quarter ms", "last quarter ms", "change ms"]
+    rows = [[str(c.job), str(c.rank), str(c.phase), str(c.steps), _ms(c.median_s), _ms(c.early_s), _ms(c.late_s),
+             f"{1e3 * (c.late_s - c.early_s):+.1f}"] for c in change.itertuples(index=False)]
+    return [TableBlock(
+        f"Phase time per rank: median per step, and the median of the first and last quarter of the steps (the "
+        f"{MAX_PHASES} phases with most time); a phase that grew when steps got slower has a large change",
+        cols, rows, frozenset(cols[3:]))]
 
 
 def capture_blocks(result: Attribution, loaded: Sequence[Trace]) -> list[Any]:

@@ -41,6 +41,7 @@ MAX_POINTS = 800  # per GPU time series after binning: about two points per pixe
 MAX_SCATTER = 3000  # per GPU
 BARS_UP_TO_STEPS = 60  # more steps than this are drawn as a stacked area, not bars
 THROTTLE_ACTIVE = 0.05  # a sample interval counts as throttled above this residency share
+MAX_PHASES = 8  # phase names drawn per report, the longest in total; the table says the same
 # Terms below 1 µs in every step are float rounding of the closure, not time: left out of legends.
 NEGLIGIBLE_MS = 1e-3
 
@@ -450,6 +451,86 @@ def clock_vs_temperature(samples: pd.DataFrame, steps: pd.DataFrame | None = Non
     return fig
 
 
+def phase_long(steps: pd.DataFrame) -> pd.DataFrame:
+    """One row per (job, rank, step, phase) with its seconds, from the ``phase_s`` mappings."""
+    rows = [(job, rank, step, name, seconds)
+            for job, rank, step, times in zip(steps["job"], steps["rank"], steps["step"], steps["phase_s"],
+                                              strict=True)
+            for name, seconds in times.items()]
+    return pd.DataFrame(rows, columns=["job", "rank", "step", "phase", "seconds"])
+
+
+def top_phases(long: pd.DataFrame, limit: int = MAX_PHASES) -> list[str]:
+    """The ``limit`` phase names with the most time over the run, longest first (ties by name)."""
+    totals = long.groupby("phase")["seconds"].sum()
+    return sorted(totals.index, key=lambda name: (-totals[name], name))[:limit]
+
+
+def phase_change(steps: pd.DataFrame, limit: int = MAX_PHASES) -> pd.DataFrame:
+    """Per (job, rank, phase): steps it ran in, median seconds, and the median of its first and last quarter.
+
+    A quarter is ``max(1, n // 4)`` of the rank's steps in step order (steps without the phase
+    count as 0 s, so a phase that starts late shows as growth). ``late_s − early_s`` is how the
+    phase changed across the run: the phase that grew when steps got slower.
+    """
+    long = phase_long(steps)
+    names = top_phases(long, limit)
+    out = []
+    for (job, rank), rows in steps.groupby(["job", "rank"], sort=True):
+        order = rows.sort_values("step")
+        quarter = max(1, len(order) // 4)
+        for name in names:
+            per_step = np.array([times.get(name, 0.0) for times in order["phase_s"]], dtype=np.float64)
+            if not (per_step > 0).any():
+                continue
+            out.append((job, int(rank), name, int((per_step > 0).sum()), float(np.median(per_step)),
+                        float(np.median(per_step[:quarter])), float(np.median(per_step[-quarter:]))))
+    return pd.DataFrame(out, columns=["job", "rank", "phase", "steps", "median_s", "early_s", "late_s"])
+
+
+def phase_times_by_step(steps: pd.DataFrame, max_ranks: int = MAX_RANKS_PER_STEP_PLOT,
+                        max_phases: int = MAX_PHASES) -> Figure:
+    """Milliseconds per step of each named phase, one panel per rank, one line per phase.
+
+    A phase's time in a step is the union of its windows (``chopper.attribution.phases``), so
+    nested phases each draw their own line and the lines need not add up to the step time, which
+    is drawn in grey behind them.
+    """
+    long = phase_long(steps)
+    fig = new_figure(11, 1.2)
+    if long.empty:
+        return no_data(fig, "no phases: mark them with chopper.phase(...) or chopper.torch.instrument")
+    names = top_phases(long, max_phases)
+    colours = {name: f"C{i}" for i, name in enumerate(names)}
+    chosen, total = pick_ranks(steps, max_ranks)
+    fig.set_size_inches(11, 1.0 + 1.7 * len(chosen))
+    axes = fig.subplots(len(chosen), 1, sharex=True, squeeze=False)[:, 0]
+    labels = rank_labels(steps)
+    for ax, (job, rank) in zip(axes, chosen, strict=True):
+        mask = (steps["job"] == job) & (steps["rank"] == rank)
+        rows = steps[mask].sort_values("step")
+        dots = "o" if len(rows) <= BARS_UP_TO_STEPS else None
+        ax.plot(rows["step"], 1e3 * rows["step_time_s"], color="0.8", linewidth=2.5)
+        for name in names:
+            ms = 1e3 * np.array([times.get(name, np.nan) for times in rows["phase_s"]], dtype=np.float64)
+            if np.isnan(ms).all():
+                continue
+            ax.plot(rows["step"], ms, color=colours[name], marker=dots, markersize=3, linewidth=1.2)
+        ax.set_ylabel(f"{labels[mask].iloc[0]}\nms", fontsize="small")
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+    axes[-1].set_xlabel("step")
+    handles = [Patch(color="0.8", label="step time")] + [Patch(color=colours[n], label=n) for n in names]
+    fig.legend(handles=handles, loc="outside upper center", ncols=min(6, len(handles)), fontsize="small",
+               frameon=False)
+    shown = long["phase"].nunique()
+    if shown > len(names):
+        fig.supxlabel(f"{len(names)} of {shown} phase names shown: the longest in total", fontsize="small")
+    else:
+        _cut_note(fig, len(chosen), total)
+    return fig
+
+
 def straggler_heatmaps(steps: pd.DataFrame, max_ranks: int = MAX_RANKS_TOTALS) -> Figure:
     """Two rank × step heatmaps: compute lead (ms, compute time minus the job's median at that step)
     and straggler wait (ms, time spent waiting in collectives for a late rank).
@@ -532,6 +613,14 @@ FIGURES: list[FigureSpec] = [
         "Model FLOPs utilisation per rank and step (%); the thick line is the job's MFU at each step. Steps are the "
         "time axis because ranks are joined by step, not by the clocks of different nodes.",
         ("attribution",), lambda d: mfu_by_step(_steps(d)),
+    ),
+    FigureSpec(
+        "phase-times", ATTRIBUTION_SECTION, "Time per phase and step, per rank",
+        "Milliseconds each named phase (forward, backward, optimizer and your own chopper.phase names) took in "
+        "every step of a rank, with the step time in grey behind them: when a step got slower, the line that rose "
+        "with it is the phase that grew. A phase's time is the union of its windows in the step, so nested phases "
+        "each have a line and the lines need not add up to the step time.",
+        ("attribution",), lambda d: phase_times_by_step(_steps(d)),
     ),
     FigureSpec(
         "gpu-telemetry", HARDWARE_SECTION, "Clock, power and temperature over time",

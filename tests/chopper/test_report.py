@@ -43,7 +43,7 @@ def test_report_is_self_contained(report: Path) -> None:
 
 def test_report_has_every_figure_and_the_toc(report: Path) -> None:
     page = report.read_text(encoding="utf-8")
-    assert page.count("<svg") + page.count("<img") == len(FIGURE_KEYS) == 6
+    assert page.count("<svg") + page.count("<img") == len(FIGURE_KEYS) == 7
     for key in FIGURE_KEYS:
         assert f'<figure id="{key}">' in page
         assert f'href="#{key}"' in page, f"{key} missing from the table of contents"
@@ -248,3 +248,20 @@ def test_chromium_renders_the_report(report: Path, tmp_path: Path) -> None:
     assert "<caption>Per job</caption>" in dom
     # The stacked bars drew: solid fills of the ideal, thermal DVFS and straggler-wait colours.
     assert_filled(colours, ("#2e7d32", "#c62828", "#fbc02d"))
+
+
+def test_phase_table_shows_the_phase_that_grew(report: Path) -> None:
+    import pandas as pd
+
+    # 8 steps of one rank: backward steady at 20 ms, forward 10 ms that grows to 40 ms in the last quarter.
+    steps = pd.DataFrame({"job": "j", "rank": 0, "step": range(8),
+                          "phase_s": [{"forward": 0.04 if i >= 6 else 0.01, "backward": 0.02} for i in range(8)]})
+    change = figures.phase_change(steps).set_index("phase")
+    assert change.loc["forward", ["median_s", "early_s", "late_s"]].tolist() == pytest.approx([0.01, 0.01, 0.04])
+    assert change.loc["backward", "late_s"] - change.loc["backward", "early_s"] == 0
+    # The recorded run's phases appear in the report's table, one row per rank and phase.
+    page = report.read_text(encoding="utf-8")
+    table = page.split("<caption>Phase time per rank", 1)[1].split("</table>", 1)[0]
+    rows = [re.findall(r"<td[^>]*>(.*?)</td>", row) for row in re.findall(r"<tr>(.*?)</tr>", table)[1:]]
+    ranks = read_run(report.parent / "run").markers["rank"].nunique()
+    assert len(rows) == 3 * ranks and {r[2] for r in rows} == {"forward", "backward", "optimizer"}
