@@ -2,8 +2,9 @@
 
 1. Start ``chopper-agent`` with ``--backend auto`` (real GPUs when present, else a simulated
    MI300X node, which the agent logs plainly) on a private unix socket and a free metrics port.
-   The simulated node has a power cap on every GPU (``power_cap_w``) and one GPU with failed
-   cooling (``hot_gpu``), the scenario that the rest of the demo uncovers from telemetry alone.
+   The simulated node has a power cap on every GPU (``power_cap_w``, by default ``CAP_OF_TDP`` of
+   the model's TDP, an administrator's limit) and one GPU with failed cooling (``hot_gpu``): the
+   scenario that the rest of the demo uncovers from telemetry alone.
 2. Wait until it answers ``GetInfo``; print its devices, the scenario and the ``/metrics`` address.
 3. Record the agent's devices, samples and markers (``chopper.record``, as ``chopper record``).
 4. Run ``chopper.demo.train`` (CPU ranks, gloo) against it, printing every ``TABLE_EVERY``-th step
@@ -37,12 +38,18 @@ import grpc
 from chopper import consumer, steptable
 from chopper.demo.gputime import StandIn
 from chopper.proto.chopper.v1 import agent_pb2 as pb
-from chopper.record import RecordStats, record
+from chopper.record import RecordError, RecordStats, record
+from chopper.rundir import RunDirError
+from chopper.specs import SPECS
 
 JOB = "demo"
 # One table row per rank every this many steps: about one a second per rank, readable live; every
 # step is in the recorded run and the report.
 TABLE_EVERY = 2
+# The simulated node's default power cap, as a share of the model's TDP: low enough that a healthy
+# GPU loses a visible share of its clock for power, high enough that the GPU with failed cooling
+# reaches its thermal limit within seconds (its thermal budget then binds below the cap).
+CAP_OF_TDP = 0.75
 # The table header again after this many rows, so that the columns stay named as it scrolls.
 HEADER_EVERY = 40
 
@@ -51,8 +58,8 @@ HEADER_EVERY = 40
 class DemoOptions:
     """What ``chopper demo`` runs. Durations in seconds, power in watts.
 
-    ``power_cap_w`` (every GPU) and ``hot_gpu`` (failed cooling) set the simulated node's scenario;
-    a real backend ignores them.
+    ``power_cap_w`` (every GPU; None: ``CAP_OF_TDP`` of the model's TDP) and ``hot_gpu`` (failed
+    cooling) set the simulated node's scenario; a real backend ignores them.
     """
 
     duration_s: float = 60.0
@@ -61,7 +68,7 @@ class DemoOptions:
     gpus: int = 8
     sample_hz: float = 10.0
     backend: str = "auto"
-    power_cap_w: float = 550.0
+    power_cap_w: float | None = None
     hot_gpu: int = 1
 
 
@@ -111,13 +118,13 @@ class _Recording:
 
     def __init__(self, target: str, out: Path) -> None:
         self._stop = threading.Event()
-        self._result: list[RecordStats | BaseException] = []
+        self._result: list[RecordStats | Exception] = []
         since_ns = time.time_ns()
 
         def run() -> None:
             try:
                 self._result.append(record(target, out, None, since_ns, self._stop))
-            except BaseException as exc:  # handed to stop()'s caller, which reports it
+            except Exception as exc:  # handed to stop()'s caller, which reports it
                 self._result.append(exc)
 
         self._thread = threading.Thread(target=run, name="chopper-demo-record", daemon=True)
@@ -127,12 +134,12 @@ class _Recording:
         self._stop.set()
         self._thread.join(60)
         result = self._result[0] if self._result else TimeoutError("the recording did not finish writing in 60 s")
-        if isinstance(result, BaseException):
+        if isinstance(result, Exception):
             raise result
         return result
 
 
-def _setup_lines(info: pb.AgentInfo, options: DemoOptions, simulated: bool) -> list[str]:
+def _setup_lines(info: pb.AgentInfo, options: DemoOptions, cap_w: float, simulated: bool) -> list[str]:
     models = ", ".join(sorted({d.model for d in info.devices})) or "no GPU"
     vendors = ",".join(sorted({d.vendor for d in info.devices})) or "-"
     gpus = f"{len(info.devices)} × {models}, vendor={vendors}, sampled at {info.sample_hz:g} Hz"
@@ -142,7 +149,7 @@ def _setup_lines(info: pb.AgentInfo, options: DemoOptions, simulated: bool) -> l
     on_hot = "" if options.hot_gpu < options.ranks else f" (no rank runs there: try --ranks {options.hot_gpu + 1})"
     return [
         f"SIMULATED node {info.node} (no GPU is measured): {gpus}",
-        f"scenario: every GPU power-capped at {options.power_cap_w:g} W; gpu {options.hot_gpu} has failed cooling"
+        f"scenario: every GPU power-capped at {cap_w:g} W; gpu {options.hot_gpu} has failed cooling"
         f"{on_hot}; rank r runs on gpu r",
         f"job: {options.ranks} CPU ranks (gloo) train a small transformer; each step stands in for a step of",
         f"  {StandIn().describe()} on its GPU, at the clock that GPU",
@@ -153,6 +160,11 @@ def _setup_lines(info: pb.AgentInfo, options: DemoOptions, simulated: bool) -> l
 def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> int:
     """Run the demo end to end; returns 0 when the agent counted every step that was sent and the
     recorded run was attributed and reported."""
+    spec = SPECS.get(options.model) or SPECS.get(options.model.upper())
+    if spec is None:
+        print(f"demo: unknown --model {options.model!r}; known models: {', '.join(SPECS)}", file=out)
+        return 2
+    cap_w = options.power_cap_w if options.power_cap_w is not None else round(CAP_OF_TDP * spec.tdp_w)
     workdir = Path(tempfile.mkdtemp(prefix="chopper-demo-"))
     sock = workdir / "agent.sock"
     target = f"unix://{sock}"
@@ -160,19 +172,24 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> int:
     agent_cmd = [
         sys.executable, "-m", "agent", "--backend", options.backend, "--socket-path", str(sock),
         "--metrics-listen", metrics_addr, "--sim-model", options.model, "--sim-gpus", str(options.gpus),
-        "--sim-power-cap-w", str(options.power_cap_w), "--sim-hot-gpus", str(options.hot_gpu),
+        "--sim-power-cap-w", str(cap_w), "--sim-hot-gpus", str(options.hot_gpu),
         "--sample-hz", str(options.sample_hz), "--node", socket.gethostname(),
     ]
     agent = subprocess.Popen(agent_cmd, stderr=open(workdir / "agent.log", "w"))  # noqa: SIM115
     try:
         info = consumer.wait_for_info(target, timeout_s=30.0)
         simulated = info.backend == "simulated"
-        for line in _setup_lines(info, options, simulated):
+        if simulated and options.ranks > len(info.devices):
+            print(f"demo: --ranks {options.ranks} needs as many GPUs; the simulated node has {len(info.devices)}",
+                  file=out)
+            return 2
+        for line in _setup_lines(info, options, cap_w, simulated):
             print(line, file=out)
         print(f"agent log: {workdir / 'agent.log'}\nmetrics:   http://{metrics_addr}/metrics\n"
               f"training for {options.duration_s:g} s; one step in {TABLE_EVERY} shown, times in ms\n",
               file=out, flush=True)
-        recording = _Recording(target, workdir / "run")
+        # The report is titled after the run directory: it says plainly that the GPUs were simulated.
+        recording = _Recording(target, workdir / ("simulated-run" if simulated else "run"))
         stop = threading.Event()
         printer = threading.Thread(target=_print_rows, args=(target, out, stop), daemon=True)
         printer.start()
@@ -196,6 +213,9 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> int:
         return 0 if counted and reported else 1
     except consumer.AgentUnreachable as exc:
         print(f"demo: {exc}\nagent log:\n{(workdir / 'agent.log').read_text()[-4000:]}", file=out)
+        return 1
+    except (RecordError, RunDirError, TimeoutError) as exc:
+        print(f"demo: recording the run into {workdir} failed: {exc}", file=out)
         return 1
     finally:
         agent.send_signal(signal.SIGTERM)
@@ -236,7 +256,6 @@ def _verdict(run_dir: Path, report: Path, sent: dict[str, dict], info: pb.AgentI
     from chopper.attribution import AttributionError, attribute_run
     from chopper.demo.verdict import verdict_lines
     from chopper.report import ReportError, build_report
-    from chopper.rundir import RunDirError
 
     try:
         result = attribute_run(run_dir, job=JOB)

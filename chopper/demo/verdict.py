@@ -63,14 +63,15 @@ def rank_lines(result: Attribution) -> list[str]:
     steps = result.steps
     lines = []
     for entry in summary(result)["ranks"]:
-        mine = steps[(steps["job"] == entry["job"]) & (steps["rank"] == entry["rank"])]
         total = entry["step_time_s"] or 0.0
+        if total <= 0:
+            lines.append(f"rank {entry['rank']}: no step time recorded")
+            continue
+        mine = steps[(steps["job"] == entry["job"]) & (steps["rank"] == entry["rank"])]
         gpus = ",".join(str(g) for g in sorted(mine["gpu"].unique()))
-        lines.append(
-            f"rank {entry['rank']}: gpu {gpus}, {mine['mean_gfx_clock_mhz'].mean():.0f} MHz, "
-            f"up to {mine['max_temp_c'].max():.0f} °C, DVFS {_pct(entry['dvfs_loss_s'], total)} of its time"
-            f" ({_by_cause(entry, total)})" if total > 0 else f"rank {entry['rank']}: no step time recorded"
-        )
+        lines.append(f"rank {entry['rank']}: gpu {gpus}, {mine['mean_gfx_clock_mhz'].mean():.0f} MHz, "
+                     f"up to {mine['max_temp_c'].max():.0f} °C, DVFS {_pct(entry['dvfs_loss_s'], total)} of its "
+                     f"time ({_by_cause(entry, total)})")
     return lines
 
 

@@ -174,6 +174,22 @@ def test_power_cap_below_tdp_throttles_for_power_at_a_lower_clock() -> None:
         SimulatedBackend("n", power_cap_w=0.0)
 
 
+def test_under_a_node_cap_the_hot_gpu_goes_thermal_within_seconds_and_the_others_stay_power_bound() -> None:
+    """The demo's node: every GPU capped at 3/4 of TDP, GPU 1 with failed cooling, both training."""
+    b = SimulatedBackend("n", model="MI300X", gpus=2, seed=0, hot_gpus=[1], power_cap_w=562.0)
+    b.open()
+    samples, _ = _drive(b, 20.0)
+    onset = next(i for i, tick in enumerate(samples) if tick[1].throttle_thermal_s > 0) * TICK / 1e9
+    assert 2.0 < onset < 8.0  # a failed fan: the limit within seconds, not minutes
+    last = samples[-1]
+    assert last[0].throttle_thermal_s == 0.0 and last[0].throttle_power_s > 10.0
+    assert last[1].throttle_thermal_s > 10.0
+    # Compute phases of the last 5 s: the hot GPU's clock is well below the capped healthy one's.
+    compute = [i for i in range(len(samples) - 500, len(samples)) if 2 < i % 50 < 38]
+    clock = np.mean([[samples[i][g].gfx_clock_mhz for g in (0, 1)] for i in compute], axis=0)
+    assert clock[1] < 0.8 * clock[0] < 0.9 * b.spec.max_gfx_clock_mhz
+
+
 def test_long_gap_matches_fine_sampling() -> None:
     """One 1.5 s call integrates like 150 calls of 10 ms (sub-steps, exact thermal RC)."""
     results = []
