@@ -192,6 +192,8 @@ BY_NAME: dict[str, MetricSpec] = {m.name: m for m in METRICS}
 def markdown() -> str:
     """``docs/METRICS.md``: the catalog as tables (regenerate with ``python -m agent.catalog``)."""
     from agent.markers import REJECTION_REASONS
+    from agent.steps import MAX_PHASE_SERIES
+    from chopper.attribution.phases import MAX_PHASES_PER_STEP, OTHER
 
     lines = [
         "# Metric catalog",
@@ -205,6 +207,21 @@ def markdown() -> str:
         "|---|---|---|---|",
     ]
     lines += [f"| `{m.name}` | {m.kind} | {', '.join(m.labels)} | {m.help} |" for m in METRICS]
+    lines += ["", "## Phase time (`chopper_rank_phase_seconds_total{phase}`)", "",
+              "Per rank, the seconds each named phase took over the summarised steps: per step the union of that",
+              "name's windows (a phase entered twice counts both, nested phases each count, so phases need not add",
+              "up to the step time), as in `StepSummary.phase_times` and `chopper attribute --json` (`phase_s`).",
+              "There is no step label: `rate()` of it next to `chopper_rank_step_seconds_total` shows which phase",
+              f"grew when steps got slower. The first {MAX_PHASE_SERIES} names a rank sends get their own series; the",
+              f"time of later names adds to `phase=\"{OTHER}\"` (a phase a user names `{OTHER}` shares it), so a",
+              "client that invents names cannot grow the scrape. A summary itself keeps a step's",
+              f"{MAX_PHASES_PER_STEP} longest names, the rest summed as `{OTHER}`.", "",
+              "## Retired ranks (`chopper_agent_ranks_retired_total{reason}`)", "",
+              "A `(job, rank)` and all its `chopper_rank_*` series go once no rank of its job has sent a marker for",
+              "`rank_idle_s` (reason `idle`; a rank with a step open stays, and steps waiting for samples are",
+              "summarised first), or at once when more than `max_ranks` are tracked: the one silent longest, ranks",
+              "without an open step first (reason `limit`). A rank that sends again starts from zero, as after an",
+              "agent restart; Prometheus' `rate()` and `increase()` handle the reset (docs/CONFIG.md)."]
     lines += ["", "## Rejection reasons (`chopper_agent_markers_rejected_total{reason}`)", "",
               "| reason | meaning |", "|---|---|"]
     lines += [f"| `{reason}` | {meaning} |" for reason, meaning in REJECTION_REASONS.items()]
