@@ -1,6 +1,6 @@
 """Job dashboard (variable ``job``): where one job's step time goes, rank by rank.
 
-Step time and MFU over time, the step time split by cause, straggler wait per rank (rank × time),
+Step time and MFU over time, the step time split by cause and by phase, straggler wait per rank (rank × time),
 the slowest rank with its hardware evidence, collectives exposed vs hidden behind compute, tokens/s
 and tokens/J. Step figures come from the aggregator, which joins ranks by step; tokens, per-rank step
 times and collective time from the agents.
@@ -68,6 +68,13 @@ def build(p: RuleParams) -> Dashboard:
         .add(timeseries_panel("Step time by cause", "Share of all ranks' step time by cause of the attribution "
                               "model (docs/ATTRIBUTION.md); the stack is the whole step time.", "percentunit",
                               query(share, "{{cause}}"), stack=True, max_value=1), w=24)
+        .add(timeseries_panel("Time by phase", "Mean seconds per rank-step in each named phase (forward, "
+                              "backward, optimizer and the job's own chopper.phase names; agents): the line that "
+                              "rises with the step time is the phase that grew. A phase's time is the union of its "
+                              "windows in the step, so nested phases each have a line (docs/METRICS.md).", "s",
+                              query(f"sum by (phase) (rate({C.rank_phase_seconds_total}{J}[{RATE}]))\n"
+                                    f"/ ignoring (phase) group_left sum (rate({C.rank_steps_total}{J}[{RATE}]))",
+                                    "{{phase}}")), w=24)
         .add(timeseries_panel("Tokens per second", "Tokens of all ranks' summarised steps per second.", "short",
                               query(JOB_TOKENS + J, "tokens/s")))
         .add(timeseries_panel("Tokens per joule", "Tokens per joule of GPU energy, aggregator's 1 and 5 minute "
