@@ -78,3 +78,27 @@ def test_collective_time_counts_hidden_and_exposed_collectives_once() -> None:
     figures.add(s)
     now = figures.snapshot(int(3.5 * S))
     assert now.collective_s == pytest.approx(2.0) and now.seconds["exposed_comm"] == pytest.approx(1.0)
+
+
+def test_summary_carries_phase_times_as_unions_per_name() -> None:
+    # forward 1.5-2.0 and again 2.2-2.5 inside a user phase "train" 1.5-2.5; the all_reduce is no phase.
+    intervals = ((False, int(1.5 * S), int(2.5 * S), "train"), (False, int(1.5 * S), int(2.0 * S), "forward"),
+                 (False, int(2.2 * S), int(2.5 * S), "forward"), (True, int(2.5 * S), int(3.0 * S), "all_reduce"))
+    closed = ClosedStep("j", 0, 0, 7, int(1.5 * S), int(3.5 * S), 2e14, 1000, intervals, True)
+    (s,) = summarize([closed], "n", samples(), DEVICE, period_ns=S)
+    assert {p.name: p.seconds for p in s.phase_times} == pytest.approx({"forward": 0.8, "train": 1.0})
+    assert s.phases == 3 and s.collectives == 1
+
+
+def test_rank_figures_bound_the_phase_names() -> None:
+    from agent.steps import MAX_PHASE_SERIES
+    from chopper.attribution.phases import OTHER
+
+    figures = RankFigures()
+    for i in range(MAX_PHASE_SERIES + 10):
+        closed = ClosedStep("j", 0, -1, i, 0, 2 * S, 0.0, 0, ((False, 0, S, f"p{i}"), (False, 0, S // 2, "p0")), False)
+        (s,) = summarize([closed], "n", [], None, period_ns=S)
+        figures.add(s)
+    phases = figures.snapshot(0).phase_s
+    assert len(phases) == MAX_PHASE_SERIES + 1 and phases[OTHER] == pytest.approx(10.0)
+    assert phases["p0"] == pytest.approx(1.0 + (MAX_PHASE_SERIES + 9) * 0.5)

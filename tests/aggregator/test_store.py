@@ -8,6 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from aggregator.jobs import JobTable
@@ -155,3 +157,23 @@ def test_read_step_store_and_chopper_attribute(tmp_path: Path) -> None:
     missing = subprocess.run([sys.executable, "-m", "chopper.cli", "attribute", str(root), "--job", "nope"],
                              capture_output=True, text=True, timeout=120, check=False)
     assert missing.returncode == 2 and "no rows of job 'nope'" in missing.stderr
+
+
+def test_phase_times_are_stored_and_files_without_them_still_read(tmp_path: Path) -> None:
+    root = tmp_path / "steps"
+    table = JobTable(step_timeout_s=30.0, join_s=0.0)
+    # A part file as written before phase times were stored: the same rows without the column.
+    old = table.add([summary("j", r, 0) for r in range(2)], T0).rows.drop(columns=["phase_s"])
+    directory = partition_dir(root, "j", "2024-03-10")
+    directory.mkdir(parents=True)
+    pq.write_table(pa.Table.from_pandas(old.drop(columns=["job"]), preserve_index=False), directory / "part-0.parquet")
+    timed = [summary("j", r, 1) for r in range(2)]
+    for s in timed:
+        s.phase_times.add(name="forward", seconds=0.25 + s.rank)
+        s.phase_times.add(name="backward", seconds=0.5)
+    store = Store(root)
+    store.append(table.add(timed, T0 + NS).rows)
+    store.close()
+    steps = read_step_store(root).steps
+    assert [(int(r.step), int(r.rank), r.phase_s) for r in steps.itertuples()] == [
+        (0, 0, {}), (0, 1, {}), (1, 0, {"forward": 0.25, "backward": 0.5}), (1, 1, {"forward": 1.25, "backward": 0.5})]

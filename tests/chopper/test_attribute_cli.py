@@ -37,6 +37,16 @@ def test_table_and_json(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> No
             "straggler_wait_s", "idle_s", "mfu", "flags"} <= set(first)
     assert [j["job"] for j in doc["summary"]["jobs"]] == ["hot_straggler"]
     assert len(doc["summary"]["ranks"]) == 4 and doc["summary"]["stragglers"][0]["cause"] == "thermal"
+    # Phase times: each phase is marked once per step here, so its time is its end minus its begin.
+    markers = read_run(run_dir).markers
+    ts = markers[markers["kind"].str.startswith("phase")].set_index(["rank", "step", "name", "kind"])["ts_ns"]
+    ts = ts.unstack("kind")  # int64 nanoseconds: a float pivot would round them to 256 ns
+    windows = (ts["phase_end"] - ts["phase_begin"]) / 1e9
+    for row in doc["steps"]:
+        expected = windows.loc[(row["rank"], row["step"])]
+        assert row["phase_s"] == pytest.approx(expected.to_dict(), abs=1e-9)
+    assert set(doc["steps"][0]["phase_s"]) == {"forward", "backward", "optimizer"}
+    assert "phases, mean per rank-step: backward" in table
 
 
 def test_job_filter(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
