@@ -371,8 +371,9 @@ def trace_summary_blocks(ts: TraceSet, top: int = 10) -> list[Any]:
 
     cols = ["rank", "device", "file", "kernels", "span µs", "idle µs", "idle %", "compute µs", "compute %",
             "non-compute µs", "non-compute %", "comm–comp overlap %"]
-    host_cols = ["rank", "memory transfer %", "sync blocked µs", "launch overhead µs", "CPU-late µs",
-                 "launch-to-start µs", "idle µs", "host-wait µs", "kernel-wait µs", "host-wait %"]
+    host_cols = ["rank", "memory transfer %", "sync blocked µs", "GPU waited on launches µs",
+                 "GPU waited on launches % of span", "median launch delay µs", "p95 launch delay µs", "idle µs",
+                 "host-wait µs", "kernel-wait µs", "host-wait %"]
     cross = len(ts.ranks) >= 2
     if cross:
         host_cols += ["mean straggler lead µs", "max straggler lead µs"]
@@ -390,8 +391,9 @@ def trace_summary_blocks(ts: TraceSet, top: int = 10) -> list[Any]:
                      _pct1(tm["compute_pct"]), _us(tm["non_compute_time_us"]), _pct1(tm["non_compute_pct"]),
                      _pct1(ts.overlap_pct.get(r))])
         row = [str(r), _pct1(host.loc[r, "memory_transfer_pct"]), _us(host.loc[r, "sync_blocked_us"]),
-               _us(launch.loc[r, "launch_overhead_us"]), _us(launch.loc[r, "cpu_late_us"]),
-               _us(launch.loc[r, "launch_to_start_us"]), _us(split.loc[r, "idle_us"]),
+               _us(launch.loc[r, "gpu_wait_on_launch_us"]), _pct1(launch.loc[r, "gpu_wait_on_launch_pct"]),
+               _us(launch.loc[r, "launch_delay_median_us"]), _us(launch.loc[r, "launch_delay_p95_us"]),
+               _us(split.loc[r, "idle_us"]),
                _us(split.loc[r, "host_wait_us"]), _us(split.loc[r, "kernel_wait_us"]),
                _pct1(split.loc[r, "host_wait_pct"])]
         if cross:
@@ -401,7 +403,9 @@ def trace_summary_blocks(ts: TraceSet, top: int = 10) -> list[Any]:
         TableBlock("Per rank, GPU (Holistic Trace Analysis's temporal breakdown over the kernel span, µs and % of "
                    "the span; comm–comp overlap as % of communication time)", cols, rows, frozenset(cols[3:])),
         TableBlock("Per rank, host (memory transfer as % of kernel time; sync blocked summed over host threads; "
-                   "launch overhead summed over kernels; idle split at each next kernel's launch)",
+                   "GPU waited on launches = idle time before the host called the next launch, all streams merged; "
+                   "launch delay per kernel = its start − end of its launch call; idle split at each next kernel's "
+                   "launch)",
                    host_cols, host_rows, frozenset(host_cols[1:])),
     ]
     if cross and len(ts.stragglers):

@@ -117,8 +117,9 @@ def test_hta_table_holds_the_reference_figures(nccl_report: Path, alexnet_report
 def test_host_table_and_straggler_table(nccl_report: Path, nccl_set: TraceSet) -> None:
     page = nccl_report.read_text(encoding="utf-8")
     host = _table(page, "Per rank, host")
-    # rank, memory %, sync, launch, CPU-late, launch-to-start, idle, host-wait, kernel-wait, host-wait %, leads
-    assert [(r[0], r[6], r[7], r[8]) for r in host] == [("0", "321,378", "115,886", "205,492"),
+    # rank, memory %, sync, GPU waited on launches µs and %, median and p95 launch delay, idle, host-wait,
+    # kernel-wait, host-wait %, leads
+    assert [(r[0], r[7], r[8], r[9]) for r in host] == [("0", "321,378", "115,886", "205,492"),
                                                         ("1", "328,671", "166,668", "162,003")]
     lead = nccl_set.stragglers
     assert host[1][-1] == f"{lead[lead['rank'] == 1]['lead_us'].max():,.0f}" == "252,723"
