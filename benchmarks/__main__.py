@@ -32,6 +32,7 @@ from benchmarks import (
     bench_agent_kill,
     bench_aggregator,
     bench_attribution,
+    bench_exposed_truth,
     bench_instrument_overhead,
     bench_load_held,
     bench_marker_cost,
@@ -126,6 +127,20 @@ BENCHES = (
         f">= {bench_attribution.GOAL_RANK_STEPS_PER_S:,} rank-steps/s on one core",
         "CPU time of `attribute()` on a synthetic 1 M-sample run vs a plain pandas groupby-mean of the "
         "same samples, minimum of interleaved repeats (`benchmarks/bench_attribution.py`).",
+    ),
+    Bench(
+        "exposed_truth", bench_exposed_truth.run,
+        "exposed communication vs step time with − without gradient sync, 2 gloo ranks over a "
+        f"rate-limited link ({', '.join(f'{r / 1e6:g}' for r in bench_exposed_truth.RATES)} Mbit/s)",
+        lambda r: (f"{r['within']}/{r['cases']} rank-rates within goal ("
+                   + ", ".join(f"{k} {v}" for k, v in r["within_by_config"].items()) + ")"),
+        "within max(5 ms, 20 %) of the truth on every rank at both rates",
+        "real agent process; per configuration (DDP one bucket, DDP default buckets, FSDP2, HF Trainer) one "
+        "2-rank gloo job whose ranks run in their own network namespaces joined by a `tc`-limited veth pair; "
+        "blocks of interleaved synchronised / `no_sync` steps alternate between the two rates (ABBA); truth = "
+        "median over paired steps of the job's own `perf_counter` step time (sync − no sync), ours = the same "
+        "pairs of `exposed_comm_s + straggler_wait_s` from the recorded run's attribution "
+        "(`benchmarks/bench_exposed_truth.py`, `tests/e2e/exposed_truth_harness.py`).",
     ),
     Bench(
         "trace_vs_hta", bench_trace_vs_hta.run,
