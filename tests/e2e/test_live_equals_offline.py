@@ -76,6 +76,6 @@ def test_live_summaries_equal_offline_attribution(agent_process: AgentProcess, t
     assert (joined["exposed_comm_s_live"] > 0).all()  # the demo's all_reduce runs outside any phase
     # Phase times: the same names per step, the same seconds.
     for live_phases, offline_phases in zip(joined["phase_s_live"], joined["phase_s"], strict=True):
-        assert live_phases.keys() == offline_phases.keys() == {"forward", "backward", "optimizer"}
+        assert live_phases.keys() == offline_phases.keys() and {"forward", "backward", "optimizer"} <= set(live_phases)
         for name, seconds in offline_phases.items():
             assert live_phases[name] == pytest.approx(seconds, rel=1e-9, abs=1e-9), name
