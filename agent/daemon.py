@@ -330,10 +330,10 @@ class Agent:
                     self._pending.add(result.closed_steps)
         if result.accepted:
             self.markers.extend(result.accepted)
-            if self._observer is not None and batch.gpu >= 0:
+            if self._observer is not None and result.gpu >= 0:
                 for record in result.accepted:
                     m = record.marker
-                    self._observer.observe_marker(batch.gpu, MarkerKind(m.kind), m.name, m.ts_ns, m.bytes)
+                    self._observer.observe_marker(result.gpu, MarkerKind(m.kind), m.name, m.ts_ns, m.bytes)
         return result
 
     # -- retirement (module docstring) -------------------------------------------------------
