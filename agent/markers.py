@@ -45,7 +45,8 @@ UNKNOWN_DEVICE = "unknown_device"
 REJECTION_REASONS: dict[str, str] = {
     "bad_job": "the batch names no job, or an unprintable or over-long one (chopper/jobname.py; whole batch)",
     "bad_rank": "the batch names a negative rank (whole batch)",
-    "bad_gpu": "the batch names a GPU index this node does not have (whole batch)",
+    "bad_gpu": "the batch names a GPU index below -1 (whole batch); an index or UUID this node does not have "
+               "is flagged unknown_device instead",
     "batch_too_large": f"the batch holds more than {MAX_MARKERS_PER_BATCH} markers (whole batch)",
     "bad_kind": "unknown marker kind (client newer than the agent)",
     "bad_step": "negative step number",
