@@ -256,13 +256,18 @@ def _check(args: argparse.Namespace, argv: list[str]) -> int:
     started = datetime.datetime.now(datetime.timezone.utc)  # noqa: UP017
     backend, devices = preflight(args.backend)
     log.info("event=backend_found backend=%s gpus=%d model=%r", backend, len(devices), devices[0].model)
-    import torch
-
+    try:
+        import torch
+    except ImportError as exc:
+        raise CannotRun(f"torch cannot be imported by {sys.executable} ({exc}); the check trains with it") from exc
     device = torch_device(backend, torch)
     out = (args.out or default_out(devices[0], started)).resolve()
-    from chopper.record import check_output
+    from chopper.record import RecordError, check_output
 
-    check_output(out)
+    try:
+        check_output(out)
+    except RecordError as exc:
+        raise CheckFailed(str(exc)) from exc
     workdir = Path(tempfile.mkdtemp(prefix="chopper-gpu-check-"))
     from chopper.demo.run import free_port
     from deploy.stack.services import Service, StackError, wait_ready
@@ -316,7 +321,8 @@ def _train_and_record(args: argparse.Namespace, backend: str, device: Any, torch
     try:
         workload.run_for(job, args.warmup)
         since_ns = time.time_ns()
-        recording = _Thread("recorder", record, target, out, None, since_ns, stop := threading.Event())
+        stop = threading.Event()
+        recording = _Thread("recorder", record, target, out, None, since_ns, stop)
         live = LiveSummaries(target, since_ns)
         log.info("event=recording out=%s duration_s=%g", out, args.duration)
         loop = workload.timed_loop(job, args.duration)
