@@ -24,8 +24,9 @@ Method (``run_job``, then ``figures``):
      adds, which is what the truth measures);
    * compute that must not move with the rate: median no-sync step time (truth side) and the
      median forward and backward phase times of synchronised steps (ours);
-   * straggler (slow steps): truth = ``slow_ms``, the lead the other rank gets at the all-reduce
-     (the sleep is the only difference between the ranks' steps), ours = the rank's median
+   * straggler (slow steps): truth = the median lead the rank had at the gradient all-reduce: the
+     other rank's ``arrival`` minus its own (the job's own hook on the last gradient, stamped on the
+     machine's monotonic clock, which both namespaces share), clamped at 0; ours = its median
      ``straggler_wait_s``; the slowed rank's should be ~0. What the waiting rank's step time grew
      by is reported beside it (``step_growth_slow_ms``) but is no measure of the wait: the data the
      early rank sends while it waits (into the socket buffers and the link) is not sent later, so
@@ -85,6 +86,7 @@ class Job:
     layers: int = 6
     batch: int = 160
     bucket_mb: float = 0.0
+    bucket_view: bool = False
 
     @property
     def modes(self) -> tuple[str, ...]:
@@ -99,7 +101,7 @@ class Job:
     def argv(self) -> list[str]:
         return [sys.executable, "-m", "tests.e2e.exposed_truth_train", "--framework", self.framework,
                 "--width", str(self.width), "--layers", str(self.layers), "--batch", str(self.batch),
-                "--bucket-mb", str(self.bucket_mb),
+                "--bucket-mb", str(self.bucket_mb), *(["--bucket-view"] if self.bucket_view else []),
                 "--warmup", str(self.warmup), "--blocks", str(self.blocks), "--cycles", str(self.cycles),
                 "--slow-ms", str(self.slow_ms), "--slow-rank", str(self.slow_rank)]
 
@@ -216,7 +218,7 @@ def _join(job: Job, reports: dict[int, dict[str, Any]], steps: Any) -> list[dict
     attributed = {(int(r["rank"]), int(r["step"])): r for r in steps.to_dict("records")}
     rows = []
     for rank, report in reports.items():
-        for step, block, mode, seconds, evidence in report["steps"]:
+        for step, block, mode, seconds, evidence, arrival in report["steps"]:
             row = attributed.get((rank, step))
             if row is None:
                 raise RuntimeError(f"rank {rank} step {step} was timed by the job but has no attributed row "
@@ -225,7 +227,7 @@ def _join(job: Job, reports: dict[int, dict[str, Any]], steps: Any) -> list[dict
             rows.append({
                 "rank": rank, "step": step, "cycle": (step - job.warmup) // len(job.modes), "block": block,
                 "rate_bit_s": job.rate_of(block), "mode": mode,
-                "seconds": seconds, "evidence": evidence,
+                "seconds": seconds, "evidence": evidence, "arrival": arrival,
                 "x_s": row["exposed_comm_s"] + row["straggler_wait_s"], "exposed_s": row["exposed_comm_s"],
                 "straggler_s": row["straggler_wait_s"], "step_time_s": row["step_time_s"],
                 "forward_s": phases.get("forward"), "backward_s": phases.get("backward"),
@@ -251,6 +253,16 @@ def _paired_ms(rows: Sequence[dict[str, Any]], key: str, mode: str, baseline: st
     diffs = [c[mode] - c[baseline] for c in cycles.values()
              if c.get(mode) is not None and c.get(baseline) is not None]
     return round(1e3 * statistics.median(diffs), 2) if diffs else None
+
+
+def _lead_ms(rows: Sequence[dict[str, Any]], rank: int, rate: float) -> float | None:
+    """Median over slow steps of how much earlier ``rank`` was ready to synchronise than the other, ms."""
+    ready: dict[int, dict[int, float]] = {}
+    for r in rows:
+        if r["mode"] == "slow" and r["rate_bit_s"] == rate and r["arrival"] is not None:
+            ready.setdefault(r["step"], {})[r["rank"]] = r["arrival"]
+    leads = [max(0.0, by[1 - rank] - by[rank]) for by in ready.values() if len(by) == 2]
+    return round(1e3 * statistics.median(leads), 2) if leads else None
 
 
 def within(ours_ms: float, truth_ms: float) -> bool:
@@ -287,9 +299,10 @@ def figures(measured: Measured) -> dict[str, Any]:
             if "slow" in by:
                 fig["step_growth_slow_ms"] = _paired_ms(at, "seconds", "slow", "sync")
                 fig["ours_straggler_ms"] = _median_ms(by["slow"], "straggler_s")
-                if rank != job.slow_rank:
-                    fig["truth_wait_ms"] = job.slow_ms
-                    fig["straggler_within_goal"] = within(fig["ours_straggler_ms"] or 0.0, job.slow_ms)
+                lead = _lead_ms(measured.rows, rank, rate)
+                if lead is not None:
+                    fig["truth_wait_ms"] = lead
+                    fig["straggler_within_goal"] = within(fig["ours_straggler_ms"] or 0.0, lead)
             per_rank[str(rank)] = fig
         out["rates"][f"{rate / 1e6:g}"] = {"wire_ms": round(1e3 * measured.grad_bytes * 8 / rate, 2),
                                            "ranks": per_rank}

@@ -34,8 +34,10 @@ on both ranks only after an all-reduce), ``fsdp2`` the number of ``reduce_scatte
 of the step, counted by a wrapper of its own.
 
 Output: the last stdout line is JSON: ``rank``, ``framework``, ``params``, ``grad_bytes``,
-``steps`` (``[step, block, mode, seconds, evidence]`` per step after warm-up; ``step`` is the
-number Chopper's markers carry), ``hook_errors`` and the client's ``stats``.
+``steps`` (``[step, block, mode, seconds, evidence, arrival]`` per step after warm-up; ``step`` is
+the number Chopper's markers carry; ``arrival``, ``ddp``/``fsdp2`` only, is ``time.perf_counter``
+(CLOCK_MONOTONIC, one clock for every process of the machine) when the step's last gradient was
+accumulated, i.e. when this rank was ready to synchronise), ``hook_errors`` and the client's ``stats``.
 
 Run by the harness inside a network namespace, with ``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``,
 ``WORLD_SIZE``, ``LOCAL_RANK``, ``GLOO_SOCKET_IFNAME``, ``CHOPPER_AGENT`` and ``CHOPPER_JOB`` set:
@@ -114,13 +116,14 @@ def gate(block: int) -> None:
 
 
 class Recorder:
-    """Per-step records of one rank: ``[step, block, mode, seconds, evidence]`` after warm-up."""
+    """Per-step records of one rank: ``[step, block, mode, seconds, evidence, arrival]`` after warm-up."""
 
     def __init__(self, schedule: Schedule) -> None:
         self.schedule = schedule
         self.rows: list[list[Any]] = []
         self._t0 = 0.0
         self.evidence: float | int | None = None
+        self.arrival: float | None = None
 
     def begin(self, step: int, net: Net, slowed: float) -> str:
         """Gate a new block, set the step's sleep and start its clock; returns its mode."""
@@ -128,14 +131,15 @@ class Recorder:
             gate(self.schedule.block(step))
         mode = self.schedule.mode(step)
         net.sleep_s = slowed if mode == "slow" else 0.0
-        self.evidence = None
+        self.evidence = self.arrival = None
         self._t0 = time.perf_counter()
         return mode
 
     def end(self, step: int) -> None:
         seconds = time.perf_counter() - self._t0
         if step >= self.schedule.warmup:
-            self.rows.append([step, self.schedule.block(step), self.schedule.mode(step), seconds, self.evidence])
+            self.rows.append([step, self.schedule.block(step), self.schedule.mode(step), seconds, self.evidence,
+                              self.arrival])
 
 
 def grad_sum(net: Net) -> float:
@@ -170,7 +174,8 @@ def train_loop(args: argparse.Namespace, schedule: Schedule, rec: Recorder) -> d
     model: nn.Module
     counts = [0]
     if args.framework == "ddp":
-        model = nn.parallel.DistributedDataParallel(net, bucket_cap_mb=args.bucket_mb or None)
+        model = nn.parallel.DistributedDataParallel(net, bucket_cap_mb=args.bucket_mb or None,
+                                                    gradient_as_bucket_view=args.bucket_view)
     else:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
@@ -185,6 +190,11 @@ def train_loop(args: argparse.Namespace, schedule: Schedule, rec: Recorder) -> d
     chopper.init()
     inst = ctorch.instrument(model, optimizer, tokens_per_step=args.batch)
     slowed = args.slow_ms / 1e3 if dist.get_rank() == args.slow_rank else 0.0
+    # The first layer's weight gradient is the last one backward computes: when this rank is ready
+    # to synchronise, on the machine-wide monotonic clock both ranks share.
+    first = net.layers[0]
+    assert isinstance(first, nn.Linear)
+    first.weight.register_post_accumulate_grad_hook(lambda _: setattr(rec, "arrival", time.perf_counter()))
     with counting(counts, "reduce_scatter_single"):
         for step in range(schedule.total):
             mode = rec.begin(step, net, slowed)
@@ -277,6 +287,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=160, help="rows per rank per step")
     parser.add_argument("--bucket-mb", type=float, default=0.0,
                         help="DDP bucket_cap_mb (0: DDP's default, a 1 MiB first bucket then 25 MB)")
+    parser.add_argument("--bucket-view", action="store_true",
+                        help="DDP gradient_as_bucket_view: no copies between gradients and buckets")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--blocks", type=int, default=2)
     parser.add_argument("--cycles", type=int, default=4)
