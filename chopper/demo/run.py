@@ -146,12 +146,17 @@ def _setup_lines(info: pb.AgentInfo, options: DemoOptions, cap_w: float, simulat
     if not simulated:
         return [f"agent: backend={info.backend} node={info.node}: {gpus}",
                 f"job: {options.ranks} CPU ranks (gloo); the GPUs are real, and this CPU job does not use them"]
-    on_hot = "" if options.hot_gpu < options.ranks else f" (no rank runs there: try --ranks {options.hot_gpu + 1})"
-    return [
+    ranks = f"{options.ranks} CPU rank{'s' if options.ranks != 1 else ''}"
+    lines = [
         f"SIMULATED node {info.node} (no GPU is measured): {gpus}",
-        f"scenario: every GPU power-capped at {cap_w:g} W; gpu {options.hot_gpu} has failed cooling"
-        f"{on_hot}; rank r runs on gpu r",
-        f"job: {options.ranks} CPU ranks (gloo) train a small transformer; each step stands in for a step of",
+        f"scenario: every GPU power-capped at {cap_w:g} W; gpu {options.hot_gpu} has failed cooling; "
+        "rank r runs on gpu r",
+    ]
+    if options.hot_gpu >= options.ranks:
+        lines.append(f"  (no rank runs on gpu {options.hot_gpu}: --ranks {options.hot_gpu + 1} puts one there)")
+    return [
+        *lines,
+        f"job: {ranks} (gloo) train a small transformer; each step stands in for a step of",
         f"  {StandIn().describe()} on its GPU, at the clock that GPU",
         "  runs: a throttled GPU slows its rank. The verdict at the end is what the telemetry found.",
     ]
