@@ -256,11 +256,6 @@ def _check(args: argparse.Namespace, argv: list[str]) -> int:
     started = datetime.datetime.now(datetime.timezone.utc)  # noqa: UP017
     backend, devices = preflight(args.backend)
     log.info("event=backend_found backend=%s gpus=%d model=%r", backend, len(devices), devices[0].model)
-    try:
-        import torch
-    except ImportError as exc:
-        raise CannotRun(f"torch cannot be imported by {sys.executable} ({exc}); the check trains with it") from exc
-    device = torch_device(backend, torch)
     out = (args.out or default_out(devices[0], started)).resolve()
     from chopper.record import RecordError, check_output
 
@@ -272,10 +267,16 @@ def _check(args: argparse.Namespace, argv: list[str]) -> int:
     from chopper.demo.run import free_port
     from deploy.stack.services import Service, StackError, wait_ready
 
-    agent = Service("agent", _agent_argv(backend, workdir, f"127.0.0.1:{free_port()}", args.peak_flops),
-                    workdir / "agent.log")
+    metrics = f"127.0.0.1:{free_port()}"
+    agent = Service("agent", _agent_argv(backend, workdir, metrics, args.peak_flops), workdir / "agent.log",
+                    ready_url=f"http://{metrics}/metrics")
     try:
-        agent.start()
+        agent.start()  # it starts while torch is imported
+        try:
+            import torch
+        except ImportError as exc:
+            raise CannotRun(f"torch cannot be imported by {sys.executable} ({exc}); the check trains with it") from exc
+        device = torch_device(backend, torch)
         try:
             wait_ready([agent], AGENT_START_S)
             log.info("event=agent_ready backend=%s", backend)
