@@ -213,7 +213,7 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> int:
             return 1
         sent = json.loads(train.stdout.strip().splitlines()[-1])
         metrics = scrape(f"http://{metrics_addr}/metrics")
-        counted = _report(sent, metrics, metrics_addr, out)
+        counted = _report(sent, metrics, out)
         reported = _verdict(stats.out, workdir / "report.html", sent, info if simulated else None, out)
         return 0 if counted and reported else 1
     except consumer.AgentUnreachable as exc:
@@ -230,7 +230,7 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> int:
             agent.kill()
 
 
-def _report(sent: dict[str, dict], metrics: str, metrics_addr: str, out: TextIO) -> bool:
+def _report(sent: dict[str, dict], metrics: str, out: TextIO) -> bool:
     print("\nrank  steps sent/seen  phases sent/seen  collectives sent/seen  client drops", file=out)
     ok = True
     for rank, counts in sorted(sent.items(), key=lambda kv: int(kv[0])):
