@@ -12,11 +12,19 @@ one CPU thread per rank (``torch.set_num_threads(1)``: the gloo threads of both 
 the machine with the compute). Steps alternate ``sync`` (even) and ``nosync`` (odd) after
 ``warmup`` synchronised steps, so a shared machine's drift falls on both alike. Kinds:
 
-* ``ddp``: ``DistributedDataParallel``; no sync = ``model.no_sync()``.
+* ``ddp``: ``DistributedDataParallel`` (``bucket_cap_mb=bucket_mb``, gradients as bucket views); no
+  sync = ``model.no_sync()``.
 * ``fsdp2``: ``fully_shard`` per layer and the root; no sync = ``set_requires_gradient_sync(False)``
   (the reduce-scatters go, the all-gathers stay).
-* ``hf``: a ``transformers.Trainer`` wrapping a GPT-2 in DDP itself; no sync = ``training_step``
-  under the DDP wrapper's ``no_sync()``; timed from ``on_step_begin`` to ``on_step_end``.
+* ``hf``: a ``transformers.Trainer`` wrapping a GPT-2 (4 layers, width 512, ~13 M parameters) in
+  DDP itself (``ddp_bucket_cap_mb=bucket_mb``); no sync = ``training_step`` under the DDP wrapper's
+  ``no_sync()``; timed from ``on_step_begin`` to ``on_step_end``.
+
+On two shared cores, an all-reduce that overlaps backward takes CPU from it, and synchronisation
+adds computation of its own (DDP's averaging and bucket copies, FSDP's reduce-scatter copy-in and
+copy-out): both lengthen the step with synchronisation without being communication that no
+computation covers, so the truth is an upper bound of the exposed time here, approached when one
+bucket is all-reduced after the backward (``bucket_mb`` above the gradient size).
 
 A step is timed from before its forward to after ``optimizer.step()``; ``zero_grad(set_to_none=False)``
 keeps gradients allocated so the optimizer does the same work in both modes.
@@ -197,7 +205,8 @@ def _train_hf(rank: int, job: Job, out: str) -> list[tuple[int, bool, float]]:
     model = GPT2LMHeadModel(GPT2Config(n_layer=4, n_embd=512, n_head=8, vocab_size=1024, n_positions=seq))
     args = TrainingArguments(output_dir=out, per_device_train_batch_size=job.batch // 8, max_steps=job.steps,
                              use_cpu=True, report_to=[], save_strategy="no", logging_strategy="no",
-                             dataloader_num_workers=0, disable_tqdm=True, ddp_backend="gloo", max_grad_norm=0.0)
+                             dataloader_num_workers=0, disable_tqdm=True, ddp_backend="gloo", max_grad_norm=0.0,
+                             ddp_bucket_cap_mb=int(job.bucket_mb))
     # Timer first: its on_step_begin runs before the callback's, its on_step_end after.
     Alternating(model=model, args=args, train_dataset=data, callbacks=[Timer(), chopper.hf.ChopperCallback()]).train()
     return times
@@ -253,10 +262,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("kinds", nargs="+", choices=KINDS)
     p.add_argument("--steps", type=int, default=24)
+    p.add_argument("--dim", type=int, default=Job.dim, help="width of the linear layers (ddp, fsdp2)")
+    p.add_argument("--bucket-mb", type=float, default=Job.bucket_mb, help="DDP bucket_cap_mb")
     a = p.parse_args(argv)
     print("job    rank  step_sync  step_nosync  truth  exposed_sync  exposed_nosync  ours  within (ms)")
     for kind in a.kinds:
-        job = Job(kind, steps=a.steps)
+        job = Job(kind, steps=a.steps, dim=a.dim, bucket_mb=a.bucket_mb)
         markers, reports = run(job)
         for rank, r in sorted(compare(job, markers, reports).items()):
             ms = {k: 1e3 * v for k, v in r.items()}
