@@ -17,6 +17,13 @@ Trainer hands callbacks the unwrapped model, so the callback finds the DDP wrapp
 step, with ``chopper.torch.ddp_wrapper_of``, and marks the all-reduce through its comm hook.
 Tokens per step are unknown to callbacks: pass ``tokens_per_step=`` when the batch shape is fixed.
 
+Phases are those of ``chopper.torch.instrument`` on the model the Trainer calls: the backward phase
+ends when the backward computation ends (an autograd final callback queued from the model output's
+gradient hook, before DDP's), so the all-reduce tail the Trainer waits for before its optimizer step
+is exposed communication. Gradient accumulation: each micro-batch's forward and backward is a phase,
+the step ends with the optimizer step that follows the last one (accelerate's wrapper steps the
+inner optimizer only then).
+
 Requires the ``hf`` extra (``pip install 'chopper-telemetry[hf]'``); ``import chopper`` does not import
 transformers.
 """
@@ -40,17 +47,6 @@ from chopper import _identity
 logger = logging.getLogger("chopper.hf")
 
 __all__ = ["ChopperCallback"]
-
-
-def _unwrap_optimizer(optimizer: Any) -> Any:
-    """The torch optimizer inside accelerate's ``AcceleratedOptimizer`` (whose own ``step`` runs no hooks)."""
-    import torch
-
-    seen = 0
-    while seen < 4 and isinstance(getattr(optimizer, "optimizer", None), torch.optim.Optimizer):
-        optimizer = optimizer.optimizer
-        seen += 1
-    return optimizer
 
 
 class ChopperCallback(TrainerCallback):  # type: ignore[misc]
@@ -89,13 +85,14 @@ class ChopperCallback(TrainerCallback):  # type: ignore[misc]
                 job = getattr(args, "run_name", None) or None
             chopper.init(job=job)
             self._started_client = True
-        self.instrumentation = ctorch.instrument(
-            model, _unwrap_optimizer(optimizer), self.flops_per_step, self.tokens_per_step,
-            client=self.client, start_step=int(getattr(state, "global_step", 0) or 0))
-        if not isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        # The Trainer's optimizer is accelerate's AcceleratedOptimizer: instrument hooks the one inside.
+        inst = ctorch.instrument(model, optimizer, self.flops_per_step, self.tokens_per_step,
+                                 client=self.client, start_step=int(getattr(state, "global_step", 0) or 0))
+        self.instrumentation = inst
+        if not any(isinstance(m, torch.nn.parallel.DistributedDataParallel) for m in inst.chain):
             ddp = ctorch.ddp_wrapper_of(model)  # the Trainer wrapped it; callbacks see the inner module
             if ddp is not None:
-                self.instrumentation._register_ddp_hook(ddp)
+                inst._register_ddp_hook(ddp)
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Instrument now when the optimizer exists already (else on the first step)."""

@@ -15,10 +15,14 @@ callback marks from Lightning's own hooks instead, giving the same markers:
 * **step** ``trainer.global_step``: from the batch start of the first micro-batch to the end of
   ``optimizer.step`` (the optimizer's step post-hook; else the end of the batch);
 * **forward**: batch start → ``on_before_backward`` (``training_step``, loss included);
-* **backward**: ``on_before_backward`` → ``on_before_optimizer_step`` (through gradient accumulation);
+* **backward**: ``on_before_backward`` → the end of the backward computation: a gradient hook on the
+  loss (the first tensor backward reaches) queues an autograd final callback
+  (``chopper.torch.queue_backward_end``) ahead of the ones DDP and FSDP queue to wait for gradient
+  synchronisation, so that wait is exposed communication, not backward (one phase per micro-batch);
 * **optimizer**: ``on_before_optimizer_step`` → end of ``optimizer.step``;
 * **collectives** and the **DDP** gradient all-reduce: the ``torch.distributed`` wrappers and comm hook
-  of ``chopper.torch`` (on ``trainer.strategy.model``);
+  of ``chopper.torch`` (on ``trainer.strategy.model``, seen through ``torch.compile``); a synchronous
+  collective on CPU tensors pauses the phase it blocks, as in ``chopper.torch``;
 * **FLOPs**: ``flops_per_step`` if given, else counted with ``FlopCounterMode`` over the first
   ``training_step`` (×3), else 6·N·T when tokens are known. Tokens per step: ``tokens_per_step`` if
   given, else the ``numel`` of the batch's token tensor (a tensor batch, its first element, or its
@@ -84,12 +88,10 @@ class _ChopperHooks:
         self.steps = 0
         self.errors: Counter[str] = Counter()
         self._marks: Any = None
-        self._inst: Any = None  # chopper.torch.Instrumentation, for collectives only
+        self._inst: Any = None  # chopper.torch.Instrumentation: collectives and the open phase
         self._handles: list[Any] = []
         self._started_client = False
         self._step: int | None = None
-        self._phase: Any = None
-        self._phase_name = ""
         self._flop_mode: Any = None
         self._count_flops = False
         self._tokens_seen = 0
@@ -104,15 +106,15 @@ class _ChopperHooks:
             logger.warning("event=hook_failed hook=%s note=training continues", hook, exc_info=True)
 
     def _open_phase(self, name: str) -> None:
-        self._close_phase()
-        cm = self._marks.phase(name)
-        cm.__enter__()
-        self._phase, self._phase_name = cm, name
+        self._inst._open_phase(name)
 
-    def _close_phase(self) -> None:
-        cm, self._phase = self._phase, None
-        if cm is not None:
-            cm.__exit__(None, None, None)
+    def _close_phase(self, name: str | None = None) -> None:
+        if self._inst is not None:
+            self._inst._close_phase(name)
+
+    def _phase_name(self) -> str | None:
+        phase = self._inst._phase if self._inst is not None else None
+        return phase[0] if phase is not None else None
 
     def _end_step(self) -> None:
         self._close_phase()
@@ -155,9 +157,7 @@ class _ChopperHooks:
         model = getattr(trainer.strategy, "model", None) or pl_module
         inst = ctorch.Instrumentation(model, None, self._marks, self.flops_per_step, self.tokens_per_step,
                                       int(trainer.global_step), mark_steps=False)
-        inst._patch_dist()
-        if isinstance(model, torch.nn.parallel.DistributedDataParallel):
-            inst._register_ddp_hook(model)
+        inst._hook_collectives()
         self._inst = inst
         self._count_flops = self.flops_per_step is None
         for opt in trainer.optimizers:
@@ -186,11 +186,22 @@ class _ChopperHooks:
         self._guard("forward", begin)
 
     def on_before_backward(self, trainer: Any, pl_module: Any, loss: torch.Tensor) -> None:
-        """End forward, begin backward."""
+        """End forward, begin backward; its end is queued when backward reaches the loss."""
         def go() -> None:
             self._finish_flop_count()
             self._open_phase("backward")
+            if loss.requires_grad:
+                loss.register_hook(self._loss_grad)
         self._guard("backward", go)
+
+    def _loss_grad(self, grad: torch.Tensor) -> None:
+        import chopper.torch as ctorch
+
+        self._guard("backward", ctorch.queue_backward_end, self._backward_end)
+
+    def _backward_end(self) -> None:
+        # An autograd final callback: _guard keeps any failure out of backward().
+        self._guard("backward", self._close_phase, "backward")
 
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
         """End backward, begin the optimizer phase."""
@@ -198,7 +209,7 @@ class _ChopperHooks:
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         """End the step here when the optimizer had no step hook (or the step was skipped)."""
-        if self._phase is not None and self._phase_name == "optimizer":
+        if self._phase_name() == "optimizer":
             self._guard("optimizer", self._end_step)
 
     def _teardown(self) -> None:

@@ -60,7 +60,9 @@ What is marked and how (all through the public ``chopper.step/phase/collective``
   ``async_op=True`` the window is issue → completion of the work's future **on the CPU side**
   (``Work.get_future().then``), not GPU kernel time. Nested calls (one collective implemented by
   another) are marked once, outermost. ``_coalescing_manager`` batches are seen as their member
-  calls.
+  calls. A synchronous call on CPU tensors (gloo) blocks the thread that computes until it is done,
+  so the phase that thread opened is ended before the call and begun again after it: that
+  collective is exposed, not hidden behind the phase it interrupted.
 * **DDP** issues its bucketed gradient all-reduce from C++ (the Reducer), invisible to the wrappers,
   so a DDP comm hook is registered that does exactly what the default hook does (divide by the
   world size, ``all_reduce`` async) inside a collective marker that ends when the all-reduce
@@ -586,6 +588,10 @@ class Instrumentation:
                            "forward (use chopper.step yourself for exact steps)", type(opt).__name__)
         if self.n_params == 0:
             logger.warning("event=model_without_parameters note=no 6NT FLOPs estimate; forward still marked")
+        self._hook_collectives()
+
+    def _hook_collectives(self) -> None:
+        """Wrap ``torch.distributed`` and mark the gradient all-reduce of a DDP in the wrapper chain."""
         self._patch_dist()
         ddp = next((w for w in self.chain if isinstance(w, nn.parallel.DistributedDataParallel)), None)
         if ddp is not None:
