@@ -1,4 +1,8 @@
-"""``chopper.hf`` and ``chopper.lightning`` callbacks on real CPU training; markers at a real gRPC servicer."""
+"""``chopper.hf`` and ``chopper.lightning`` callbacks on real CPU training; markers at a real gRPC servicer.
+
+Where they assert exposed communication, the figure is checked against the step time the job
+itself loses to gradient synchronisation (``tests/chopper/sync_truth_jobs.py``).
+"""
 from __future__ import annotations
 
 import os
@@ -16,6 +20,8 @@ from torch import nn
 
 import chopper
 from chopper.attribution.markers import paired_intervals
+from chopper.demo.run import free_port
+from tests.chopper import sync_truth_jobs
 from tests.chopper import test_torch_instrument as instrument_tests
 
 PHASES = ("forward", "backward", "optimizer")
@@ -116,8 +122,6 @@ def test_hf_trainer_callback_marks_the_ddp_all_reduce_the_trainer_hides(tmp_path
     pytest.importorskip("accelerate")
     import torch.multiprocessing as mp
 
-    from chopper.demo.run import free_port
-
     def train(agent: str) -> None:
         mp.spawn(_hf_ddp_worker, args=(agent, free_port(), str(tmp_path)), nprocs=2, join=True)
 
@@ -130,6 +134,16 @@ def test_hf_trainer_callback_marks_the_ddp_all_reduce_the_trainer_hides(tmp_path
         begins = mine[(mine["kind"] == "collective_begin") & (mine["name"] == "all_reduce")]
         # At least one gradient bucket per step, each marked through the DDP comm hook, with its bytes.
         assert len(begins) == int(all_reduces) >= STEPS and (begins["bytes"] > 0).all()
+        # The tail the Trainer waits for after the backward computation: exposed on every step.
+        exposed = sync_truth_jobs.exposed_per_step(mine, rank)
+        assert all(exposed[s] > 0 for s in range(STEPS)), exposed
+
+
+def test_hf_trainer_exposed_is_the_time_the_all_reduce_costs() -> None:
+    pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    # One bucket (ddp_bucket_cap_mb above the ~52 MB of gradients): the all-reduce follows the backward.
+    instrument_tests.truth_check(sync_truth_jobs.Job("hf", steps=16, bucket_mb=200.0))
 
 
 class _LitLM:
@@ -137,6 +151,7 @@ class _LitLM:
 
     @staticmethod
     def make(vocab: int = 64, dim: int = 32) -> Any:
+        """An embedding and a two-layer MLP over ``vocab`` tokens of width ``dim``."""
         import lightning.pytorch as pl
 
         class LitLM(pl.LightningModule):
@@ -190,6 +205,49 @@ def test_lightning_callback(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, acc
     for _, g in begins.groupby("step"):
         names = list(dict.fromkeys(g["name"]))
         assert names == list(PHASES), names
+
+
+def _lightning_ddp_worker(rank: int, agent: str, port: int, out: str) -> None:
+    """One rank of a 2-rank Lightning DDP job; launched outside Lightning, which it sees from LOCAL_RANK."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
+                      LOCAL_RANK=str(rank), NODE_RANK="0", CHOPPER_AGENT=agent, CHOPPER_JOB="lit-ddp",
+                      CHOPPER_RANK=str(rank), CHOPPER_GPU=str(rank))
+    import lightning.pytorch as pl
+
+    import chopper.lightning
+
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    batch, seq = 4, 17
+    tokens = torch.randint(0, 256, (2 * STEPS * batch, seq))
+    loader: Any = torch.utils.data.DataLoader(tokens, batch_size=batch)  # type: ignore[arg-type]
+    cb = chopper.lightning.ChopperCallback()
+    trainer = pl.Trainer(max_steps=STEPS, accelerator="cpu", devices=2, strategy="ddp", callbacks=[cb],
+                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, default_root_dir=out, use_distributed_sampler=False)
+    trainer.fit(_LitLM.make(vocab=256, dim=512), loader)
+    Path(out, f"{rank}.txt").write_text(f"{type(trainer.strategy).__name__} {cb.steps} {len(cb.errors)}")
+
+
+def test_lightning_ddp_all_reduce_tail_is_exposed(tmp_path: Path) -> None:
+    pytest.importorskip("lightning")
+    import torch.multiprocessing as mp
+
+    def train(agent: str) -> None:
+        mp.spawn(_lightning_ddp_worker, args=(agent, free_port(), str(tmp_path)), nprocs=2, join=True)
+
+    markers = received(train)
+    for rank in range(2):
+        strategy, steps, errors = (tmp_path / f"{rank}.txt").read_text().split()
+        assert (strategy, steps, errors) == ("DDPStrategy", str(STEPS), "0")
+        mine = markers[markers["rank"] == rank]
+        check_steps(mine, STEPS)
+        # DDP's gradient buckets, marked through the comm hook on trainer.strategy.model, every step.
+        begins = mine[(mine["kind"] == "collective_begin") & (mine["name"] == "all_reduce")]
+        assert set(begins["step"]) == set(range(STEPS)) and (begins["bytes"] > 0).all()
+        # Backward ends with its computation, before DDP's wait for the last bucket: exposed each step.
+        exposed = sync_truth_jobs.exposed_per_step(mine, rank)
+        assert all(exposed[s] > 0 for s in range(STEPS)), exposed
 
 
 def test_pytorch_lightning_variant() -> None:
