@@ -7,8 +7,9 @@ DDP gets one bucket here (``bucket_cap_mb`` above the model's 3.5 MB of gradient
 gradients' own storage (``gradient_as_bucket_view``): the all-reduce then starts when backward
 ends and no copies between gradients and bucket are added to synchronised steps, so the truth holds
 the exposed all-reduce and neither that CPU work nor compute that a concurrent all-reduce slowed
-down (on a CPU, gloo's work and the emulated link's take the ranks' own cores; ``benchmarks/bench_exposed_truth.py`` reports DDP's default buckets, FSDP2 and the HF
-Trainer, where they differ).
+down (on a CPU, gloo's work and the emulated link's take the ranks' own cores;
+``benchmarks/bench_exposed_truth.py`` reports DDP's default buckets, FSDP2 and the HF Trainer, where
+they differ).
 
 Goals, per rank and rate: our exposed term within max(5 ms, 20 %) of the truth; its growth from
 the fast rate to the slow one within max(5 ms, 20 %) of the wire time the extra bytes ÷ bandwidth
