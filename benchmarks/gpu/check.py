@@ -300,6 +300,16 @@ def _check(args: argparse.Namespace, argv: list[str]) -> int:
     return 0
 
 
+def timed_steps(steps: Any, since_ns: int) -> Any:
+    """The attributed steps of the timed loop: those that began at or after ``since_ns``.
+
+    The recording subscribes from ``since_ns``, but the agent also streams every marker that arrives
+    after the subscription began, and the client sends the last warm-up steps' markers up to a flush
+    interval after they were stamped; those steps are the loop's warm-up, not its timed part.
+    """
+    return steps[steps["begin_ns"] >= since_ns]
+
+
 def _train_and_record(args: argparse.Namespace, backend: str, device: Any, torch: Any, target: str, out: Path,
                       agent: Any) -> dict[str, Any]:
     """Steps 3–5 of the module docstring; returns the run's record."""
@@ -338,7 +348,7 @@ def _train_and_record(args: argparse.Namespace, backend: str, device: Any, torch
         raise CheckFailed(f"the agent exited with {agent.exit_code()} during the run; its log ends:\n"
                           f"{agent.log_tail()}")
     run = read_run(out)
-    steps = attribute(run.devices, run.samples, run.markers, job=JOB).steps
+    steps = timed_steps(attribute(run.devices, run.samples, run.markers, job=JOB).steps, since_ns)
     if steps.empty:
         raise CheckFailed(f"no complete step of job {JOB} in the recording {out} (markers {stats.markers}, "
                           f"client {chopper.stats()})")
@@ -363,6 +373,7 @@ def _train_and_record(args: argparse.Namespace, backend: str, device: Any, torch
         "identity_ok": same,
         "shape": {"width": shape.width, "layers": shape.layers, "batch": shape.batch, "dtype": shape.dtype},
         "warmup_s": args.warmup,
+        "since_ns": since_ns,
         "loop": {"steps": loop.steps, "seconds": loop.seconds, "timer": loop.timer, "flops_per_step": flops,
                  "flops_analytic": shape.flops_per_step()},
         "peak_flops": float(dev["peak_flops"]),

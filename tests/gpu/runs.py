@@ -14,7 +14,7 @@ import numpy as np
 
 from agent.backends.replay import ReplayBackend
 from benchmarks.gpu import provenance
-from benchmarks.gpu.check import JOB
+from benchmarks.gpu.check import JOB, timed_steps
 from chopper.attribution import attribute
 from chopper.rundir import read_run
 
@@ -37,7 +37,7 @@ def check_run(run_dir: Path, vendors: tuple[str, ...]) -> dict[str, Any]:
     assert rec["identity_ok"], rec["identity"]
 
     run = read_run(run_dir)  # well-formed tables, or RunDirError naming what is wrong
-    steps = attribute(run.devices, run.samples, run.markers, job=JOB).steps
+    steps = timed_steps(attribute(run.devices, run.samples, run.markers, job=JOB).steps, rec["since_ns"])
     loop, figs = rec["loop"], rec["figures"]
     assert len(steps) == loop["steps"] == figs["steps_attributed"] > 0, (len(steps), loop, figs["steps_attributed"])
     assert math.isclose(loop["flops_per_step"], loop["flops_analytic"], rel_tol=1e-9), loop
