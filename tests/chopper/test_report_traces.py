@@ -146,7 +146,7 @@ def test_combined_run_and_traces_show_both(tmp_path: Path, nccl_dir: Path) -> No
     assert main(["report", str(run), "-o", str(out)]) == 0
     page = out.read_text(encoding="utf-8")
     assert _keys(page) == [*RUN_KEYS, *TRACE_KEYS]
-    assert page.count("<svg") == len(RUN_KEYS) + len(TRACE_KEYS) == 14
+    assert page.count("<svg") == len(RUN_KEYS) + len(TRACE_KEYS) == 15
     assert '<section id="summary">' in page and '<section id="trace-summary">' in page
     assert "<caption>Per job</caption>" in page and _table(page, "Per rank, GPU")[0][5] == "321,378"
 
