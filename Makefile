@@ -49,8 +49,8 @@ demo: $(STAMP)
 stack: $(STAMP) apt-deps
 	$(BIN)/python -m deploy.stack $(STACK_ARGS)
 
-# Two pytest workers: most tests wait on real processes and sockets, so on CI's 2 cores the suite
-# takes about half the serial time (4.5 vs 8.5 minutes). TEST_WORKERS=0 runs it serially. The fault
+# Two pytest workers: most tests wait on real processes and sockets, and on CI's 2 cores two workers
+# keep both cores busy (a third gained nothing: 11.0 vs 11.1 minutes). TEST_WORKERS=0 runs it serially. The fault
 # scenarios (tests/faults) run afterwards, one at a time: their 2 % step-time bound needs a machine
 # that no other test is loading.
 TEST_WORKERS ?= 2
