@@ -38,3 +38,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("gpu"):
             item.add_marker(skip)
+
+
+class HazardOutcome:
+    """What a ``hazard``-marked test measured, in words with numbers (``docs/RELIABILITY.md``'s last column).
+
+    The test sets ``outcome`` as it measures; ``tests.faults.bad_inputs`` reads it after the test.
+    """
+
+    def __init__(self) -> None:
+        self.outcome = ""
+
+
+@pytest.fixture
+def hazard() -> HazardOutcome:
+    """The measured outcome of a ``@pytest.mark.hazard(item=..., input=..., promise=...)`` test."""
+    return HazardOutcome()

@@ -4,8 +4,10 @@
    into a ``FaultRecord``) and on the bad-input modules (``BAD_INPUT_MODULES``: the fuzz suite,
    settings, marker validation, garbled gRPC messages, recorded runs), with
    ``CHOPPER_RELIABILITY_JSON`` pointing at a fresh file and ``tests.faults.bad_inputs`` loaded.
+   Then, in a second pytest run over ``tests``, every test marked ``hazard`` (regression tests
+   for hazards found by hand, wherever they live), one row each.
 2. Read the rows back: fault rows as they were measured; bad-input tests grouped by module, one
-   row each with how many of its tests passed.
+   row each with how many of its tests passed; hazard rows by item number.
 3. Print the tables and, with ``--write``, write them as the whole of ``docs/RELIABILITY.md``.
 
 Every figure comes from this run; nothing in the tables is typed by hand. Exits with pytest's
@@ -81,6 +83,7 @@ def _cell(text: str) -> str:
 def render(rows: list[dict[str, Any]], command: str, status: int) -> str:
     """The Markdown of ``docs/RELIABILITY.md`` from the rows of one run."""
     faults = [r for r in rows if r["type"] == "fault"]
+    hazards = sorted((r for r in rows if r["type"] == "hazard"), key=lambda r: (int(r.get("item", 0)), r["test"]))
     modules: dict[str, dict[str, Any]] = {}
     for r in (r for r in rows if r["type"] == "bad_input"):
         m = modules.setdefault(r["module"], {"about": r["about"], "passed": 0, "tests": 0, "names": []})
@@ -88,7 +91,8 @@ def render(rows: list[dict[str, Any]], command: str, status: int) -> str:
         m["tests"] += 1
         m["passed"] += bool(r["passed"])
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    failed = sum(not r["passed"] for r in faults) + sum(m["passed"] < m["tests"] for m in modules.values())
+    failed = (sum(not r["passed"] for r in faults + hazards)
+              + sum(m["passed"] < m["tests"] for m in modules.values()))
     out = [
         "# Reliability",
         "",
@@ -98,7 +102,8 @@ def render(rows: list[dict[str, Any]], command: str, status: int) -> str:
         f"was measured. Regenerate with `make reliability` (or `{command}`).",
         "",
         f"Run {now} at commit `{_git_commit()}` on {platform.machine()} with {os.cpu_count()} logical CPUs, "
-        f"Python {platform.python_version()}: {len(faults)} faults and {len(modules)} groups of bad inputs, "
+        f"Python {platform.python_version()}: {len(faults)} faults, {len(hazards)} hazards and "
+        f"{len(modules)} groups of bad inputs, "
         f"{'all passing' if failed == 0 and status == 0 else f'{failed} row(s) FAILING (pytest exit {status})'}.",
         "",
         "## Faults",
@@ -127,6 +132,19 @@ def render(rows: list[dict[str, Any]], command: str, status: int) -> str:
         about = m["about"] or "tests: " + ", ".join(n.removeprefix("test_").replace("_", " ") for n in m["names"][:3])
         out.append(f"| {_cell(about)} | `{name}` | {m['passed']} of {m['tests']} | "
                    f"{'yes' if m['passed'] == m['tests'] else '**NO**'} |")
+    out += [
+        "",
+        "## Hazards",
+        "",
+        "What a hostile or clumsy user broke by hand, each held by a regression test that would have caught it "
+        "(`@pytest.mark.hazard`); the item numbers are those of the reliability round that found them.",
+        "",
+        "| item | input | promise | measured | passed |",
+        "|---|---|---|---|---|",
+    ]
+    for r in hazards:
+        out.append(f"| {r.get('item', '')} | {_cell(str(r.get('input', '')))} | {_cell(str(r.get('promise', '')))} | "
+                   f"{_cell(r['outcome'])} (`{r['test'].split('::')[0]}`) | {'yes' if r['passed'] else '**NO**'} |")
     out += ["", "## Method", "", METHOD]
     return "\n".join(out)
 
@@ -153,6 +171,13 @@ def main(argv: Sequence[str] | None = None) -> int:
              "no:cacheprovider"],
             cwd=ROOT, env={**os.environ, ENV: str(rows_path)}, check=False,
         ).returncode
+        if not args.faults_only:
+            hazards = subprocess.run(
+                [sys.executable, "-m", "pytest", "tests", "-m", "hazard", "-p", "tests.faults.bad_inputs", "-q",
+                 "-p", "no:cacheprovider"],
+                cwd=ROOT, env={**os.environ, ENV: str(rows_path)}, check=False,
+            ).returncode
+            status = status or (0 if hazards == 5 else hazards)  # 5: no test marked hazard yet
         rows = load(rows_path)
     command = "python -m tests.faults --write docs/RELIABILITY.md"
     text = render(rows, command, status)
