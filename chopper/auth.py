@@ -6,10 +6,26 @@ sends ``authorization: Bearer <token>`` metadata.
 
 Server side, ``TokenFile`` accepts every non-empty line of its file, so a token is rotated
 without a restart or a refused request: append the new token, move the clients to it, delete the
-old line. The file is re-read when its size, inode or modification time changes (checked on each
-protected call, which are rare); if it becomes unreadable or empty the last good tokens stay in
-force and a warning is logged. A presented token is compared with every accepted token by
-``hmac.compare_digest``, so the time taken does not reveal how much of a guess was right.
+old line. A presented token is compared with every accepted token by ``hmac.compare_digest``, so
+the time taken does not reveal how much of a guess was right.
+
+Whoever can write the file can let themselves in, so the file is trusted only when nobody but
+the daemon's user and root can write it (``trust_problem``). It is checked at start (a failure
+is a start-up error) and on every reload. Algorithm, on each protected call (they are rare):
+
+1. ``stat`` the path (symlinks followed: Kubernetes mounts Secrets as links). Unchanged inode,
+   size, mtime and mode: the tokens in force answer.
+2. Changed: open it (never blocking, so a FIFO cannot hang the call), ``fstat`` what was opened
+   and check that: a regular file of at most ``MAX_TOKEN_FILE_BYTES``, owned by the daemon's
+   user or root, not writable by group or others. Then read it; it must hold a token.
+3. A refused reload keeps the last good tokens in force, is counted in ``TokenFile.refused`` by
+   reason and logged (``event=token_file_refused``).
+4. Once an inode has been seen writable by others, its content is never trusted again, even
+   after its mode is fixed: another user may have written to it meanwhile. Its owner writes the
+   tokens to a new file and moves it over the path (a new inode), and that is reloaded.
+
+The check happens when a protected call comes; a file made writable and fixed again between two
+calls is not seen (docs/SECURITY.md).
 """
 from __future__ import annotations
 
@@ -18,6 +34,7 @@ import logging
 import os
 import stat
 import threading
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -27,33 +44,101 @@ log = logging.getLogger(__name__)
 
 HEADER = "authorization"
 SCHEME = "bearer "
+# A token file holds a few lines; more is not a token file, and is never read into memory.
+MAX_TOKEN_FILE_BYTES = 64 * 1024
+# Why a reload was refused: the keys of ``TokenFile.refused``.
+REFUSAL_REASONS = {
+    "unsafe": "the file (or the file a symlink points to) is writable by other users, owned by another user, or "
+              "not a regular file",
+    "tainted": "the file was writable by other users earlier; only a new file moved over the path is trusted",
+    "unusable": "the file cannot be read, is not text, is too large or holds no token",
+}
 
 
 class TokenError(ConfigError):
     """A token file cannot be used; the message names the file and the fix."""
 
 
-def _read_tokens(path: Path, what: str) -> tuple[bytes, ...]:
+class UntrustedFile(TokenError):
+    """A security-relevant file that users other than the daemon's and root could have written.
+
+    Attributes:
+        st: The status of the file that was opened.
+    """
+
+    def __init__(self, message: str, st: os.stat_result) -> None:
+        super().__init__(message)
+        self.st = st
+
+
+def trust_problem(st: os.stat_result, uid: int | None = None) -> str | None:
+    """Why a file with status ``st`` cannot be trusted to hold secrets, or None when it can.
+
+    Trusted: a regular file owned by ``uid`` (default: this process's effective user) or root,
+    with neither the group nor the others write bit.
+    """
+    uid = os.geteuid() if uid is None else uid
+    if not stat.S_ISREG(st.st_mode):
+        return "is not a regular file"
+    if st.st_uid not in (0, uid):
+        return f"is owned by uid {st.st_uid}, not by the daemon's user (uid {uid}) or root"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        who = "every user" if st.st_mode & stat.S_IWOTH else "its group"
+        return f"is writable by {who} (mode {stat.S_IMODE(st.st_mode):04o})"
+    return None
+
+
+def _fix(path: Path) -> str:
+    return f"chown root {path} && chmod 0640 {path} (or 0600), and keep its directory writable by its owner only"
+
+
+def _read_tokens(path: Path, what: str, *, trusted: bool) -> tuple[tuple[bytes, ...], os.stat_result]:
+    """The non-empty lines of ``path`` and the status of what was read.
+
+    Raises:
+        UntrustedFile: ``trusted`` and the file fails ``trust_problem``.
+        TokenError: The file cannot be read, is not a regular file, is too large or holds no token.
+    """
     try:
-        text = path.read_text()
+        # O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer, forever.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except OSError as exc:
         raise TokenError(f"{what} {path}: cannot be read ({exc.strerror}); check the path and its "
                          "permissions") from None
+    try:
+        st = os.fstat(fd)  # what was opened, not what the path names a moment later
+        problem = trust_problem(st) if trusted else (None if stat.S_ISREG(st.st_mode) else "is not a regular file")
+        if problem is not None:
+            raise UntrustedFile(f"{what} {path}: {problem}, so another user could add a token of their own; "
+                                f"{_fix(path)}", st)
+        if st.st_size > MAX_TOKEN_FILE_BYTES:
+            raise TokenError(f"{what} {path}: is {st.st_size} bytes, over {MAX_TOKEN_FILE_BYTES}; a token file holds "
+                             "one token per line")
+        data = b""
+        while len(data) <= MAX_TOKEN_FILE_BYTES and (chunk := os.read(fd, MAX_TOKEN_FILE_BYTES + 1)):
+            data += chunk
+    finally:
+        os.close(fd)
+    if len(data) > MAX_TOKEN_FILE_BYTES:
+        raise TokenError(f"{what} {path}: grew over {MAX_TOKEN_FILE_BYTES} bytes while it was read; a token file "
+                         "holds one token per line")
+    try:
+        text = data.decode()
     except UnicodeDecodeError:
         raise TokenError(f"{what} {path}: is not text; it must hold the token on a line of its own") from None
     tokens = tuple(line.strip().encode() for line in text.splitlines() if line.strip())
     if not tokens:
         raise TokenError(f"{what} {path}: holds no token; write the token on a line of its own")
-    return tokens
+    return tokens, st
 
 
 def read_client_token(path: str) -> str:
     """The token a client presents: the first non-empty line of ``path``.
 
     Raises:
-        TokenError: The file is unreadable or empty.
+        TokenError: The file is unreadable, not a regular file, too large or empty.
     """
-    return _read_tokens(Path(path), "--token-file")[0].decode()
+    return _read_tokens(Path(path), "--token-file", trusted=False)[0][0].decode()
 
 
 def metadata(token: str) -> tuple[tuple[str, str], ...]:
@@ -74,40 +159,74 @@ def presented(invocation_metadata: Sequence[tuple[str, str | bytes]] | None) -> 
 class TokenFile:
     """The tokens a server accepts, from ``path`` (one per line), re-read when the file changes.
 
+    Attributes:
+        reloads: Reloads that took effect.
+        refused: Reloads refused, by reason (``REFUSAL_REASONS``); the last good tokens stayed.
+
     Args:
         path: The token file (the ``token_file`` setting).
 
     Raises:
-        TokenError: The file is unreadable or holds no token.
+        TokenError: The file is unreadable, holds no token or is not trusted (module docstring).
     """
 
     def __init__(self, path: str) -> None:
         self.path = Path(path)
         self._lock = threading.Lock()
-        self._signature = self._stat()
-        self._tokens = _read_tokens(self.path, "token_file")
-        if self._signature and self._signature[3] & (stat.S_IROTH | stat.S_IWOTH):
+        self.reloads = 0
+        self.refused: Counter[str] = Counter({reason: 0 for reason in REFUSAL_REASONS})
+        self._tainted: set[tuple[int, int]] = set()  # (device, inode) of files others could write
+        self._tokens, st = _read_tokens(self.path, "token_file", trusted=True)
+        self._signature = self._signature_of(st)
+        if st.st_mode & stat.S_IROTH:
             log.warning("event=token_file_open path=%s note='every user of this host can read it; chmod 0640 and "
                         "give the group to the operators who run chopper capture'", self.path)
 
-    def _stat(self) -> tuple[int, int, int, int] | None:
+    @staticmethod
+    def _signature_of(st: os.stat_result) -> tuple[int, int, int, int, int, int]:
+        # Mode and owner too: a chmod or chown alone is a change to check.
+        return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_mode, st.st_uid)
+
+    def _stat(self) -> os.stat_result | None:
         try:
-            st = os.stat(self.path)
+            return os.stat(self.path)
         except OSError:
             return None
-        return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_mode)
 
     def _refresh(self) -> tuple[bytes, ...]:
-        signature = self._stat()
+        st = self._stat()
         with self._lock:
-            if signature is not None and signature != self._signature:
-                self._signature = signature
-                try:
-                    self._tokens = _read_tokens(self.path, "token_file")
-                    log.info("event=token_file_reloaded path=%s tokens=%d", self.path, len(self._tokens))
-                except TokenError as exc:
-                    log.warning("event=token_file_unusable error=%r note='the previous tokens stay in force'", str(exc))
+            if st is None or self._signature_of(st) == self._signature:
+                return self._tokens
+            self._signature = self._signature_of(st)
+            reason = self._reload()
+            if reason:
+                self.refused[reason] += 1
             return self._tokens
+
+    def _reload(self) -> str:
+        """Re-read the file (caller holds the lock); the refusal reason, "" when it took effect."""
+        try:
+            tokens, st = _read_tokens(self.path, "token_file", trusted=True)
+        except UntrustedFile as exc:
+            if stat.S_ISREG(exc.st.st_mode):  # another user could write it: its content stays suspect
+                self._tainted.add((exc.st.st_dev, exc.st.st_ino))
+            log.warning("event=token_file_refused reason=unsafe error=%r note='the previous tokens stay in force'",
+                        str(exc))
+            return "unsafe"
+        except TokenError as exc:
+            log.warning("event=token_file_refused reason=unusable error=%r note='the previous tokens stay in force'",
+                        str(exc))
+            return "unusable"
+        if (st.st_dev, st.st_ino) in self._tainted:
+            log.warning("event=token_file_refused reason=tainted path=%s note='the file was writable by other users, "
+                        "so it may hold their tokens; the previous tokens stay in force. Write the tokens to a new "
+                        "file and mv it over %s'", self.path, self.path)
+            return "tainted"
+        self._tokens = tokens
+        self.reloads += 1
+        log.info("event=token_file_reloaded path=%s tokens=%d", self.path, len(tokens))
+        return ""
 
     def accepts(self, token: bytes) -> bool:
         """Whether ``token`` is one of the file's tokens (constant time in the token's content)."""
