@@ -1,8 +1,12 @@
 """Exposed communication against an independent truth: DDP, FSDP2 and the HF Trainer at two link rates.
 
 Goal: on every rank, at both rates, our exposed term per step is within max(5 ms, 20 %) of the
-truth, where the truth is the job's own step time with gradient synchronisation minus without it
-(paired steps of one run, medians), timed with ``time.perf_counter`` and nothing of Chopper's.
+truth, and not above the bound by more than that. The truth is what gradient synchronisation adds
+to the training thread's time off CPU (asleep in a wait): its step time, timed by the job with
+``time.perf_counter``, minus the time the kernel's scheduler counted it running or runnable
+(``/proc/thread-self/schedstat``). The bound is the job's step time with synchronisation minus
+without it, which also holds the computation synchronisation adds or slows. Both are paired steps
+of one run (medians) and use nothing of Chopper's.
 
 Method (``tests/e2e/exposed_truth_harness.py`` in full): one real agent process (simulated
 backend, two GPUs) receives the markers over its unix socket; each configuration is one 2-rank
@@ -17,10 +21,10 @@ figure is the median over paired steps of ``exposed_comm_s + straggler_wait_s`` 
 sync). Configurations:
 
 * ``ddp_1bucket``: DDP with ``bucket_cap_mb=16`` (one bucket) and ``gradient_as_bucket_view``: the
-  all-reduce starts when backward ends and no gradient copies are added, so the truth holds the
-  exposed all-reduce only (the configuration ``tests/e2e/test_exposed_truth.py`` asserts);
+  all-reduce starts when backward ends and no gradient copies are added, so truth and bound
+  nearly agree (the configuration ``tests/e2e/test_exposed_truth.py`` asserts);
 * ``ddp``: DDP's defaults (a 1 MiB first bucket whose all-reduce overlaps the rest of backward,
-  gradients copied into and out of the buckets): the truth also holds that CPU work and the
+  gradients copied into and out of the buckets): the bound also holds that CPU work and the
   compute the overlapped all-reduce slowed down, which are not communication;
 * ``fsdp2``: ``fully_shard`` per layer (no sync = ``set_requires_gradient_sync(False)``; its
   all-gathers run in both modes);
@@ -52,7 +56,7 @@ from tests.netns import unavailable
 
 RATES = (1e9, 250e6)
 SLOW_MS = 30.0
-MODEL = {"blocks": 4, "cycles": 6}
+MODEL: dict[str, Any] = {"blocks": 4, "cycles": 6}
 CONFIGS = {
     "ddp_1bucket": Job("ddp", RATES, bucket_mb=16.0, bucket_view=True, slow_ms=SLOW_MS, **MODEL),
     "ddp": Job("ddp", RATES, slow_ms=SLOW_MS, **MODEL),
@@ -63,9 +67,9 @@ JOB_TIMEOUT_S = 240.0
 
 
 def _summary(fig: dict[str, Any]) -> dict[str, Any]:
-    """Per rate and rank, ``ours / truth`` in ms and whether it is within the goal."""
-    return {rate: {rank: f"{f['ours_exposed_ms']:g} / {f['truth_sync_cost_ms']:g}"
-                   + ("" if f["within_goal"] else " (off)") for rank, f in v["ranks"].items()}
+    """Per rate and rank, ``ours / truth (bound)`` in ms and whether both goals hold."""
+    return {rate: {rank: f"{f['ours_exposed_ms']:g} / {f['truth_comm_wait_ms']:g} ({f['truth_sync_cost_ms']:g})"
+                   + ("" if f["within_goal"] and f["within_bound"] else " (off)") for rank, f in v["ranks"].items()}
             for rate, v in fig["rates"].items()}
 
 
@@ -73,7 +77,7 @@ def run() -> dict[str, Any]:
     """Run every configuration once; return its figures and how many rank-rates met the goal.
 
     Returns:
-        Per configuration: ``summary`` (``ours / truth`` ms per rate in Mbit/s and rank) and the
+        Per configuration: ``summary`` (``ours / truth (bound)`` ms per rate in Mbit/s and rank) and the
         harness's ``figures``; ``within`` and ``cases`` (rank-rates within the goal, of all),
         ``within_by_config``, and ``meets_goal`` (every rank-rate of every configuration).
     """
@@ -91,7 +95,8 @@ def run() -> dict[str, Any]:
             for name, job in CONFIGS.items():
                 print(f"  exposed_truth: {name} ...", file=sys.stderr, flush=True)
                 fig = figures(run_job(agent, workdir, job, f"bench-exposed-{name}", JOB_TIMEOUT_S))
-                ok = [f["within_goal"] for v in fig["rates"].values() for f in v["ranks"].values()]
+                ok = [f["within_goal"] and f["within_bound"] for v in fig["rates"].values()
+                      for f in v["ranks"].values()]
                 within += sum(ok)
                 cases += len(ok)
                 by_config[name] = f"{sum(ok)}/{len(ok)}"
@@ -106,7 +111,7 @@ def run() -> dict[str, Any]:
 def main() -> int:
     result = run()
     for name in CONFIGS:
-        print(f"{name}: ours / truth ms {result[name]['summary']}")
+        print(f"{name}: ours / truth (bound) ms {result[name]['summary']}")
     print(f"{result['within']}/{result['cases']} rank-rates within max(5 ms, 20 %) of the truth")
     print(json.dumps(result, sort_keys=True))
     return 0

@@ -33,11 +33,20 @@ does the same work in both modes. Evidence that a no-sync step really skipped th
 on both ranks only after an all-reduce), ``fsdp2`` the number of ``reduce_scatter_single`` calls
 of the step, counted by a wrapper of its own.
 
+The kernel's account of the training thread over each step (``/proc/thread-self/schedstat``: the
+nanoseconds it ran on a CPU and waited runnable in a run queue) splits the step's time into
+running, runnable-but-displaced and off CPU (blocked: sleeping in a wait); the backward pass of
+CPU tensors runs on the thread that calls it, and with one intra-op thread all of the step's
+compute is on that thread, so what synchronisation adds to its off-CPU time is the time it waited
+for communication, measured by the scheduler rather than by markers.
+
 Output: the last stdout line is JSON: ``rank``, ``framework``, ``params``, ``grad_bytes``,
-``steps`` (``[step, block, mode, seconds, evidence, arrival]`` per step after warm-up; ``step`` is
-the number Chopper's markers carry; ``arrival``, ``ddp``/``fsdp2`` only, is ``time.perf_counter``
-(CLOCK_MONOTONIC, one clock for every process of the machine) when the step's last gradient was
-accumulated, i.e. when this rank was ready to synchronise), ``hook_errors`` and the client's ``stats``.
+``steps`` (``[step, block, mode, seconds, evidence, arrival, run_s, runqueue_s]`` per step after
+warm-up; ``step`` is the number Chopper's markers carry; ``arrival``, ``ddp``/``fsdp2`` only, is
+``time.perf_counter`` (CLOCK_MONOTONIC, one clock for every process of the machine) when the step's
+last gradient was accumulated, i.e. when this rank was ready to synchronise; ``run_s`` and
+``runqueue_s`` are the training thread's scheduler times over the step), ``hook_errors`` and the
+client's ``stats``.
 
 Run by the harness inside a network namespace, with ``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``,
 ``WORLD_SIZE``, ``LOCAL_RANK``, ``GLOO_SOCKET_IFNAME``, ``CHOPPER_AGENT`` and ``CHOPPER_JOB`` set:
@@ -105,6 +114,13 @@ class Schedule:
         return step >= self.warmup and (step - self.warmup) % self.block_steps == 0
 
 
+def thread_sched_s() -> tuple[float, float]:
+    """The calling thread's (time on a CPU, time runnable in a run queue) since it started, seconds."""
+    with open("/proc/thread-self/schedstat") as f:
+        run_ns, runqueue_ns, _slices = f.read().split()
+    return int(run_ns) / 1e9, int(runqueue_ns) / 1e9
+
+
 def gate(block: int) -> None:
     """Rank 0 asks the harness for block ``block`` and waits for ``go``; then every rank meets."""
     if dist.get_rank() == 0:
@@ -116,7 +132,10 @@ def gate(block: int) -> None:
 
 
 class Recorder:
-    """Per-step records of one rank: ``[step, block, mode, seconds, evidence, arrival]`` after warm-up."""
+    """Per-step records of one rank: ``[step, block, mode, seconds, evidence, arrival, run_s, runqueue_s]``.
+
+    Only steps after warm-up are kept; ``begin`` and ``end`` run on the training thread.
+    """
 
     def __init__(self, schedule: Schedule) -> None:
         self.schedule = schedule
@@ -124,6 +143,7 @@ class Recorder:
         self._t0 = 0.0
         self.evidence: float | int | None = None
         self.arrival: float | None = None
+        self._sched0 = (0.0, 0.0)
 
     def begin(self, step: int, net: Net, slowed: float) -> str:
         """Gate a new block, set the step's sleep and start its clock; returns its mode."""
@@ -132,14 +152,16 @@ class Recorder:
         mode = self.schedule.mode(step)
         net.sleep_s = slowed if mode == "slow" else 0.0
         self.evidence = self.arrival = None
+        self._sched0 = thread_sched_s()
         self._t0 = time.perf_counter()
         return mode
 
     def end(self, step: int) -> None:
         seconds = time.perf_counter() - self._t0
+        run_s, runqueue_s = (b - a for a, b in zip(self._sched0, thread_sched_s(), strict=True))
         if step >= self.schedule.warmup:
             self.rows.append([step, self.schedule.block(step), self.schedule.mode(step), seconds, self.evidence,
-                              self.arrival])
+                              self.arrival, run_s, runqueue_s])
 
 
 def grad_sum(net: Net) -> float:

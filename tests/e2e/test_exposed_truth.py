@@ -1,17 +1,19 @@
-"""Exposed communication of a real 2-rank DDP job against its own step times, at two link rates.
+"""Exposed communication of a real 2-rank DDP job against the kernel's account of its waits, at two link rates.
 
 The ranks run in their own network namespaces over a rate-limited veth pair
-(``tests/e2e/exposed_truth_harness.py``); the truth is the job's step time with gradient
-synchronisation minus without it (``no_sync()``), interleaved in one run, timed without Chopper.
-DDP gets one bucket here (``bucket_cap_mb`` above the model's 3.5 MB of gradients) that is the
-gradients' own storage (``gradient_as_bucket_view``): the all-reduce then starts when backward
-ends and no copies between gradients and bucket are added to synchronised steps, so the truth holds
-the exposed all-reduce and neither that CPU work nor compute that a concurrent all-reduce slowed
-down (on a CPU, gloo's work and the emulated link's take the ranks' own cores;
-``benchmarks/bench_exposed_truth.py`` reports DDP's default buckets, FSDP2 and the HF Trainer, where
-they differ).
+(``tests/e2e/exposed_truth_harness.py``); steps with gradient synchronisation and without it
+(``no_sync()``) are interleaved in one run and timed without Chopper. The truth is what
+synchronisation adds to the training thread's off-CPU time (its step time minus what the kernel's
+scheduler counted it running or runnable); the job's step time with synchronisation minus without
+it bounds the exposed term from above. DDP gets one bucket here (``bucket_cap_mb`` above the
+model's 3.5 MB of gradients) that is the gradients' own storage (``gradient_as_bucket_view``): the
+all-reduce then starts when backward ends and no copies between gradients and bucket are added to
+synchronised steps, so truth and bound nearly agree (on a CPU, gloo's work and the emulated link's
+take the ranks' own cores; ``benchmarks/bench_exposed_truth.py`` reports DDP's default buckets,
+FSDP2 and the HF Trainer, where the bound also holds computation that synchronisation adds).
 
-Goals, per rank and rate: our exposed term within max(5 ms, 20 %) of the truth; its growth from
+Goals, per rank and rate: our exposed term within max(5 ms, 20 %) of the truth, and not above the
+step-time bound by more than that; its growth from
 the fast rate to the slow one within max(5 ms, 20 %) of the wire time the extra bytes ÷ bandwidth
 take, while the no-sync step time and the forward and backward phases stay within max(5 ms, 25 %);
 with rank 1 sleeping 30 ms in its forward, rank 0's straggler wait within max(5 ms, 20 %) of the
@@ -65,9 +67,10 @@ def test_no_sync_steps_skip_the_all_reduce(measured: dict) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("rate", [FAST, SLOW], ids=["1Gbit", "250Mbit"])
 @pytest.mark.parametrize("rank", [0, 1])
-def test_exposed_matches_the_step_time_truth(measured: dict, rate: float, rank: int) -> None:
+def test_exposed_matches_the_kernels_wait_truth(measured: dict, rate: float, rank: int) -> None:
     fig = _rank(measured, rate, rank)
-    assert within(fig["ours_exposed_ms"], fig["truth_sync_cost_ms"]), fig
+    assert fig["within_goal"], fig
+    assert fig["within_bound"], fig
 
 
 @pytest.mark.slow
