@@ -19,32 +19,63 @@ Two halves that share only a bounded queue:
      most ``max_batch`` markers when the queue holds a full batch or ``flush_interval_s`` has
      passed (device timestamps are resolved here, in order; packing stops at the first event the
      GPU has not reached). ``seq`` increases from 1 over the client's life, across streams.
+     Packing checks each marker against what the wire and the agent take (``chopper.jobname``),
+     so that one bad marker never costs its batch: a phase or collective name over 256
+     characters, or a step that is not an integer, drops that marker (counted, with its reason);
+     an unprintable name is escaped and sent; a ``flops``/``tokens``/``bytes`` value that is not
+     a number is left out and the marker sent without it (counted). Values the wire holds but
+     the agent refuses (NaN or negative FLOPs) go as they are: the agent drops that field, keeps
+     the step and flags it. A batch stops at ``_BATCH_BYTES`` of markers, so no agent setting
+     refuses a whole batch for its size.
   3. gRPC resumes the generator only after a batch's write completed, so that resumption counts
      the batch as **sent** (handed to the transport). When the stream breaks (agent stopped or
      restarted), the batch yielded but not yet confirmed is **dropped and counted**: whether it
      reached the agent cannot be known. Its ``seq`` stays used, so the agent sees the gap.
      Batches already confirmed are counted as sent even if a dying agent never read them.
-  4. Go back to 1. A stream that confirmed a batch resets ``backoff``.
+  4. Go back to 1. A stream that confirmed a batch resets ``backoff``. Anything else that fails
+     in the sender (a target gRPC cannot parse, an error of ours) is logged once and retried
+     after ``backoff``: the thread never dies, and what it held is counted.
   5. ``shutdown(timeout)`` stops accepting markers, lets the generator flush the queue and close
      the stream, and waits ``timeout`` at most; then it cancels the call and closes the channel.
      Markers still queued when the sender exits are counted as dropped.
 
 ``client_dropped_total`` in every batch carries the cumulative drop count (queue full, internal
-error, in flight at a break, abandoned at shutdown), so the agent can report loss per rank.
+error, invalid, in flight at a break, abandoned at shutdown), so the agent can report loss per rank.
+
+Identity is checked once, when the client is made: text that no protobuf string holds (a
+``CHOPPER_JOB`` that is not UTF-8 reads as surrogate escapes) or that the agent refuses is
+replaced by the nearest text it accepts (``chopper.jobname.usable_job_name``), and a rank or GPU
+outside int32 by 0 or -1, each with a warning naming the value used and the fix; non-UTF-8 bytes
+of a unix socket path are percent-encoded, which gRPC decodes back. So every batch encodes.
+
+The sender and control threads block SIGTERM: Linux hands a process-directed signal to any
+thread that does not block it, and the Python handler (``chopper.init`` installs one that
+flushes, see ``chopper``) runs only in the main thread; a main thread asleep in C is not woken
+by a signal that landed on another thread. Threads gRPC starts from ours inherit the mask.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
+import operator
 import os
+import signal
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from chopper._device_clock import DeviceClock
 from chopper.device_identity import UNRESOLVED, canonical_uuid, match_uuid
-from chopper.jobname import job_name_problem
+from chopper.jobname import (
+    MAX_MARKER_NAME_CHARS,
+    escape_unprintable,
+    job_name_problem,
+    marker_name_problem,
+    usable_job_name,
+)
+from chopper.launcher_identity import MAX_INDEX
 from chopper.schema import MAX_MARKERS_PER_BATCH, ClockSource, MarkerKind
 
 if TYPE_CHECKING:
@@ -64,6 +95,76 @@ _DEVICE = int(ClockSource.DEVICE)
 
 # A queued marker: (kind, ts_ns or device event, step, name, flops, tokens, bytes).
 Item = tuple[int, Any, int, str, Any, Any, Any]
+
+_T = TypeVar("_T")
+_INT64_MAX = 2**63 - 1
+# Encoded bytes of a marker besides its name (seven scalar fields with their tags), rounded up;
+# a name counts 4 bytes a character, the most UTF-8 takes.
+_MARKER_BYTES = 64
+# Most marker bytes in one batch: under the smallest message an agent accepts (twice its
+# max_message_bytes, which is at least 64 KiB: agent/config.py, chopper/serving.py), less the
+# batch's header (a job name and a device UUID, at most ~1.3 KiB).
+_BATCH_BYTES = 64 * 1024
+# grpc's connectivity poller (behind channel_ready_future) outlives its future by up to 0.2 s and
+# raises in its own thread if the channel closes under it: a channel is closed this long after.
+_POLLER_S = 0.3
+
+# Why the sender dropped a marker it could not send (``Client.stats()["dropped_invalid_by_reason"]``).
+INVALID_REASONS: dict[str, str] = {
+    "bad_name": f"a phase or collective name over {MAX_MARKER_NAME_CHARS} characters",
+    "bad_step": "a step number that is not an integer of int64 (a negative one is sent: the agent refuses it)",
+    "device_event": "the device event of its timestamp failed",
+    "encode_error": "a field the wire cannot hold, found only when encoding",
+}
+
+
+class _Invalid(Exception):
+    """A queued marker that cannot be sent: ``reason`` (``INVALID_REASONS``) and a phrase naming the problem."""
+
+    def __init__(self, reason: str, problem: str) -> None:
+        super().__init__(problem)
+        self.reason = reason
+        self.problem = problem
+
+
+def _integer(value: Any) -> int | None:
+    """``value`` as an int (anything with ``__index__``, or a float with an integral value), else None."""
+    try:
+        return operator.index(value)
+    except TypeError:
+        pass
+    try:
+        f = float(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return int(f) if f.is_integer() else None
+
+
+def _number(value: Any) -> float | None:
+    try:
+        return float(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+
+
+def _socket_target(target: str) -> str:
+    """``target`` with each surrogate-escaped byte (a path that is not UTF-8) as ``%XX``, which gRPC decodes."""
+    return "".join(f"%{ord(c) - 0xDC00:02X}" if "\udc80" <= c <= "\udcff" else c for c in target)
+
+
+def _said(field: str, given: object, used: _T, problem: str | None, fix: str, level: int = logging.WARNING) -> _T:
+    """``used``; logged with the problem and the fix when it replaces a different ``given``."""
+    if used != given:
+        shown = given[:80] if isinstance(given, str) else given
+        logger.log(level, "event=identity_replaced field=%s given=%r used=%r problem=%r fix=%r",
+                   field, shown, used, problem, fix)
+    return used
+
+
+def _block_stop_signal() -> None:
+    """Block SIGTERM in the calling thread (see the module docstring); a no-op where there are no POSIX threads."""
+    with contextlib.suppress(AttributeError, OSError, ValueError):
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
 
 
 class _NoOp:
@@ -217,17 +318,26 @@ class Client:
         device_uuid: str = "",
         device_source: str = "",
     ) -> None:
-        self.job = str(job)  # chopper.init(job=SLURM_JOB_ID as an int) is a job name too
-        self.rank = rank
-        self.gpu = gpu
-        self.device_uuid = device_uuid
-        self.device_source = device_source
-        self.target = agent
-        self.pid = os.getpid() if pid is None else pid
-        problem = job_name_problem(self.job)
-        if problem is not None:  # said now, not only as batches the agent rejects later; training goes on
-            logger.warning("event=bad_job_name job=%r problem=%r note='the agent rejects every marker of this job; "
-                           "pass chopper.init(job=...) or set CHOPPER_JOB'", self.job[:80], problem)
+        # Identity is made sendable here, once (module docstring), and said so; training goes on.
+        given_job = str(job)  # chopper.init(job=SLURM_JOB_ID as an int) is a job name too
+        self.job = _said("job", given_job, usable_job_name(given_job), job_name_problem(given_job),
+                         "pass chopper.init(job=...) or set CHOPPER_JOB to at most 251 printable characters")
+        given_rank = _integer(rank)
+        self.rank = _said("rank", rank, given_rank if given_rank is not None and 0 <= given_rank <= MAX_INDEX else 0,
+                          f"a rank is an integer from 0 to {MAX_INDEX}", "pass chopper.init(rank=...) or set RANK")
+        given_gpu = _integer(gpu)
+        self.gpu = _said("gpu", gpu, given_gpu if given_gpu is not None and -1 <= given_gpu <= MAX_INDEX else -1,
+                         f"a GPU index is an integer from -1 (none) to {MAX_INDEX}",
+                         "pass chopper.init(gpu=...) or set CHOPPER_GPU to the agent's index or the device UUID")
+        given_uuid = str(device_uuid)
+        self.device_uuid = _said("device_uuid", given_uuid, escape_unprintable(given_uuid)[:MAX_MARKER_NAME_CHARS],
+                                 "a device UUID is printable text", "fix the visibility variable named in source")
+        self.device_source = escape_unprintable(str(device_source))
+        given_target = str(agent)
+        self.target = _said("agent", given_target, _socket_target(given_target),
+                            "the socket path holds bytes that are not UTF-8",
+                            "none needed: gRPC decodes %XX in a unix socket path", level=logging.INFO)
+        self.pid = os.getpid() if pid is None else int(pid)
         self._q: deque[Item] = deque()
         self._cap = max(0, int(queue_size))
         self._max_batch = min(max(1, int(max_batch)), MAX_MARKERS_PER_BATCH)  # larger batches are refused
@@ -249,6 +359,9 @@ class Client:
         self._dropped_inflight = 0
         self._dropped_abandoned = 0
         self._dropped_invalid = 0
+        self._invalid: Counter[str] = Counter()  # the same markers by reason (INVALID_REASONS)
+        self._fields_dropped: Counter[str] = Counter()  # flops/tokens/bytes left out, marker sent
+        self._warned_problems: set[str] = set()  # each marker problem is logged once per client
         self._connected = False
         self._last_error = ""
         self._warned = False
@@ -316,12 +429,14 @@ class Client:
             ``queued``: markers accepted into the queue; ``pending``: waiting now; ``sent``:
             markers in batches handed to the transport; ``batches_sent``; ``dropped``: all
             markers lost, with the split ``dropped_queue_full``, ``dropped_error`` (internal
-            error on the hot path), ``dropped_invalid`` (could not be encoded: a field the
-            proto cannot hold, or a device event that failed),
+            error on the hot path), ``dropped_invalid`` (could not be sent, see
+            ``dropped_invalid_by_reason``, keys of ``INVALID_REASONS``),
             ``dropped_in_flight`` (batch in flight when a stream broke) and
-            ``dropped_at_shutdown``; ``connected``: a stream is open; ``last_error``: the last
-            stream or connection failure, ``""`` if none. Once the sender has exited,
-            ``queued == sent + dropped_invalid + dropped_in_flight + dropped_at_shutdown``.
+            ``dropped_at_shutdown``; ``fields_dropped``: by field (``flops``, ``tokens``,
+            ``bytes``), values that were not numbers, left out of markers that were sent;
+            ``connected``: a stream is open; ``last_error``: the last stream, connection or
+            sender failure, ``""`` if none. Once ``shutdown`` has returned (or the sender has
+            exited), ``queued == sent + dropped_invalid + dropped_in_flight + dropped_at_shutdown``.
         """
         dropped = self._dropped_total()
         return {
@@ -332,6 +447,9 @@ class Client:
             "dropped_queue_full": self._dropped_full,
             "dropped_error": self._dropped_error,
             "dropped_invalid": self._dropped_invalid,
+            # Copied in one C call: the sender may add a key meanwhile.
+            "dropped_invalid_by_reason": dict(self._invalid),
+            "fields_dropped": dict(self._fields_dropped),
             "dropped_in_flight": self._dropped_inflight,
             "dropped_at_shutdown": self._dropped_abandoned,
             "batches_sent": self._batches_sent,
@@ -373,7 +491,11 @@ class Client:
                 # exits; it is a daemon thread, so a wedged one cannot hold the process either.
                 self._abort_event.set()
                 self._cancel()
-                self._done.wait(0.5)
+                if not self._done.wait(0.5):
+                    self._close_stream(lock_timeout=0.1)  # a wedged sender's batch in flight is lost
+            # A marker whose _put passed the size check before _cap fell to 0 lands after the
+            # sender's last look at the queue.
+            self._abandon()
         except Exception:
             logger.debug("event=shutdown_error", exc_info=True)
 
@@ -493,7 +615,16 @@ class Client:
         threading.Thread(target=send, name="chopper-capture-report", daemon=True).start()
 
     def _control_run(self) -> None:
-        """Control thread: hold one ``Control`` stream, reconnecting; store capture commands."""
+        """Control thread: ``_control_serve``, and never a traceback: captures fail, markers go on."""
+        _block_stop_signal()
+        try:
+            self._control_serve()
+        except BaseException as e:
+            logger.warning("event=control_failed target=%s error=%r note='chopper capture cannot profile this "
+                           "process; markers are unaffected'", self.target, f"{type(e).__name__}: {e}")
+
+    def _control_serve(self) -> None:
+        """Hold one ``Control`` stream, reconnecting; store capture commands."""
         try:
             import grpc
 
@@ -571,31 +702,59 @@ class Client:
         self._dropped_abandoned += n
 
     def _run(self) -> None:
+        """Sender thread: ``_serve`` until it has flushed or was aborted; a failure is logged once and retried."""
+        _block_stop_signal()
+        backoff = self._initial_backoff
         try:
-            self._serve()
+            while True:
+                try:
+                    self._serve()
+                    return
+                except Exception as e:
+                    if self._abort_event.is_set():  # errors from the channel closed under it are expected
+                        return
+                    self._close_stream()
+                    self._failed(f"{type(e).__name__}: {e}")
+                    if self._stopping:
+                        return
+                    self._abort_event.wait(max(backoff, _POLLER_S))
+                    self._close_channel()
+                    backoff = min(backoff * 2, self._max_backoff)
         except BaseException as e:  # the sender must never take the process down
-            if not self._abort_event.is_set():  # after an abort, errors from the closed channel are expected
-                self._last_error = f"{type(e).__name__}: {e}"
-                logger.warning("event=sender_failed target=%s error=%r", self.target, self._last_error)
+            self._failed(f"{type(e).__name__}: {e}")
         finally:
             self._connected = False
-            stream = self._stream
-            if stream is not None:
-                with stream.lock:
-                    stream.closed = True
-                    self._dropped_inflight += stream.inflight
-                    stream.inflight = 0
+            self._close_stream()
             self._abandon()
             self._done.set()
-            # grpc's connectivity poller (behind channel_ready_future) outlives its future by up
-            # to 0.2 s and raises in its own thread if the channel closes under it; shutdown()
-            # waits on _done, not on this thread, so the pause costs the trainer nothing.
-            time.sleep(0.3)
-            try:
-                if self._channel is not None:
-                    self._channel.close()
-            except Exception:
-                pass
+            # shutdown() waits on _done, not on this thread, so the pause costs the trainer nothing.
+            time.sleep(_POLLER_S)
+            self._close_channel()
+
+    def _failed(self, error: str) -> None:
+        self._last_error = error
+        if "sender_failed" not in self._warned_problems:
+            self._warned_problems.add("sender_failed")
+            logger.warning("event=sender_failed target=%s error=%r note='retried every %.1f s at most; markers wait in "
+                           "the bounded queue, overflow is dropped and counted'", self.target, error, self._max_backoff)
+
+    def _close_stream(self, lock_timeout: float = -1) -> None:
+        """Close the current stream's book-keeping: its batch in flight is counted as dropped, once."""
+        stream = self._stream
+        if stream is None or not stream.lock.acquire(timeout=lock_timeout):
+            return
+        try:
+            stream.closed = True
+            self._dropped_inflight += stream.inflight
+            stream.inflight = 0
+        finally:
+            stream.lock.release()
+
+    def _close_channel(self) -> None:
+        channel, self._channel = self._channel, None
+        with contextlib.suppress(Exception):
+            if channel is not None:
+                channel.close()
 
     def _disconnected(self, reason: str) -> None:
         self._connected = False
@@ -639,7 +798,8 @@ class Client:
                 continue
             if not device_checked:
                 device_checked = True
-                self._check_device(stub, agent_pb2)
+                with contextlib.suppress(Exception):  # only a warning: never a reason not to send
+                    self._check_device(stub, agent_pb2)
             stream = _Stream()
             self._stream = stream
             done = threading.Event()
@@ -650,10 +810,7 @@ class Client:
             while not done.wait(0.1):
                 if self._abort_event.is_set():
                     call.cancel()
-            with stream.lock:
-                stream.closed = True
-                self._dropped_inflight += stream.inflight
-                stream.inflight = 0
+            self._close_stream()
             self._connected = False
             try:
                 response = call.result(timeout=0)
@@ -721,7 +878,17 @@ class Client:
             future.cancel()
 
     def _requests(self, stream: _Stream, pb2: Any) -> Iterator[agent_pb2.MarkerBatch]:
-        """Request iterator of one stream; runs on gRPC's request-consumer thread."""
+        """Request iterator of one stream; runs on gRPC's request-consumer thread.
+
+        An error of ours ends the stream cleanly (logged once) instead of as gRPC's "Exception
+        iterating requests": the batch in flight is then counted by ``_close_stream``.
+        """
+        try:
+            yield from self._batches(stream, pb2)
+        except Exception as e:
+            self._failed(f"{type(e).__name__}: {e}")
+
+    def _batches(self, stream: _Stream, pb2: Any) -> Iterator[agent_pb2.MarkerBatch]:
         last_flush = time.monotonic()
         while True:
             batch = None
@@ -763,48 +930,124 @@ class Client:
                 self._stop_event.wait(max(0.001, self._flush_s - (time.monotonic() - last_flush)))
 
     def _pack(self, pb2: Any) -> agent_pb2.MarkerBatch | None:
-        """Pop up to ``max_batch`` markers from the queue head into a ``MarkerBatch``.
+        """Pop up to ``max_batch`` markers (``_BATCH_BYTES`` at most) from the queue head into a ``MarkerBatch``.
 
-        Stops at the first device event the GPU has not reached, so markers stay in order. A
-        marker whose fields do not fit the proto (e.g. a non-numeric ``flops``) is dropped and
-        counted rather than poisoning the queue.
+        Stops at the first device event the GPU has not reached, so markers stay in order. Each
+        marker is checked as the module docstring says; one that cannot be sent is dropped and
+        counted by reason, never its batch.
         """
         q = self._q
         device = self._device
-        marker_cls = pb2.Marker
         markers: list[Any] = []
-        while q and len(markers) < self._max_batch:
-            item = q[0]
-            kind, ts, step, name, flops, tokens, nbytes = item
-            if device is None or ts.__class__ is int:
-                clock = _CPU
-            else:
+        room = _BATCH_BYTES
+        try:
+            while q and len(markers) < self._max_batch:
+                kind, ts, step, name, flops, tokens, nbytes = q[0]
                 try:
-                    resolved = device.resolve(ts)
-                except Exception:
+                    name = self._wire_name(kind, step, name)
+                    size = _MARKER_BYTES + 4 * len(name)
+                    if markers and size > room:
+                        break  # the next batch takes it
+                    clock = _CPU
+                    if device is not None and ts.__class__ is not int:
+                        try:
+                            resolved = device.resolve(ts)
+                        except Exception as e:
+                            raise _Invalid("device_event", f"{type(e).__name__}: {e}") from e
+                        if resolved is None:
+                            break
+                        ts, clock = resolved, _DEVICE
+                except Exception as e:
                     q.popleft()
-                    self._dropped_invalid += 1
+                    self._drop_for(e)
                     continue
-                if resolved is None:
-                    break
-                ts, clock = resolved, _DEVICE
-            q.popleft()
-            try:
-                m = marker_cls(ts_ns=ts, kind=kind, step=step, name=name, clock=clock)
-                if flops is not None:
-                    m.flops = flops
-                if tokens is not None:
-                    m.tokens = tokens
-                if nbytes is not None:
-                    m.bytes = nbytes
-            except Exception:
-                self._dropped_invalid += 1
-                continue
-            markers.append(m)
-        if not markers:
+                q.popleft()
+                try:
+                    markers.append(self._marker(pb2.Marker, kind, ts, step, name, clock, flops, tokens, nbytes))
+                except Exception as e:
+                    self._drop_for(e)
+                    continue
+                room -= size
+            if not markers:
+                return None
+            batch = pb2.MarkerBatch(
+                job=self.job, rank=self.rank, gpu=self.gpu, seq=self._seq + 1, pid=self.pid,
+                client_dropped_total=self._dropped_total(), markers=markers, device_uuid=self.device_uuid,
+            )
+        except Exception as e:  # markers already popped are counted, never lost
+            self._drop_invalid("encode_error", len(markers), f"{type(e).__name__}: {e}")
             return None
         self._seq += 1
-        return pb2.MarkerBatch(
-            job=self.job, rank=self.rank, gpu=self.gpu, seq=self._seq, pid=self.pid,
-            client_dropped_total=self._dropped_total(), markers=markers, device_uuid=self.device_uuid,
-        )
+        return batch
+
+    def _wire_name(self, kind: int, step: Any, name: Any) -> str:
+        """The name to send (escaped when unprintable); raises ``_Invalid`` for one over the limit."""
+        if name.__class__ is not str:
+            name = str(name)  # an enum member or a number names a phase too
+        if not name or marker_name_problem(name) is None:
+            return name
+        escaped = escape_unprintable(name)
+        problem = marker_name_problem(escaped)
+        if problem is not None:
+            raise _Invalid("bad_name", f"{MarkerKind(kind).label} of step {step}: {problem} "
+                                       f"(it begins {name[:40]!r}); name it with at most {MAX_MARKER_NAME_CHARS} "
+                                       "characters")
+        self._warn_once("name_escaped", "event=marker_name_escaped given=%r used=%r note='unprintable characters "
+                        "are sent escaped; name phases and collectives with printable text'", name[:80], escaped[:80])
+        return escaped
+
+    def _marker(self, marker_cls: Any, kind: int, ts: int, step: Any, name: str, clock: int, flops: Any,
+                tokens: Any, nbytes: Any) -> Any:
+        """One ``Marker``; a payload value that is not a number is left out (counted), never the marker."""
+        try:
+            m = marker_cls(ts_ns=ts, kind=kind, step=step, name=name, clock=clock)
+        except Exception:
+            whole = _integer(step)
+            if whole is None or not -_INT64_MAX <= whole <= _INT64_MAX:
+                raise _Invalid("bad_step", f"{MarkerKind(kind).label} has step {str(step)[:40]!r}, not an integer "
+                                           "of int64; pass the step number as an int") from None
+            m = marker_cls(ts_ns=ts, kind=kind, step=whole, name=name, clock=clock)
+        if flops is not None:
+            self._set(m, "flops", flops, _number)
+        if tokens is not None:
+            self._set(m, "tokens", tokens, _integer)
+        if nbytes is not None:
+            self._set(m, "bytes", nbytes, _integer)
+        return m
+
+    def _set(self, m: Any, field: str, value: Any, convert: Callable[[Any], Any]) -> None:
+        try:
+            setattr(m, field, value)
+            return
+        except Exception:
+            pass
+        converted = convert(value)
+        if converted is not None:
+            try:
+                setattr(m, field, converted)
+                return
+            except Exception:
+                pass
+        self._fields_dropped[field] += 1
+        self._warn_once(f"field_{field}", "event=marker_field_dropped field=%s value=%r note='the marker is sent "
+                        "without it; pass a number (an integer for tokens and bytes, within int64)'",
+                        field, repr(value)[:80])
+
+    def _drop_for(self, error: Exception) -> None:
+        """Count one popped marker that ``error`` kept from being sent."""
+        if isinstance(error, _Invalid):
+            self._drop_invalid(error.reason, 1, error.problem)
+        else:
+            self._drop_invalid("encode_error", 1, f"{type(error).__name__}: {error}")
+
+    def _drop_invalid(self, reason: str, count: int, problem: str) -> None:
+        self._dropped_invalid += count
+        self._invalid[reason] += count
+        self._warn_once(f"invalid_{reason}", "event=marker_dropped reason=%s problem=%r count=%d note='%s; the rest of "
+                        "its batch is sent; counted in dropped_invalid'", reason, problem, count,
+                        INVALID_REASONS[reason])
+
+    def _warn_once(self, key: str, message: str, *args: Any) -> None:
+        if key not in self._warned_problems:
+            self._warned_problems.add(key)
+            logger.warning(message, *args)

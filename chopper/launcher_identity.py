@@ -28,8 +28,9 @@ only), then ``RANK``/``LOCAL_RANK``/``WORLD_SIZE`` (torchrun and most wrappers; 
 ``OMPI_COMM_WORLD_SIZE``), MPICH and Intel MPI's Hydra (``PMI_RANK``/``MPI_LOCALRANKID``/
 ``PMI_SIZE``) and PMIx (``PMIX_RANK``). Defaults: rank 0, world size 1, local rank unknown.
 
-A malformed value (not a non-negative integer) is warned about, naming the variable, and the
-next source is used. Two sources that disagree give one warning naming both and the one used.
+A malformed value (not an integer from 0 to ``MAX_INDEX``, what the wire's int32 holds) is warned
+about, naming the variable, and the next source is used. Two sources that disagree give one
+warning naming both and the one used.
 Under torchrun (``TORCHELASTIC_RUN_ID`` is set) the Slurm and MPI variables describe the
 launcher's own task, one per node, not the worker: they are expected to differ and are ignored.
 """
@@ -41,6 +42,8 @@ from dataclasses import dataclass
 from typing import Any
 
 DEFAULT_JOB = "default"
+# Ranks, local ranks and world sizes travel as int32 (chopper.v1.MarkerBatch.rank).
+MAX_INDEX = 2**31 - 1
 
 RANK_VARS = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
 LOCAL_RANK_VARS = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID")
@@ -129,8 +132,8 @@ def _non_negative(env: Mapping[str, str], key: str, warnings: list[str]) -> int 
         value = int(raw.strip())
     except ValueError:
         value = -1
-    if value < 0:
-        warnings.append(f"{key}={raw!r} is not a non-negative integer; ignored, the next source is used")
+    if not 0 <= value <= MAX_INDEX:
+        warnings.append(f"{key}={raw[:40]!r} is not an integer from 0 to {MAX_INDEX}; ignored, the next source is used")
         return None
     return value
 

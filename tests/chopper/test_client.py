@@ -19,6 +19,7 @@ import pytest
 import chopper
 from chopper import _identity
 from chopper.client import NOOP, Client
+from chopper.jobname import job_name_problem
 from chopper.proto.chopper.v1 import agent_pb2, agent_pb2_grpc
 from chopper.schema import ClockSource, MarkerKind
 from tests.e2e.conftest import wait_until
@@ -306,10 +307,11 @@ def test_hot_path_never_raises_and_bad_fields_are_counted(sock: Path) -> None:
     finally:
         server.stop(None)
     rows = [(m.kind, m.step, m.flops, m.tokens) for m in rec.markers()]
-    assert rows == [(1, 1, 0.0, 0), (1, 2, 0.0, 0), (2, 2, 2.0, 7)]
+    # The step that carried a bad value is kept without it: the field is the smallest unit to lose.
+    assert rows == [(1, 1, 0.0, 0), (2, 1, 0.0, 0), (1, 2, 0.0, 0), (2, 2, 2.0, 7)]
     s = c.stats()
-    assert (s["dropped_invalid"], s["sent"]) == (1, 3)
-    assert rec.batches[-1].client_dropped_total == 1
+    assert (s["dropped_invalid"], s["sent"], s["fields_dropped"]) == (0, 4, {"flops": 1})
+    assert rec.batches[-1].client_dropped_total == 0
 
 
 def test_module_api_is_a_noop_before_init() -> None:
@@ -388,16 +390,17 @@ def test_import_chopper_is_light() -> None:
     assert json.loads(out.stdout) == []
 
 
-def test_a_job_name_the_agent_would_reject_is_said_at_start(sock: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_job_name_the_agent_would_reject_is_replaced_and_said_at_start(sock: Path, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger="chopper.client")
     fast_client(sock, job="j1").shutdown(timeout=0.1)
     numeric = fast_client(sock, job=1234)  # a Slurm job id passed as an int
     assert numeric.job == "1234"
     numeric.shutdown(timeout=0.1)
-    assert not [r for r in caplog.records if "bad_job_name" in r.getMessage()]
+    assert not [r for r in caplog.records if "identity_replaced" in r.getMessage()]
     c = fast_client(sock, job="x" * 300)  # longer than the store's directory names allow
     with c.step(0):  # training goes on
         pass
     c.shutdown(timeout=0.1)
-    (warning,) = [r.getMessage() for r in caplog.records if "bad_job_name" in r.getMessage()]
-    assert "URI-encoded, more than 251" in warning and "CHOPPER_JOB" in warning
+    (warning,) = [r.getMessage() for r in caplog.records if "identity_replaced" in r.getMessage()]
+    assert "URI-encoded, more than 251" in warning and "CHOPPER_JOB" in warning and c.job in warning
+    assert c.job.startswith("x" * 200) and job_name_problem(c.job) is None

@@ -217,7 +217,7 @@ def test_disagreeing_launcher_variables_give_one_warning_naming_both() -> None:
 def test_a_malformed_value_is_named_and_the_next_source_used() -> None:
     r = resolve_rank({"RANK": "oops", "SLURM_PROCID": "3"}, {})
     assert r.value == 3 and r.source == "SLURM_PROCID"
-    assert r.warnings == ("RANK='oops' is not a non-negative integer; ignored, the next source is used",)
+    assert r.warnings == ("RANK='oops' is not an integer from 0 to 2147483647; ignored, the next source is used",)
     assert resolve_local_rank({"LOCAL_RANK": "-2"}).value is None
     job = resolve_job({"SLURM_JOB_ID": "12x", "TORCHELASTIC_RUN_ID": "abc"})
     assert job.value == "abc" and "SLURM_JOB_ID='12x' is not a Slurm job id" in job.warnings[0]
