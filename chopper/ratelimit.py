@@ -1,4 +1,4 @@
-"""Token buckets: per-client call rates and per-stream message rates of the gRPC servers.
+"""Token buckets and stream slots: per-client call rates, per-stream message rates, open streams.
 
 A bucket holds at most ``rate × BURST_S`` tokens and refills at ``rate`` tokens per second; each
 admitted call (or streamed message) takes one. So a client may burst to two seconds' worth and
@@ -7,6 +7,11 @@ then sustain ``rate`` per second. A rate of 0 disables the limit.
 ``RateLimiter`` keeps one bucket per key (client identity and RPC) in a least-recently-used map of
 at most ``max_keys`` entries: a flood of new identities evicts the quietest buckets instead of
 growing memory. An evicted bucket comes back full, which is what an idle client's bucket is anyway.
+
+``StreamSlots`` bounds open streams, which hold a server worker thread each for their whole life:
+at most ``total`` at once, and at most ``per_client`` of one client, so one client can never take
+the slots the others need. The counts are of open streams only (a client's entry goes with its
+last stream), so their memory is bounded by ``total``.
 """
 from __future__ import annotations
 
@@ -83,3 +88,49 @@ class RateLimiter:
 
     def __len__(self) -> int:
         return len(self._buckets)
+
+
+class StreamSlots:
+    """Open-stream slots of a server, ``total`` in all and ``per_client`` for any one client.
+
+    Args:
+        total: Most streams open at once.
+        per_client: Most streams one client key may hold.
+    """
+
+    def __init__(self, total: int, per_client: int) -> None:
+        self.total = total
+        self.per_client = per_client
+        self._held: dict[Hashable, int] = {}
+        self._open = 0
+        self._lock = threading.Lock()
+
+    def acquire(self, client: Hashable) -> str:
+        """Take a slot for ``client``: "" when taken, else the refusal reason.
+
+        Returns:
+            ``""``, ``"too_many_streams"`` (all ``total`` slots held) or ``"streams_per_client"``
+            (``client`` holds ``per_client``).
+        """
+        with self._lock:
+            held = self._held.get(client, 0)
+            if held >= self.per_client:
+                return "streams_per_client"
+            if self._open >= self.total:
+                return "too_many_streams"
+            self._held[client] = held + 1
+            self._open += 1
+            return ""
+
+    def release(self, client: Hashable) -> None:
+        """Give back a slot taken by ``client``."""
+        with self._lock:
+            held = self._held.pop(client, 0) - 1
+            if held > 0:
+                self._held[client] = held
+            self._open -= 1
+
+    @property
+    def open(self) -> int:
+        """Streams holding a slot now."""
+        return self._open

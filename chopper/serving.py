@@ -1,10 +1,16 @@
-"""One way both daemons serve gRPC: access checks on every RPC, health, and TLS-fronted TCP listeners.
+"""One way both daemons serve gRPC: access checks on every RPC, health, and TCP listeners with TLS.
 
 ``SecureServer`` builds the ``grpc.Server`` with ``chopper.access.AccessControl`` as its
 interceptor, registers the health service, and adds listeners: a unix socket, plaintext TCP, or
-TCP behind a ``chopper.tls_front.TlsFront`` (then gRPC itself listens only on the front's private
-socket, so TLS is the only way in on that address). A plaintext TCP listener on an address other
-than loopback is logged as a warning at start.
+TCP with gRPC's own TLS (``chopper.tls.ServerTLS``: renewed certificates are taken at the next
+connection). Every plaintext TCP listener is logged as a warning at start: on loopback every
+local user can reach it (no file mode or group guards a port), elsewhere the network can.
+
+Streams hold a worker thread each for their whole life, so the pool has ``max_workers`` threads
+for streams (``chopper.ratelimit.StreamSlots``: one client may hold ``STREAM_SHARE`` of them)
+plus ``reserve_workers(max_workers)`` that only calls which are not streams, and the refusals of
+streams over their slots, can use: a client holding every stream it may still leaves GetInfo,
+health and the other clients' streams served.
 
 gRPC's own receive limit is set to twice ``max_message_bytes`` so that messages between the two
 reach the access check and are counted as ``too_large``.
@@ -25,13 +31,20 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from chopper.access import AccessControl, Refusals
 from chopper.auth import TokenFile
+from chopper.ratelimit import StreamSlots
 from chopper.settings import ConfigError, is_loopback
 from chopper.tls import ServerTLS
-from chopper.tls_front import Peers, TlsFront
 
 log = logging.getLogger(__name__)
 # Seconds a retired spare server (serve_unix_again) lets its open streams run before it cuts them.
 SPARE_GRACE_S = 30.0
+# Share of the stream slots one client may hold: the others always keep a quarter.
+STREAM_SHARE = 0.75
+
+
+def reserve_workers(max_workers: int) -> int:
+    """Worker threads kept beyond the stream slots for unary calls and refusals: 1/8, at least 8."""
+    return max(8, max_workers // 8)
 
 
 # The access settings both daemons share: (default, help); {listen} is the daemon's TCP listener setting.
@@ -82,7 +95,8 @@ class SecureServer:
         handlers: The services' generic handlers.
         services: Their full names, marked SERVING in health once started.
         refusals: Where refused calls and connections are counted (read by the metrics).
-        max_workers: Worker threads (each open stream holds one).
+        max_workers: Most streams open at once (each holds a worker thread); the pool has
+            ``reserve_workers(max_workers)`` more for the other calls.
         max_message_bytes: Largest request message accepted.
         max_send_bytes: Largest response message.
         calls_per_s: Calls per second per client and RPC (0: unlimited).
@@ -98,11 +112,10 @@ class SecureServer:
                  max_workers: int, max_message_bytes: int, max_send_bytes: int, calls_per_s: float,
                  messages_per_s: float, token_file: str = "", token_rpcs: frozenset[str] = frozenset()) -> None:
         self.refusals = refusals
-        self.peers = Peers()
-        self.max_connections = max_workers
+        self.streams = StreamSlots(max_workers, max(1, int(max_workers * STREAM_SHARE)))
         self.access = AccessControl(
             refusals, max_message_bytes=max_message_bytes, calls_per_s=calls_per_s, messages_per_s=messages_per_s,
-            tokens=TokenFile(token_file) if token_file else None, token_rpcs=token_rpcs, peers=self.peers,
+            tokens=TokenFile(token_file) if token_file else None, token_rpcs=token_rpcs, streams=self.streams,
         )
         self._options = [
             ("grpc.max_receive_message_length", 2 * max_message_bytes),
@@ -118,13 +131,13 @@ class SecureServer:
         self.health_servicer = health.HealthServicer()
         self.server = self._grpc_server()
         self.services = tuple(services)
-        self.fronts: list[TlsFront] = []
         # Servers that took over a unix socket path after its file was removed (serve_unix_again).
         self.spares: list[grpc.Server] = []
         self._spare_count = 0
 
     def _grpc_server(self) -> grpc.Server:
-        pool = futures.ThreadPoolExecutor(max_workers=self._max_workers, thread_name_prefix="grpc")
+        workers = self._max_workers + reserve_workers(self._max_workers)
+        pool = futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="grpc")
         server = grpc.server(pool, options=self._options, interceptors=[self.access])
         server.add_generic_rpc_handlers(self._handlers)
         health_pb2_grpc.add_HealthServicer_to_server(self.health_servicer, server)
@@ -163,28 +176,26 @@ class SecureServer:
         Raises:
             OSError: The address cannot be bound; the message names the setting ``key``.
         """
-        host, _, port_text = address.rpartition(":")
+        host = address.rpartition(":")[0]
         if tls is None:
-            if not is_loopback(host):
+            if is_loopback(host):
+                log.warning("event=plaintext_listen %s=%s note='plaintext gRPC on loopback: every local user can "
+                            "connect (no file mode or group guards a port) and send data in any job's or node's "
+                            "name; set tls_cert, tls_key and tls_client_ca, or leave %s empty (docs/SECURITY.md)'",
+                            key, address, key)
+            else:
                 log.warning("event=plaintext_listen %s=%s note='gRPC without TLS is reachable from the network: set "
                             "tls_cert and tls_key (and tls_client_ca), or bind 127.0.0.1'", key, address)
-            try:
-                port = self.server.add_insecure_port(address)
-            except RuntimeError:
-                port = 0
-            if port == 0:
-                raise OSError(f"{key}: cannot bind {address}; is the port in use?")
-            return int(port)
-        front = TlsFront(host, int(port_text), tls, self.refusals.connection, self.peers,
-                         max_connections=self.max_connections)
-        self.server.add_insecure_port(f"unix:{front.upstream_path}")
         try:
-            port = front.start()
-        except OSError as exc:
-            raise OSError(f"{key}: cannot bind {address} ({exc.strerror or exc}); is the port in use?") from None
-        self.fronts.append(front)
-        log.info("event=tls_listen %s=%s port=%d mutual=%s", key, address, port, tls.mutual)
-        return port
+            port = (self.server.add_insecure_port(address) if tls is None
+                    else self.server.add_secure_port(address, tls.credentials()))
+        except RuntimeError:
+            port = 0
+        if port == 0:
+            raise OSError(f"{key}: cannot bind {address}; is the port in use?")
+        if tls is not None:
+            log.info("event=tls_listen %s=%s port=%d mutual=%s", key, address, port, tls.mutual)
+        return int(port)
 
     def start(self) -> None:
         self.server.start()
@@ -192,17 +203,13 @@ class SecureServer:
             self.health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
 
     def stop(self, grace: float | None) -> threading.Event:
-        """Stop accepting, let calls finish for ``grace`` s, then close the TLS fronts; set when done."""
-        for front in self.fronts:
-            front.stop_accepting()
+        """Stop accepting, let calls finish for ``grace`` s; set when every server (spares too) stopped."""
         stopped = [server.stop(grace) for server in (self.server, *self.spares)]
         done = threading.Event()
 
         def finish() -> None:
             for event in stopped:
                 event.wait()
-            for front in self.fronts:
-                front.close()
             done.set()
 
         threading.Thread(target=finish, name="grpc-stop", daemon=True).start()

@@ -1,11 +1,18 @@
-"""TLS material for Chopper's gRPC links: PEM files in, server ``SSLContext`` / client credentials out.
+"""TLS material for Chopper's gRPC links: PEM files in, gRPC server and channel credentials out.
 
 Server side (``ServerTLS``): certificate chain and key, plus, for mutual TLS, the CA bundle that
-signs client certificates (then a client without a certificate from that CA is refused). The
-context is rebuilt when any of the files changes, so a renewed certificate is served to new
-connections without a restart; a renewal that does not load (half-written files) keeps the
-previous context in force and logs a warning. TLS 1.2 is the oldest version offered, and ALPN
-offers ``h2`` only, as gRPC clients require.
+signs client certificates (then gRPC refuses, inside the handshake, every client without a valid
+certificate from that CA). gRPC's own TLS does the handshakes; ``credentials()`` gives it a
+certificate-configuration fetcher, which gRPC calls before each new connection's handshake.
+Algorithm of the fetcher:
+
+1. Compare the files' (inode, size, mtime) with those of the configuration in force; unchanged:
+   keep it (return None).
+2. Read the files' bytes, check that they load together (``ssl``: the key belongs to the chain,
+   the CA bundle parses) and that the files did not change while being checked; then hand gRPC
+   the new configuration, which new connections get (open ones keep theirs).
+3. A set that does not load (half-written files) keeps the previous configuration and logs a
+   warning; the next connection tries again.
 
 Client side (``ClientTLS``): the CA bundle that signs the server's certificate (empty: the
 system's roots), plus a client certificate and key for mutual TLS. Files are read each time a
@@ -29,12 +36,6 @@ if TYPE_CHECKING:
     import grpc
 
 log = logging.getLogger(__name__)
-
-# OpenSSL's X509_V_ERR_CERT_HAS_EXPIRED.
-_EXPIRED = 10
-# What OpenSSL says when the first bytes are not a TLS record: a plaintext client.
-_NOT_TLS = {"WRONG_VERSION_NUMBER", "HTTP_REQUEST", "HTTPS_PROXY_REQUEST", "UNKNOWN_PROTOCOL",
-            "PACKET_LENGTH_TOO_LONG", "RECORD_LAYER_FAILURE", "UNEXPECTED_RECORD"}
 
 
 class TlsError(ConfigError):
@@ -84,8 +85,16 @@ def _signature(paths: Sequence[str]) -> tuple[tuple[int, int, int], ...]:
     return tuple(out)
 
 
+def _read(paths: Sequence[str]) -> tuple[bytes, ...]:
+    out = []
+    for path in paths:
+        with open(path, "rb") as f:
+            out.append(f.read())
+    return tuple(out)
+
+
 class ServerTLS:
-    """A TLS server's files and its current ``ssl.SSLContext``.
+    """A TLS server's files and the gRPC credentials that serve them, renewed as the files change.
 
     Args:
         cert: PEM certificate chain (``tls_cert``).
@@ -102,8 +111,8 @@ class ServerTLS:
         self.key = key
         self.client_ca = client_ca
         self._lock = threading.Lock()
-        self._signature = _signature(self._paths())
-        self._context = self._build()
+        self._signature, self._material = self._load()
+        self._failed: tuple[tuple[int, int, int], ...] = ()
 
     @property
     def mutual(self) -> bool:
@@ -113,28 +122,53 @@ class ServerTLS:
     def _paths(self) -> list[str]:
         return [p for p in (self.cert, self.key, self.client_ca) if p]
 
-    def _build(self) -> ssl.SSLContext:
-        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-        ctx.set_alpn_protocols(["h2"])
-        _load(ctx, ("tls_cert", self.cert), ("tls_key", self.key), ("tls_client_ca", self.client_ca))
-        if self.client_ca:
-            ctx.verify_mode = ssl.CERT_REQUIRED
-        return ctx
+    def _load(self) -> tuple[tuple[tuple[int, int, int], ...], tuple[bytes, ...]]:
+        """The files' signature and bytes, checked to load together.
 
-    def context(self) -> ssl.SSLContext:
-        """The context for a new connection, rebuilt first if a file changed."""
+        Raises:
+            TlsError: They do not, or they changed while being checked.
+        """
+        signature = _signature(self._paths())
+        _load(ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER), ("tls_cert", self.cert), ("tls_key", self.key),
+              ("tls_client_ca", self.client_ca))
+        try:
+            material = _read(self._paths())
+        except OSError as exc:
+            raise TlsError(f"tls_cert: {exc.filename} cannot be read ({exc.strerror})") from None
+        if _signature(self._paths()) != signature:
+            raise TlsError("tls_cert: the files changed while they were checked (still being written?)")
+        return signature, material
+
+    def _configuration(self, material: tuple[bytes, ...]) -> grpc.ServerCertificateConfiguration:
+        import grpc
+
+        chain, key = material[0], material[1]
+        return grpc.ssl_server_certificate_configuration([(key, chain)], material[2] if self.client_ca else None)
+
+    def credentials(self) -> grpc.ServerCredentials:
+        """gRPC server credentials that take renewed files at the next connection (module docstring)."""
+        import grpc
+
+        return grpc.dynamic_ssl_server_credentials(self._configuration(self._material), self.fetch,
+                                                   require_client_authentication=self.mutual)
+
+    def fetch(self) -> grpc.ServerCertificateConfiguration | None:
+        """The new configuration when a file changed and the set loads; None to keep the one in force.
+
+        gRPC calls this before every handshake, from its own threads: it must never raise.
+        """
         signature = _signature(self._paths())
         with self._lock:
-            if signature != self._signature:
-                self._signature = signature
-                try:
-                    self._context = self._build()
-                    log.info("event=tls_reloaded cert=%s", self.cert)
-                except TlsError as exc:
-                    log.warning("event=tls_reload_failed error=%r note='the previous certificate stays in use'",
-                                str(exc))
-            return self._context
+            if signature in (self._signature, self._failed):
+                return None  # unchanged, or the same broken set as at the last attempt (warned once)
+            try:
+                self._signature, self._material = self._load()
+            except TlsError as exc:
+                self._failed = signature
+                log.warning("event=tls_reload_failed error=%r note='the previous certificate stays in use'", str(exc))
+                return None
+            log.info("event=tls_reloaded cert=%s", self.cert)
+            return self._configuration(self._material)
 
 
 class ClientTLS:
@@ -171,17 +205,3 @@ class ClientTLS:
                 return f.read()
 
         return grpc.ssl_channel_credentials(read(self.ca), read(self.key), read(self.cert))
-
-
-def handshake_refusal(exc: BaseException) -> str:
-    """The reason a failed server-side handshake is counted under (``REFUSAL_REASONS`` in tls_front)."""
-    if isinstance(exc, ssl.SSLCertVerificationError):
-        return "expired_certificate" if exc.verify_code == _EXPIRED else "bad_certificate"
-    if isinstance(exc, ssl.SSLError):
-        if exc.reason == "PEER_DID_NOT_RETURN_A_CERTIFICATE":
-            return "no_certificate"
-        if exc.reason in _NOT_TLS:
-            return "not_tls"
-    if isinstance(exc, TimeoutError):
-        return "handshake_timeout"
-    return "handshake_failed"

@@ -56,8 +56,6 @@ def test_mutual_tls_between_real_daemons_and_the_cli(tmp_path: Path, pki: Pki,
         for agent in agents:
             mark_steps(agent.target)
         assert wait_until(lambda: agg.value("chopper_aggregator_summaries_received_total") >= STEPS, timeout_s=30)
-        assert wait_until(lambda: agg.value("chopper_aggregator_connections_refused_total",
-                                            reason="bad_certificate") >= 1, timeout_s=30)
         # Only the trusted agent's steps arrived; the stranger keeps its summaries and says it is cut off.
         assert agg.value("chopper_aggregator_summaries_received_total") == STEPS
         # The aggregator counts a summary before it acknowledges it; the agent counts the ack once it has read it.
@@ -73,8 +71,6 @@ def test_mutual_tls_between_real_daemons_and_the_cli(tmp_path: Path, pki: Pki,
         # Without one it is refused (exit 1, the agent unreachable) and the agent counts it.
         assert cli.main(["info", "--agent", listen, "--tls-ca", pki.ca]) == 1
         assert "no Chopper agent answered" in capsys.readouterr().err
-        assert wait_until(lambda: metric_sum(trusted.metrics(), "chopper_agent_connections_refused_total",
-                                             reason="no_certificate") >= 1, timeout_s=30)
         # A capture with a wrong token is refused before the agent acts (exit 2), and counted.
         guess = write_token(tmp_path / "guess.token", "not-the-token")
         assert cli.main(["capture", "--agent", listen, *tls, "--token-file", guess, "--job", "secure", "--steps", "1",

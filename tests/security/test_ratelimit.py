@@ -1,9 +1,8 @@
-"""Token buckets with an injected clock: burst, refill, per-key independence, bounded memory."""
+"""Token buckets with an injected clock (burst, refill, per-key independence, bounded memory); stream slots."""
 from __future__ import annotations
 
-from chopper.access import client_identity
-from chopper.ratelimit import BURST_S, RateLimiter
-from chopper.tls_front import Peer, Peers
+from chopper.access import client_identity, stream_client
+from chopper.ratelimit import BURST_S, RateLimiter, StreamSlots
 from tests.agent.test_sampler import FakeClock as Clock  # any number serves as seconds here
 
 
@@ -32,10 +31,40 @@ def test_a_flood_of_identities_cannot_grow_memory() -> None:
     assert len(limiter) == 100
 
 
+class Context:
+    """What ``client_identity`` reads of a call: its peer and auth context."""
+
+    def __init__(self, peer: str, auth: dict[str, list[bytes]] | None = None) -> None:
+        self._peer, self._auth = peer, auth or {}
+
+    def peer(self) -> str:
+        return self._peer
+
+    def auth_context(self) -> dict[str, list[bytes]]:
+        return self._auth
+
+
 def test_client_identity() -> None:
-    peers = Peers()
-    peers.add("unix:/tmp/chopper-tls-x/c1", Peer("cn:node17", "ipv4:10.1.2.3:5555"))
-    assert client_identity("unix:/tmp/chopper-tls-x/c1", peers) == "cn:node17"
-    assert client_identity("unix:", peers) == "unix"
-    assert client_identity("ipv4:10.1.2.3:40000") == client_identity("ipv4:10.1.2.3:40001") == "ipv4:10.1.2.3"
-    assert client_identity("ipv6:[::1]:40000") == "ipv6:[::1]"
+    assert client_identity(Context("ipv4:10.1.2.3:5555", {"x509_common_name": [b"node17"]})) == "cn:node17"
+    assert client_identity(Context("unix:")) == "unix"
+    assert client_identity(Context("ipv4:10.1.2.3:40000")) == client_identity(Context("ipv4:10.1.2.3:40001"))
+    assert client_identity(Context("ipv4:10.1.2.3:40000")) == "ipv4:10.1.2.3"
+    assert client_identity(Context("ipv6:[::1]:40000")) == "ipv6:[::1]"
+
+
+def test_stream_slots_bound_the_total_and_each_client() -> None:
+    slots = StreamSlots(total=4, per_client=3)
+    assert [slots.acquire("a") for _ in range(4)] == ["", "", "", "streams_per_client"]
+    assert slots.acquire("b") == "" and slots.acquire("c") == "too_many_streams"
+    slots.release("a")
+    assert slots.acquire("c") == "" and slots.open == 4
+    for key in ("a", "a", "b", "c"):
+        slots.release(key)
+    assert slots.open == 0 and slots.acquire("a") == ""
+
+
+def test_a_stream_key_names_a_local_process_only_on_the_unix_socket() -> None:
+    assert stream_client("unix", (("chopper-pid", "4242"),)) == "unix:pid=4242"
+    assert stream_client("unix", (("chopper-pid", "x; drop"),)) == "unix"
+    assert stream_client("unix", ()) == "unix"
+    assert stream_client("ipv4:10.0.0.1", (("chopper-pid", "4242"),)) == "ipv4:10.0.0.1"
