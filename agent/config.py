@@ -8,6 +8,7 @@ came from and what is accepted, and ``chopper-agent`` exits non-zero with that m
 from __future__ import annotations
 
 import socket
+import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -29,7 +30,10 @@ class AgentSettings:
     socket_path: str = field(
         default="/run/chopper/agent.sock", metadata={"help": "unix socket for trainers and local consumers"}
     )
-    socket_mode: str = field(default="0660", metadata={"help": "permission bits of the unix socket (octal)"})
+    socket_mode: str = field(
+        default="0660", metadata={"help": "permission bits of the unix socket, octal however written (0660, 660, "
+                                  "0o660)", "kind": "mode"}
+    )
     socket_group: str = field(default="", metadata={"help": "group owning the unix socket (empty: unchanged)"})
     grpc_listen: str = field(default="", metadata={"help": "optional TCP host:port for gRPC (empty: none)"})
     metrics_listen: str = field(default="127.0.0.1:9477", metadata={"help": "host:port of Prometheus /metrics"})
@@ -109,17 +113,18 @@ def _check(s: AgentSettings) -> None:
     def bad(key: str, why: str) -> ConfigError:
         return ConfigError(f"{key}: {getattr(s, key)!r} {why}")
 
+    if not s.node.strip():
+        raise bad("node", "is empty; name the node, or leave the setting out for the hostname")
     if s.backend not in BACKENDS:
         raise bad("backend", f"is not a backend; choose one of {', '.join(BACKENDS)}")
     if not 1.0 <= s.sample_hz <= 100.0:
         raise bad("sample_hz", "is out of range; use 1 to 100 samples per second")
     if not s.socket_path:
         raise bad("socket_path", "is empty; trainers need a unix socket path")
-    try:
-        if not 0 <= int(s.socket_mode, 8) <= 0o777:
-            raise ValueError
-    except ValueError:
-        raise bad("socket_mode", "is not octal permission bits such as 0660") from None
+    # Connecting needs write permission: a mode without it for the owner is a typo (432 for 0660).
+    if not (mode := int(s.socket_mode, 8)) & 0o200:
+        raise bad("socket_mode", f"({stat.filemode(mode)[1:]}) gives the agent's own user no write permission, so it "
+                  "is mistyped; use 0660 (owner and socket_group) or 0600 (owner only)")
     for key in ("metrics_listen", "grpc_listen"):
         value = getattr(s, key)
         if value and not is_host_port(value):
@@ -168,11 +173,17 @@ def _check(s: AgentSettings) -> None:
         raise bad("rank_idle_s", "is out of range; use 1 s to a week")
     if not 1 <= s.max_ranks <= 1_000_000:
         raise bad("max_ranks", "is out of range; use 1 to 1000000")
-    _check_access(s)
+    check_access(s)
 
 
-def _check_access(s: AgentSettings) -> None:
-    """TLS, token and rate-limit settings: files readable and loadable, pairs complete."""
+def check_access(s: AgentSettings) -> None:
+    """TLS, token and rate-limit settings: files readable and loadable, pairs complete.
+
+    Run at start and again on SIGHUP (``agent/main.py``), so that replaced files are checked at once.
+
+    Raises:
+        ConfigError: A file is unreadable or does not load, or a pair is incomplete.
+    """
     from chopper.auth import TokenFile
     from chopper.tls import ClientTLS
 
@@ -209,7 +220,7 @@ def markdown() -> str:
     return _settings.markdown(AgentSettings, DAEMON, {"node": "(hostname)"})
 
 
-__all__ = ["AgentSettings", "ConfigError", "load_settings", "markdown"]
+__all__ = ["AgentSettings", "ConfigError", "check_access", "load_settings", "markdown"]
 
 
 if __name__ == "__main__":

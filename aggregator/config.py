@@ -103,6 +103,17 @@ def _check(s: AggregatorSettings) -> None:
         raise bad("max_message_bytes", f"is out of range; use {64 * 1024} to {MAX_MESSAGE_BYTES}")
     if s.log_level not in LOG_LEVELS:
         raise bad("log_level", "is not one of " + ", ".join(LOG_LEVELS))
+    check_access(s)
+
+
+def check_access(s: AggregatorSettings) -> None:
+    """TLS and rate-limit settings: files readable and loadable, pairs complete.
+
+    Run at start and again on SIGHUP (``aggregator/main.py``), so that replaced files are checked at once.
+
+    Raises:
+        ConfigError: A file is unreadable or does not load, or a pair is incomplete.
+    """
     check_server_access(s, "listen")
 
 
@@ -132,7 +143,7 @@ def markdown() -> str:
     return _settings.markdown(AggregatorSettings, DAEMON)
 
 
-__all__ = ["AggregatorSettings", "ConfigError", "load_settings", "markdown"]
+__all__ = ["AggregatorSettings", "ConfigError", "check_access", "load_settings", "markdown"]
 
 
 if __name__ == "__main__":

@@ -5,15 +5,35 @@ gives it a flag per field (``--sample-hz``), an environment variable per field
 (``<PREFIX>SAMPLE_HZ``), YAML keys equal to the field names, type conversion with messages that
 name the key, the value and its source, and the generated settings table of its docs. Range and
 consistency checks stay with each daemon (``check`` below).
+
+Every value is read as *text*, and one parser per kind turns that text into the setting, whether
+it came from the file, the environment or a flag, so a value means the same wherever it is written.
+YAML's implicit typing is therefore not applied: under YAML 1.1 an unquoted ``0660`` is the
+integer 432, ``no`` is false, ``1:30`` is 90 and ``~`` is null, and each of these would otherwise
+reach a setting as something its writer did not mean (a socket mode of ``0o432``, a node called
+``False``, a store directory called ``None``). The forms (``FORMS``):
+
+- whole numbers: decimal (``1_000`` allowed), ``0x``/``0o``/``0b`` prefixed, or an integral
+  ``1e6``; a leading zero (``010``) is refused, since YAML 1.1 reads it as octal and a shell
+  variable as decimal;
+- numbers: decimal or exponent form, finite; a whole number with a leading zero is refused as
+  above; seconds are plain numbers (``5m`` and ``1:30`` are refused, not guessed);
+- permission bits (``kind="mode"``): octal whichever way written (``0660``, ``660``, ``0o660``),
+  stored as ``0660``;
+- an empty YAML value or a plain ``~``/``null`` is "no value": empty text, an empty list, and
+  refused where a number is needed; a key given twice is refused.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import ipaddress
 import math
 import os
+import re
 import reprlib
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -29,12 +49,21 @@ INT64 = (-(2**63), 2**63 - 1)
 # Values are quoted in messages through this: a YAML alias bomb must not expand in a repr.
 _shown = reprlib.Repr()
 _shown.maxlevel, _shown.maxlist, _shown.maxdict, _shown.maxstring, _shown.maxother = 2, 4, 4, 80, 80
-_FORMS = {
-    "int": "a whole number in 64-bit range",
-    "float": "a finite number",
+FORMS = {
+    "int": "a whole number in 64-bit range, decimal without leading zeros (or 0x.., 0o.., 0b..)",
+    "float": "a finite number, e.g. 2.5 or 1e-3",
     "tuple[int, ...]": "whole numbers, comma-separated or as a YAML list",
     "str": "text without NUL characters",
+    "mode": "octal permission bits up to 0777, e.g. 0660, 660 or 0o660",
 }
+SECONDS = "a number of seconds, e.g. 30 or 0.5 (no unit suffix, no h:m:s)"
+# How YAML writes "no value" when it is not quoted (YAML 1.1 and 1.2 agree on these).
+_NULLS = frozenset({"", "~", "null", "Null", "NULL"})
+# A whole number written with a leading zero: octal to YAML 1.1, decimal to int() and to YAML 1.2.
+_LEADING_ZERO = re.compile(r"[-+]?0[0-9_]+")
+_MODE = re.compile(r"(?:0[oO])?([0-7]{1,4})")
+# Integral floats are exact up to here; beyond, 1e300 would become a number nobody wrote.
+_EXACT_FLOAT_INT = 2**53
 
 
 class ConfigError(ValueError):
@@ -79,41 +108,120 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def _int(raw: Any) -> int:
-    """A whole number in int64 range from a YAML scalar or string; ValueError otherwise."""
-    if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):
-        raise ValueError
-    value = int(raw)
+class _Unclear(ValueError):
+    """A value whose form is ambiguous; the message says why and what to write instead."""
+
+
+class _Repeated(ValueError):
+    """A settings file gives a key more than once; the message lists the keys."""
+
+
+def _no_leading_zero(text: str) -> None:
+    if _LEADING_ZERO.fullmatch(text):
+        raise _Unclear("has a leading zero, which YAML 1.1 reads as octal and a shell variable as decimal")
+
+
+def _whole(text: str) -> int:
+    """A whole number in int64 range (see the module docstring for the forms)."""
+    text = text.strip()
+    _no_leading_zero(text)
+    try:
+        value = int(text, 0)  # base 0: decimal, 0x/0o/0b prefixes, underscores
+    except ValueError:
+        number = float(text)
+        if not (number.is_integer() and abs(number) <= _EXACT_FLOAT_INT):
+            raise ValueError from None
+        value = int(number)
     if not INT64[0] <= value <= INT64[1]:
         raise ValueError
     return value
 
 
+def _real(text: str) -> float:
+    """A finite number; a whole number with a leading zero is refused as for ``_whole``."""
+    text = text.strip()
+    _no_leading_zero(text)
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError
+    return value
+
+
+def _mode(text: str) -> str:
+    """Permission bits, octal in every spelling, as four octal digits (``0660``)."""
+    match = _MODE.fullmatch(text.strip())
+    if match is None or (value := int(match.group(1), 8)) > 0o777:
+        raise ValueError
+    return f"0{value:03o}"
+
+
+def _text(text: str) -> str:
+    if "\0" in text:
+        raise ValueError
+    return text
+
+
+def _whole_list(raw: str | list[Any]) -> tuple[int, ...]:
+    items = raw if isinstance(raw, list) else [item for item in raw.split(",") if item.strip()]
+    if not all(isinstance(item, str) for item in items):  # a null, list or mapping inside the list
+        raise ValueError
+    return tuple(_whole(item) for item in items)
+
+
+_PARSERS: dict[str, Callable[[str], Any]] = {
+    "int": _whole, "float": _real, "str": _text, "mode": _mode, "tuple[int, ...]": _whole_list,
+}
+# What "no value" (an empty or null YAML value) means for each kind; the others need a value.
+_EMPTY: dict[str, Any] = {"str": "", "tuple[int, ...]": ()}
+
+
+def _kind(field: dataclasses.Field[Any]) -> str:
+    return str(field.metadata.get("kind", field.type))
+
+
 def _parse(field: dataclasses.Field[Any], raw: Any, source: str) -> Any:
-    """Convert one raw value (YAML scalar or string) to the field's type.
+    """Convert one raw value (text from any source; None, a list or a mapping from YAML) to the field's kind.
 
     Integers must be whole and fit in 64 bits, floats must be finite, and text must not hold NUL
     (no path, name or address can): each daemon's range checks then see only ordinary values.
     """
-    kind = field.type
+    kind = _kind(field)
     try:
-        if kind == "tuple[int, ...]":
-            if isinstance(raw, list | tuple):
-                return tuple(_int(v) for v in raw)
-            text = str(raw).strip()
-            return tuple(_int(v) for v in text.split(",") if v.strip()) if text else ()
-        if kind == "int":
-            return _int(raw)
-        if kind == "float":
-            if isinstance(raw, bool) or not math.isfinite(value := float(raw)):
-                raise ValueError
-            return value
-        if isinstance(raw, list | dict) or "\0" in (text := str(raw)):
+        if raw is None:
+            if kind in _EMPTY:
+                return _EMPTY[kind]
+            raise _Unclear("has no value (an empty or null YAML value)")
+        if isinstance(raw, list) and kind == "tuple[int, ...]":
+            return _whole_list(raw)
+        if not isinstance(raw, str):  # a YAML list or mapping where one value belongs
             raise ValueError
-        return text
-    except (TypeError, ValueError, OverflowError):
-        raise ConfigError(f"{field.name}: {_shown.repr(raw)} (from {source}) is not a valid {kind}; "
-                          f"use {_FORMS.get(str(kind), 'a plain value')}") from None
+        return _PARSERS[kind](raw)
+    except (TypeError, ValueError, OverflowError) as exc:
+        why = str(exc) if isinstance(exc, _Unclear) else f"is not a valid {kind}"
+        form = SECONDS if kind == "float" and field.name.endswith("_s") else FORMS[kind]
+        raise ConfigError(f"{field.name}: {_shown.repr(raw)} (from {source}) {why}; use {form}") from None
+
+
+@functools.cache
+def _text_loader() -> type:
+    """A YAML loader that keeps every scalar as the text written (see the module docstring)."""
+    import yaml
+
+    class TextLoader(yaml.BaseLoader):  # BaseLoader: no implicit types, no tags acted on
+        # None stands for YAML's null, which the base class would give as the text "~" or "null".
+        def construct_scalar(self, node: Any) -> str | None:  # type: ignore[override]
+            value = super().construct_scalar(node)
+            return None if node.style is None and value in _NULLS else value
+
+        def construct_mapping(self, node: Any, deep: bool = False) -> dict[Any, Any]:
+            mapping = super().construct_mapping(node, deep)
+            if len(mapping) < len(node.value):  # yaml would keep the last of a repeated key, silently
+                names = Counter(str(key.value) for key, _ in node.value)
+                twice = sorted(name for name, count in names.items() if count > 1)
+                raise _Repeated(", ".join(twice))
+            return mapping
+
+    return TextLoader
 
 
 def _read_yaml(path: Path, known: Sequence[str]) -> dict[str, Any]:
@@ -128,10 +236,12 @@ def _read_yaml(path: Path, known: Sequence[str]) -> dict[str, Any]:
         raise ConfigError(f"config file {path}: is larger than {MAX_CONFIG_BYTES} bytes; is --config the settings "
                           "file (a YAML mapping of setting: value)?")
     try:
-        data = yaml.safe_load(raw.decode("utf-8"))
+        data = yaml.load(raw.decode("utf-8"), Loader=_text_loader())  # acts on no tag: builds no object
     except UnicodeDecodeError as exc:
         raise ConfigError(f"config file {path}: is not UTF-8 text ({exc.reason} at byte {exc.start}); "
                           "save it as UTF-8 YAML") from None
+    except _Repeated as exc:
+        raise ConfigError(f"config file {path}: sets {exc} more than once; keep one line for each") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"config file {path}: is not valid YAML ({exc}); fix the syntax") from None
     except RecursionError:
@@ -205,6 +315,14 @@ def markdown(cls: type, daemon: Daemon, shown_defaults: Mapping[str, str] | None
         "keeps it current.",
         "Precedence: code defaults < YAML file (`--config`, keys as in the first column) < environment < flags.",
         "A bad value exits with status 2 and a message naming the key and the fix.",
+        "",
+        "Every value is read as the text written and means the same in the file, the environment and a flag: "
+        "YAML's implicit types do not apply (an unquoted `0660` is the text 0660, `no` the text no). "
+        "Whole numbers are decimal (`1_000`), `0x`/`0o`/`0b`-prefixed or integral (`1e6`); a leading zero "
+        "(`010`) is refused, as YAML 1.1 reads it as octal and a shell variable as decimal. Settings in "
+        "seconds (`_s`) are plain numbers: `5m` or `1:30` is refused. Permission bits are octal however "
+        "written (`0660`, `660`, `0o660`). An empty value or a plain `~`/`null` is empty text or an empty "
+        "list, and refused for a number. A setting given twice in the file is refused.",
         "",
         "| setting | flag | environment | default | meaning |",
         "|---|---|---|---|---|",

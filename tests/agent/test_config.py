@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.config import ConfigError, load_settings
+from agent.config import AgentSettings, ConfigError, load_settings
+from tests.conftest import HazardOutcome
 
 
 def test_precedence_defaults_yaml_env_flags(tmp_path: Path) -> None:
@@ -32,13 +33,14 @@ def test_config_file_from_env(tmp_path: Path) -> None:
         (["--marker-buffer", str(10**12)], None, "marker_buffer: 1000000000000 is out of range"),
         (["--backend", "cuda"], None, "backend: 'cuda' is not a backend; choose one of auto, amd, nvidia"),
         (["--metrics-listen", "9477"], None, "metrics_listen: '9477' is not host:port"),
-        (["--socket-mode", "rw"], None, "socket_mode: 'rw' is not octal permission bits"),
+        (["--socket-mode", "rw"], None, "socket_mode: 'rw' (from --socket-mode) is not a valid mode; use octal"),
+        (["--socket-mode", "1660"], None, "socket_mode: '1660' (from --socket-mode) is not a valid mode"),
         (["--backend", "replay"], None, "replay_dir: required with backend replay"),
         (["--sim-hot-gpus", "9"], None, "sim_hot_gpus: (9,) names a GPU outside 0..7"),
         (["--sim-power-cap-w", "-5"], None, "sim_power_cap_w: -5.0 is negative; use 0 for the model's TDP"),
         (["--rank-idle-s", "0"], None, "rank_idle_s: 0.0 is out of range; use 1 s to a week"),
         (["--max-ranks", "0"], None, "max_ranks: 0 is out of range; use 1 to 1000000"),
-        ([], "sample_hz: [1, 2]\n", "sample_hz: [1, 2] (from config file"),
+        ([], "sample_hz: [1, 2]\n", "sample_hz: ['1', '2'] (from config file"),
         ([], "sampel_hz: 10\n", "unknown setting(s) sampel_hz; known settings are node, backend"),
         ([], "- 1\n- 2\n", "must be a mapping of setting: value, got list"),
         ([], "sample_hz: [\n", "is not valid YAML"),
@@ -75,3 +77,83 @@ def test_retirement_settings_from_env() -> None:
     s = load_settings([], env={"CHOPPER_AGENT_RANK_IDLE_S": "60", "CHOPPER_AGENT_MAX_RANKS": "64"})
     assert (s.rank_idle_s, s.max_ranks) == (60.0, 64)
     assert (load_settings([], env={}).rank_idle_s, load_settings([], env={}).max_ranks) == (300.0, 1024)
+
+
+# Every spelling of "owner and group may connect" a user might write, and where it comes from.
+MODE_FORMS = [
+    ("yaml", "socket_mode: 0660"),  # YAML 1.1 alone reads this as the integer 432
+    ("yaml", 'socket_mode: "0660"'), ("yaml", "socket_mode: 660"), ("yaml", "socket_mode: 0o660"),
+    ("yaml", "socket_mode: '0o660'"), ("env", "0660"), ("env", "660"), ("env", "0o660"), ("flag", "0660"),
+    ("flag", "660"), ("flag", "0O660"),
+]
+
+
+def _load_from(tmp_path: Path, source: str, text: str) -> AgentSettings:
+    if source == "yaml":
+        cfg = tmp_path / "agent.yaml"
+        cfg.write_text(text + "\n")
+        return load_settings(["--config", str(cfg)], env={})
+    if source == "env":
+        return load_settings([], env={"CHOPPER_AGENT_SOCKET_MODE": text})
+    return load_settings(["--socket-mode", text], env={})
+
+
+@pytest.mark.hazard(item=2, input="socket_mode: 0660 unquoted in YAML (YAML 1.1: the int 432), and 10 other spellings",
+                    promise="every form a user writes for a mode means the same bits, or is refused naming the key")
+def test_every_spelling_of_a_mode_means_the_same_bits(tmp_path: Path, hazard: HazardOutcome) -> None:
+    modes = {f"{source}:{text}": _load_from(tmp_path, source, text).socket_mode for source, text in MODE_FORMS}
+    assert set(modes.values()) == {"0660"}, modes
+    # Forms that cannot be permission bits, or whose owner could not even connect (a decimal 432).
+    refused = {}
+    for text in ("432", "0432", "rw", "0999", "7777", "6.6", "u=rw,g=rw", "~", "0"):
+        with pytest.raises(ConfigError) as err:
+            _load_from(tmp_path, "yaml", f"socket_mode: {text}")
+        refused[text] = str(err.value)
+        assert str(err.value).startswith("socket_mode: "), err.value
+    assert "(r---wx-w-) gives the agent's own user no write permission" in refused["432"]
+    hazard.outcome = (f"{len(modes)} spellings from YAML, env and flags (unquoted 0660 included) all gave 0660; "
+                      f"{len(refused)} others (432, rw, 0999, ~, ...) refused naming socket_mode and the fix")
+
+
+@pytest.mark.hazard(item=2, input="unquoted YAML scalars that YAML 1.1 retypes: node: no / 0123 / 12:30, "
+                    "sample_buffer: 010000, rank_idle_s: 5:00, store-like paths: ~",
+                    promise="a value means what was written, the same in the file, the environment and a flag, "
+                    "or is refused naming the key")
+def test_yaml_implicit_types_never_change_a_value(tmp_path: Path, hazard: HazardOutcome) -> None:
+    cfg = tmp_path / "agent.yaml"
+    # Text settings keep the text written: YAML 1.1 would give False, 83, 750 and "None".
+    kept = {}
+    for text, expected in (("no", "no"), ("on", "on"), ("0123", "0123"), ("12:30", "12:30"), ("0x1F", "0x1F")):
+        cfg.write_text(f"node: {text}\nsim_model: {text}\n")
+        s = load_settings(["--config", str(cfg)], env={})
+        kept[text] = (s.node, s.sim_model)
+        assert kept[text] == (expected, expected)
+        assert load_settings(["--node", text], env={"CHOPPER_AGENT_SIM_MODEL": text}).node == s.node
+    # An empty or null value is empty text (an optional path turned off), never the text "None".
+    cfg.write_text("token_file:\njob_mapping_dir: ~\nsocket_group: null\nsim_hot_gpus:\n")
+    s = load_settings(["--config", str(cfg)], env={})
+    assert (s.token_file, s.job_mapping_dir, s.socket_group, s.sim_hot_gpus) == ("", "", "", ())
+    # Numbers whose YAML 1.1 meaning differs from their environment meaning are refused, named.
+    refused = {}
+    for line in ("sample_buffer: 010000", "sim_seed: 017", "sample_hz: 010", "rank_idle_s: 5:00",
+                 "rank_idle_s: 5m", "delivery_interval_s: 1:30", "sample_buffer: ~", "sample_hz: true",
+                 "sample_hz: 10\nsample_hz: 20"):
+        cfg.write_text(line + "\n")
+        with pytest.raises(ConfigError) as err:
+            load_settings(["--config", str(cfg)], env={})
+        refused[line] = str(err.value)
+        key = line.split(":")[0]
+        assert key in refused[line], refused[line]
+    assert "leading zero, which YAML 1.1 reads as octal" in refused["sample_buffer: 010000"]
+    assert "a number of seconds" in refused["rank_idle_s: 5:00"]
+    assert "sets sample_hz more than once" in refused["sample_hz: 10\nsample_hz: 20"]
+    with pytest.raises(ConfigError, match="leading zero"):
+        load_settings([], env={"CHOPPER_AGENT_SAMPLE_BUFFER": "010000"})
+    # The unambiguous number forms agree across the file, the environment and flags.
+    for text, value in (("1_000_000", 1_000_000), ("1e6", 1_000_000), ("0x10000", 65536), ('"20000"', 20000)):
+        cfg.write_text(f"sample_buffer: {text}\n")
+        assert load_settings(["--config", str(cfg)], env={}).sample_buffer == value
+        assert load_settings(["--sample-buffer", text.strip('"')], env={}).sample_buffer == value
+    hazard.outcome = (f"{len(kept)} retypable texts kept as written (node: no stayed 'no', 0123 stayed '0123'); "
+                      f"4 empty/null values read as empty, not 'None'; {len(refused)} ambiguous numbers, "
+                      "durations and a repeated key refused naming the key")

@@ -8,6 +8,7 @@ import pytest
 
 from aggregator.config import ConfigError, load_settings, markdown
 from aggregator.main import main
+from tests.conftest import HazardOutcome
 from tests.e2e.conftest import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,7 +40,7 @@ def test_precedence_defaults_yaml_env_flags(tmp_path: Path) -> None:
         (["--max-jobs", "1.5"], None, "max_jobs: '1.5' (from --max-jobs) is not a valid int"),
         (["--job-expiry-s", "5"], None, "job_expiry_s: 5.0 is shorter than step_timeout_s"),
         (["--log-level", "loud"], None, "log_level: 'loud' is not one of debug"),
-        ([], "flush_rows: [1]\n", "flush_rows: [1] (from config file"),
+        ([], "flush_rows: [1]\n", "flush_rows: ['1'] (from config file"),
         ([], "step_timout_s: 3\n", "unknown setting(s) step_timout_s; known settings are listen"),
         ([], "- 1\n", "must be a mapping of setting: value, got list"),
     ],
@@ -83,3 +84,29 @@ def test_main_listen_in_use_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
 def test_docs_aggregator_config_md_is_current() -> None:
     assert (ROOT / "docs" / "AGGREGATOR_CONFIG.md").read_text() == markdown(), (
         "run: python -m aggregator.config > docs/AGGREGATOR_CONFIG.md")
+
+
+@pytest.mark.hazard(item=2, input="store_dir: (empty) / store_dir: ~ in YAML, and durations like step_timeout_s: 1:30",
+                    promise="a value means what was written, the same in the file, the environment and a flag, "
+                    "or is refused naming the key")
+def test_yaml_null_and_retyped_values(tmp_path: Path, hazard: HazardOutcome) -> None:
+    cfg = tmp_path / "agg.yaml"
+    # YAML's null used to arrive as the text "None": a store directory ./None, created silently.
+    stores = []
+    for line in ("store_dir:", "store_dir: ~", "store_dir: null"):
+        cfg.write_text(line + "\n")
+        stores.append(load_settings(["--config", str(cfg)], env={}).store_dir)
+    assert stores == ["", "", ""]
+    cfg.write_text('store_dir: "~"\n')  # quoted: the text written
+    assert load_settings(["--config", str(cfg)], env={}).store_dir == "~"
+    refused = []
+    for line in ("step_timeout_s: 1:30", "job_expiry_s: 15:00", "flush_interval_s: 10s", "flush_rows: 050000",
+                 "max_jobs: 0o", "step_timeout_s: ~"):
+        cfg.write_text(line + "\n")
+        with pytest.raises(ConfigError) as err:
+            load_settings(["--config", str(cfg)], env={})
+        assert str(err.value).startswith(line.split(":")[0] + ": "), err.value
+        refused.append(line)
+    hazard.outcome = (f"{len(stores)} empty/null store_dir values read as no store (not ./None); "
+                      f"{len(refused)} h:m:s durations, unit suffixes, leading-zero and empty numbers refused "
+                      "naming the key")

@@ -5,6 +5,11 @@ whose numbers are finite and 64-bit and whose text holds no NUL, or raises ``Con
 message names a setting or the file (``config file ...: ...``), or, for a flag
 argparse itself cannot parse, exits with argparse's status 2. Never another exception, never a
 hang (a YAML alias bomb quoted in an error message must not expand).
+
+Second property: a text means the same whichever way it is given. Any text for any setting loads
+to the same value, or is refused naming the same setting, from the environment, a flag and the
+YAML file, both quoted and plain where it can be written plain (YAML 1.1 alone would read a plain
+``0660`` as 432 and ``no`` as false).
 """
 from __future__ import annotations
 
@@ -117,3 +122,46 @@ def test_oversized_config_file_is_refused_unread(tmp_path: Path) -> None:
     """``--config /dev/zero`` (or a multi-GB file) is refused after 1 MiB, not read to the end."""
     with pytest.raises(ConfigError, match="is larger than 1048576 bytes"):
         agent_config.load_settings(["--config", "/dev/zero"], env={})
+
+
+# Texts whose YAML 1.1 type differs from their text, and the forms numbers and modes are written in.
+_RETYPABLE = st.sampled_from([
+    "0660", "660", "0o660", "0O660", "432", "010", "0x1F", "0b101", "1_000", "1e6", "1.0e+6", ".5", "1:30", "5m",
+    "no", "on", "yes", "off", "true", "False", "-0", "+10", "00", "1,3", " 12 ", "nan", ".inf", "0777", "7777",
+])
+
+
+_settings = st.sampled_from(sorted(DAEMONS)).flatmap(lambda d: st.tuples(st.just(d), st.sampled_from(_names(d))))
+
+
+@fuzz(200, timeout_s=120)
+@given(_settings, st.one_of(_RETYPABLE, st.text(st.characters(exclude_characters="\x00", codec="utf-8"), max_size=10)))
+@example(("agent", "socket_mode"), "0660")  # YAML 1.1 alone reads the plain form as 432
+@example(("aggregator", "store_dir"), "no")  # YAML 1.1 alone reads the plain form as False
+def test_a_value_means_the_same_from_yaml_env_and_flags(setting: tuple[str, str], text: str) -> None:
+    """Any text given to any setting loads to the same value, or the same refusal, from YAML (plain and quoted),
+    the environment and a flag."""
+    daemon, name = setting
+    load, _, prefix = DAEMONS[daemon]
+
+    def outcome(argv: list[str], env: dict[str, str]) -> tuple[str, Any]:
+        try:
+            return "value", getattr(load(argv, env=env), name)
+        except ConfigError as exc:
+            return "refused", str(exc).split(" (from ")[0].split(":")[0]
+        except SystemExit:
+            return "argparse", None
+
+    flag = "--" + name.replace("_", "-")
+    expected = outcome([], {prefix + name.upper(): text})
+    assert outcome([f"{flag}={text}"], {}) == expected
+    forms = [yaml.safe_dump({name: text}, allow_unicode=True)]  # quoted wherever YAML 1.1 would retype it
+    try:
+        if text.strip() not in {"", "~", "null", "Null", "NULL"} and yaml.load(
+                f"{name}: {text}", Loader=yaml.BaseLoader) == {name: text}:
+            forms.append(f"{name}: {text}\n")  # plain, as a user would type it
+    except yaml.YAMLError:
+        pass
+    for form in forms:
+        CONFIG.write_text(form)
+        assert outcome([], {prefix + "CONFIG": str(CONFIG)}) == expected, form
