@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -49,6 +50,8 @@ from typing import Any
 from agent.backends.base import BackendError, BackendUnavailable, DeviceLost
 from chopper.schema import NAN, DeviceInfo, Sample
 from chopper.specs import find_spec
+
+log = logging.getLogger(__name__)
 
 # Asks NVML for a link counter summed over all NVLinks (nvml.h: scopeId UINT_MAX).
 _ALL_LINKS = 0xFFFFFFFF
@@ -204,8 +207,11 @@ class NvidiaBackend:
     def _start_gpm(self, dev: _Device) -> None:
         """Take the first GPM baseline where the device supports GPM."""
         nv = self._nv
+        fallback = ("busy_ratio comes from nvmlDeviceGetUtilizationRates (the share of time any kernel ran) "
+                    "and matrix activity is not measured, so counter-derived MFU is n/a")
         try:
             if not nv.nvmlGpmQueryDeviceSupport(dev.handle).isSupportedDevice:
+                log.info("event=gpm_unsupported gpu=%d note=%s", dev.index, fallback)
                 return
             dev.gpm_base = nv.nvmlGpmSampleAlloc()
             dev.gpm_next = nv.nvmlGpmSampleAlloc()
@@ -213,7 +219,9 @@ class NvidiaBackend:
         except nv.NVMLError as e:
             if e.value in self._lost:
                 raise
-            # Pre-Hopper GPU, a driver without GPM, or MIG mode: fall back to utilization rates.
+            # Pre-Hopper GPU, a driver without GPM, MIG mode, or GPM refused to this user: the
+            # operator is told once which figures it costs, then utilization rates are used.
+            log.warning("event=gpm_refused gpu=%d error=%r note=%s", dev.index, str(e), fallback)
             return
         dev.gpm = True
         dev.gpm_base_ns = self._clock_ns()

@@ -238,9 +238,10 @@ def attribute(
     })
     out = straggler.straggler_wait(out)
     slow = straggler.slowest_ranks(out)
+    # A left merge leaves the slowest ranks' rows marked and the others NaN.
     slowest = out[STEP_KEY].merge(slow[STEP_KEY].assign(slowest=True), on=STEP_KEY, how="left")["slowest"]
     conditions = {k: terms[k] for k in ROW_FLAGS}
-    conditions["slowest_rank"] = slowest.fillna(False).to_numpy(dtype=bool)
+    conditions["slowest_rank"] = slowest.notna().to_numpy(dtype=bool)
     out["flags"] = flag_tuples(conditions) if n else []
     out["phase_s"] = phase_s
     return Attribution(out[list(STEP_COLUMNS)].reset_index(drop=True), slow, problems)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import logging
 import math
 import subprocess
 import sys
@@ -296,11 +297,15 @@ def test_gpm_repeats_ratios_inside_its_100ms_refresh(node: FakeNode) -> None:
     assert (again.busy_ratio, again.matrix_ratio) == (first.busy_ratio, first.matrix_ratio)
 
 
-def test_without_gpm_busy_comes_from_utilization_and_matrix_is_nan(node: FakeNode) -> None:
+def test_without_gpm_busy_comes_from_utilization_and_matrix_is_nan(node: FakeNode,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
     for dev in node.fx["devices"]:
         dev["gpm_supported"] = False
     backend = backend_for(node)
-    backend.open()
+    with caplog.at_level(logging.INFO, logger="agent.backends.nvidia"):
+        backend.open()
+    said = [r.getMessage() for r in caplog.records if "event=gpm_unsupported" in r.getMessage()]
+    assert len(said) == len(node.fx["devices"]) and "counter-derived MFU is n/a" in said[0], said
     s = backend.sample(node.at(0))[0]
     assert s.busy_ratio == 1.0
     assert s.mem_busy_ratio == 0.43
@@ -308,10 +313,13 @@ def test_without_gpm_busy_comes_from_utilization_and_matrix_is_nan(node: FakeNod
     node.nv.nvmlGpmSampleAlloc.assert_not_called()
 
 
-def test_driver_without_gpm_falls_back(node: FakeNode) -> None:
+def test_driver_without_gpm_falls_back(node: FakeNode, caplog: pytest.LogCaptureFixture) -> None:
     node.nv.nvmlGpmQueryDeviceSupport.side_effect = pynvml.NVMLError_FunctionNotFound()
     backend = backend_for(node)
-    backend.open()
+    with caplog.at_level(logging.WARNING, logger="agent.backends.nvidia"):
+        backend.open()
+    refused = [r for r in caplog.records if "event=gpm_refused" in r.getMessage()]
+    assert len(refused) == len(node.fx["devices"]) and "Function Not Found" in refused[0].getMessage(), refused
     s = backend.sample(node.at(0))[1]
     assert (s.busy_ratio, s.mem_busy_ratio) == (1.0, 0.46)
     assert math.isnan(s.matrix_ratio)
