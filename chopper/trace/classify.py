@@ -19,6 +19,7 @@ numpy; callers map the results back to rows with the names' inverse indices. The
 """
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -36,7 +37,8 @@ OTHER = "OTHER"
 # (class, kernel_type, pattern): tested top to bottom with re.search, first match wins. The first
 # three rows are HTA 0.5.0's rules (its NCCL_KERNEL_RE, MEMORY_KERNEL_RE and the not-compute half of
 # NCCL_COMPUTE_KERNEL_RE, whose ".*Memcpy" and ".*Sync" match anywhere in the name); every later row
-# is a COMPUTATION kernel with a finer type.
+# is a COMPUTATION kernel with a finer type. Every pattern runs in time linear in the name: no
+# ".*" that a search could retry from each of many starting points.
 KERNEL_TABLE: tuple[tuple[str, str, str], ...] = (
     (COMMUNICATION, COMMUNICATION, r"^nccl.*Kernel"),
     (MEMORY, MEMORY, r"^(Memcpy|Memset|dma)"),
@@ -44,21 +46,55 @@ KERNEL_TABLE: tuple[tuple[str, str, str], ...] = (
     # Attention before GEMM: fused attention kernels often carry "gemm" in their template names.
     (COMPUTATION, "ATTENTION", r"(?i)flash|fmha|attention|sdpa|_attn|attn_"),
     # Convolutions run as implicit GEMMs on tensor / matrix cores, so they count as GEMM.
-    # fbgemm is a library name (embedding kernels), not a matrix multiply.
+    # fbgemm is a library name (embedding kernels), not a matrix multiply. "cudnn, later conv" is
+    # anchored and atomic: the first cudnn is found once, so "cudnn" repeated cannot make it quadratic
+    # (and, unlike a plain ".*", it looks past a newline in a name).
     (COMPUTATION, "GEMM", r"(?i)(?<!fb)gemm|gemv|cutlass|cublas|Cijk_|matmul|wmma|mfma|xmma|nvjet|"
-                          r"scudnn|cudnn.*conv|fprop|dgrad|wgrad|conv2d|convolution"),
+                          r"scudnn|^(?s:(?>.*?cudnn).*conv)|fprop|dgrad|wgrad|conv2d|convolution"),
     (COMPUTATION, "ELEMENTWISE", r"(?i)elementwise|vectorized|unrolled|reduce|softmax|layer_?norm|"
                                  r"rms_?norm|batch_?norm|dropout|copy|fill|multi_tensor|scan|sort|"
                                  r"index|scatter|gather|transpose|permute|cast|gelu|relu|silu|adam|"
                                  r"embedding|cat_array|nchwtonhwc|nhwctonchw"),
 )
 COMPUTATION_DEFAULT_TYPE = "OTHER"
+_FOLD = "(?i)"
 
-_COMPILED = tuple((cls, typ, re.compile(pat)) for cls, typ, pat in KERNEL_TABLE)
+
+def _compile(pattern: str) -> tuple[bool, re.Pattern[str]]:
+    """A row's regex, and whether it runs on the lower-cased name.
+
+    Case-insensitive alternations cost Python's ``re`` about 5x a case-sensitive one per character,
+    so a ``(?i)`` row is lower-cased and matched against the lower-cased name (the same matches:
+    its patterns hold no escapes that lower-casing would change).
+    """
+    if pattern.startswith(_FOLD):
+        return True, re.compile(pattern[len(_FOLD):].lower())
+    return False, re.compile(pattern)
+
+
+_COMPILED = tuple((cls, typ, *_compile(pat)) for cls, typ, pat in KERNEL_TABLE)
+# Names classified once each, whichever analysis asks first (the hierarchy, temporal breakdown and
+# top kernels all class the same names). Bounded: at most CACHE_NAMES names of at most
+# CACHE_NAME_CHARS characters (16 MiB); a longer name is classified again when asked again.
+CACHE_NAMES = 1 << 14
+CACHE_NAME_CHARS = 1024
+
+
+@functools.lru_cache(maxsize=CACHE_NAMES)
+def _classify_cached(name: str) -> tuple[str, str]:
+    return _classify(name)
+
+
+def _classify(name: str) -> tuple[str, str]:
+    folded = name.lower()
+    for cls, typ, fold, pat in _COMPILED:
+        if pat.search(folded if fold else name):
+            return cls, typ
+    return COMPUTATION, COMPUTATION_DEFAULT_TYPE
 
 
 def classify_name(name: str) -> tuple[str, str]:
-    """Return ``(kernel_class, kernel_type)`` of one kernel name.
+    """Return ``(kernel_class, kernel_type)`` of one kernel name, in time linear in its length.
 
     Args:
         name: The kernel name as the trace writes it.
@@ -66,10 +102,7 @@ def classify_name(name: str) -> tuple[str, str]:
     Returns:
         The HTA class (COMMUNICATION, MEMORY, OTHER or COMPUTATION) and the finer type.
     """
-    for cls, typ, pat in _COMPILED:
-        if pat.search(name):
-            return cls, typ
-    return COMPUTATION, COMPUTATION_DEFAULT_TYPE
+    return _classify_cached(name) if len(name) <= CACHE_NAME_CHARS else _classify(name)
 
 
 def classify_unique(names: Sequence[str] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -155,10 +155,13 @@ def build(trace: Trace) -> pd.DataFrame:
         return np.where(hit >= 0, sel[np.maximum(hit, 0)], -1)
 
     cat = ops["cat"].to_numpy(dtype=object)
-    names = ops["name"].astype(str)
-    is_step = names.str.match(_STEP.pattern).to_numpy()
-    is_opt = names.str.contains(_OPTIMIZER).to_numpy()
-    is_layer = ((cat == "user_annotation") & ~is_step & ~is_opt) | names.str.startswith("nn.Module:").to_numpy()
+    # Each distinct op name is matched once (a trace repeats a few hundred names millions of times).
+    codes, distinct = pd.factorize(ops["name"].astype(str), use_na_sentinel=False)
+    distinct = pd.Series(distinct, dtype=object)
+    is_step = distinct.str.match(_STEP.pattern).to_numpy(dtype=bool)[codes]
+    is_opt = distinct.str.contains(_OPTIMIZER).to_numpy(dtype=bool)[codes]
+    is_module = distinct.str.startswith("nn.Module:").to_numpy(dtype=bool)[codes]
+    is_layer = ((cat == "user_annotation") & ~is_step & ~is_opt) | is_module
     k["cpu_op"] = _name_at(ops["name"], innermost(cat == "cpu_op"))
     k["layer"] = _name_at(ops["name"], innermost(is_layer))
 
@@ -168,11 +171,12 @@ def build(trace: Trace) -> pd.DataFrame:
     flow_bwd = np.array([key in bwd_keys for key in zip(ops["pid"], ops["tid"], ops["ts_ns"], strict=True)],
                         dtype=bool) if bwd_keys else np.zeros(len(ops), dtype=bool)
     in_opt = innermost(is_opt) >= 0
-    in_bwd = innermost(names.str.contains(_BACKWARD).to_numpy() | flow_bwd) >= 0
+    in_bwd = innermost(distinct.str.contains(_BACKWARD).to_numpy(dtype=bool)[codes] | flow_bwd) >= 0
     k["phase"] = np.where(~linked, "unknown", np.where(in_opt, "optimizer", np.where(in_bwd, "backward", "forward")))
 
     step_idx = innermost(is_step, q_s=l_ts, q_e=l_ts, q_g=np.where(linked, 0, -1), iv_g=np.zeros(len(ops), np.int64))
-    step_no = pd.to_numeric(names.str.extract(_STEP)[0], errors="coerce").fillna(-1).to_numpy(dtype=np.int64)
+    step_of_name = pd.to_numeric(distinct.str.extract(_STEP)[0], errors="coerce").fillna(-1)
+    step_no = step_of_name.to_numpy(dtype=np.int64)[codes]
     # A trace without CPU ops has no ProfilerStep to look up: every kernel is outside any iteration.
     k["iteration"] = np.where(step_idx >= 0, step_no[np.maximum(step_idx, 0)], -1) if step_no.size else -1
     k["launch_ts_ns"] = l_ts

@@ -20,7 +20,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 import ijson as _ijson
 import numpy as np
-from ijson.common import IncompleteJSONError, JSONError, ObjectBuilder
+from ijson.common import IncompleteJSONError, JSONError
 
 from chopper.trace.frames import (
     CPU_OP_COLUMNS,
@@ -30,7 +30,9 @@ from chopper.trace.frames import (
     RUNTIME_COLUMNS,
     Columns,
 )
+from chopper.trace.nesting import NestingGuard, Readable, TooDeep
 from chopper.trace.timestamps import MAX_NS, hta_rounds, kineto_time_ns
+from chopper.trace.toplevel import HeadError, split_head
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -196,11 +198,11 @@ def _on_a_stream(v: Any) -> bool:
 class _TailKeeper:
     """File wrapper that remembers the last bytes read, to find metadata after ``traceEvents``."""
 
-    def __init__(self, fh: IO[bytes]) -> None:
+    def __init__(self, fh: Readable) -> None:
         self._fh = fh
         self.tail = b""
 
-    def read(self, n: int = -1) -> bytes:
+    def read(self, n: int = -1, /) -> bytes:
         data = self._fh.read(n)
         if data:
             self.tail = (self.tail + data)[-_TAIL_BYTES:]
@@ -217,43 +219,35 @@ def _bad(path: Path, what: str, fix: str) -> TraceError:
     return TraceError(f"{path}: {what}. {fix}")
 
 
-def _read_head(path: Path) -> dict[str, Any]:
-    """Top-level keys before ``traceEvents`` (Kineto writes most metadata first).
+class _Resumed:
+    """A stream that first returns bytes already read from it (``pending``), then reads on."""
 
-    Raises:
-        TraceError: not a JSON object, or no ``traceEvents`` list.
-    """
-    meta: dict[str, Any] = {}
-    with _open(path) as fh:
-        events = ijson.parse(fh, use_float=True)
-        key: str | None = None
-        builder: Any = None
-        for prefix, event, value in events:
-            if prefix == "" and event == "start_array":
-                raise _bad(path, "the JSON is a list, not a Kineto trace object",
-                           "Export the trace with torch.profiler "
-                           "(prof.export_chrome_trace or tensorboard_trace_handler)")
-            if prefix == "" and event == "map_key":
-                if value == "traceEvents":
-                    _, ev2, _ = next(events)
-                    if ev2 != "start_array":
-                        raise _bad(path, "'traceEvents' is not a list", "The file is not a Kineto trace")
-                    return meta
-                key, builder = value, None
-                continue
-            if key is None or prefix == "":
-                continue
-            if prefix == key and event in ("string", "number", "boolean", "null"):
-                meta[key] = value
-                continue
-            if builder is None:
-                builder = ObjectBuilder()
-            builder.event(event, value)
-            if prefix == key and event in ("end_map", "end_array"):
-                meta[key] = builder.value
-                builder = None
-    raise _bad(path, "no 'traceEvents' list: JSON that is not a Kineto / PyTorch-profiler trace",
-               "Pass a trace written by torch.profiler (a .json or .json.gz with a traceEvents list)")
+    def __init__(self, pending: bytes, fh: Readable) -> None:
+        self._pending = pending
+        self._fh = fh
+
+    def read(self, n: int = -1, /) -> bytes:
+        if not self._pending:
+            return self._fh.read(n)
+        cut = len(self._pending) if n < 0 else n  # ijson reads 0 bytes first, to learn the type
+        data, self._pending = self._pending[:cut], self._pending[cut:]
+        return data
+
+
+_HEAD_FIXES = {
+    "list": ("the JSON is a list, not a Kineto trace object",
+             "Export the trace with torch.profiler (prof.export_chrome_trace or tensorboard_trace_handler)"),
+    "no_events": ("no 'traceEvents' list: JSON that is not a Kineto / PyTorch-profiler trace",
+                  "Pass a trace written by torch.profiler (a .json or .json.gz with a traceEvents list)"),
+    "events_not_list": ("'traceEvents' is not a list", "The file is not a Kineto trace"),
+}
+
+
+def _head_error(path: Path, exc: HeadError) -> TraceError:
+    if exc.kind in _HEAD_FIXES:
+        return _bad(path, *_HEAD_FIXES[exc.kind])
+    return _bad(path, f"not valid JSON or cut short ({exc})",
+                "Pass a Kineto / PyTorch-profiler trace (.json or .json.gz), recorded or copied whole")
 
 
 def _read_tail(tail: bytes) -> dict[str, Any]:
@@ -286,13 +280,15 @@ def read_trace(path: str | Path, require_gpu: bool = True) -> Trace:
     """Read one Kineto trace file into frames.
 
     Algorithm:
-        1. Read the top-level keys before ``traceEvents`` with the low-level parser, stopping at
-           the event list (cheap: metadata is at the head of Kineto files).
-        2. Stream ``traceEvents.item`` with ``ijson.items``; route each event by ``cat``/``ph`` into
+        1. Bound the nesting of every byte read (:mod:`chopper.trace.nesting`) before a parser
+           sees it, so that time and memory stay linear in the file's size whatever its shape.
+        2. Read the top-level keys before ``traceEvents`` with ``json``, stopping at the event
+           list (:mod:`chopper.trace.toplevel`); the event parser continues on the same stream.
+        3. Stream ``traceEvents.item`` with ``ijson.items``; route each event by ``cat``/``ph`` into
            typed column buffers, keeping from ``args`` only correlation, External id, device and
            stream; intern names and categories.
-        3. Parse top-level keys written after the events from the last 64 KiB of the stream.
-        4. Build the frames (ts/dur µs → int64 ns by :func:`chopper.trace.timestamps.kineto_time_ns`,
+        4. Parse top-level keys written after the events from the last 64 KiB of the stream.
+        5. Build the frames (ts/dur µs → int64 ns by :func:`chopper.trace.timestamps.kineto_time_ns`,
            then ts moved onto CLOCK_REALTIME by :func:`clock_offset_ns`; end = ts + dur), detect
            rank, world size and device type, and record what cannot be linked in ``warnings``.
 
@@ -305,8 +301,8 @@ def read_trace(path: str | Path, require_gpu: bool = True) -> Trace:
         The parsed :class:`Trace`.
 
     Raises:
-        TraceError: missing or unreadable file, truncated gzip, not JSON, not a trace, no GPU kernels
-            while ``require_gpu``.
+        TraceError: missing or unreadable file, truncated gzip, not JSON, nested deeper than
+            :data:`chopper.trace.nesting.MAX_DEPTH`, not a trace, no GPU kernels while ``require_gpu``.
     """
     path = Path(path)
     if not path.exists():
@@ -314,10 +310,16 @@ def read_trace(path: str | Path, require_gpu: bool = True) -> Trace:
     if path.is_dir():
         raise _bad(path, "is a directory", "Pass the trace files inside it (load_traces) instead")
     try:
-        meta = _read_head(path)
-        tail_meta, parsed = _read_events(path)
+        meta, tail_meta, parsed = _read_stream(path)
     except TraceError:
         raise
+    except TooDeep as exc:
+        raise _bad(path, f"{exc} (Kineto writes fewer than 10)",
+                   "The file is not a trace torch.profiler wrote; pass the trace itself") from exc
+    except HeadError as exc:
+        raise _head_error(path, exc) from exc
+    except RecursionError as exc:  # pragma: no cover - the nesting bound comes first
+        raise _bad(path, "JSON nested too deep", "Pass a trace torch.profiler wrote") from exc
     except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
         raise _bad(path, f"truncated or corrupt gzip ({exc})",
                    "The file was cut short (copy interrupted or profiler killed); copy or record it again") from exc
@@ -333,7 +335,8 @@ def read_trace(path: str | Path, require_gpu: bool = True) -> Trace:
     return _assemble(path, meta, parsed, require_gpu)
 
 
-def _read_events(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+def _read_stream(path: Path) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """One pass over the file: head keys, events, tail keys (see :func:`read_trace`)."""
     names = _Interner()
     cats = _Interner()
     k = _Columns({"name": "i", "cat": "i", "ts": "q", "dur": "q", "device": "q", "stream": "q", "correlation": "q"})
@@ -347,7 +350,11 @@ def _read_events(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     kernels_without_corr = 0
     bad_times = 0
     with _open(path) as raw:
-        fh = _TailKeeper(raw)
+        guarded = NestingGuard(raw)
+        head, rest = split_head(guarded)
+        # The event parser sees the document from the '[' of traceEvents on, behind the key
+        # it opens: the head keys are never parsed again.
+        fh = _TailKeeper(_Resumed(b'{"traceEvents":[' + rest, guarded))
         for e in ijson.items(fh, "traceEvents.item", use_float=True):
             if not isinstance(e, dict):
                 continue
@@ -423,7 +430,7 @@ def _read_events(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
         "gpu_annotations": g, "flows": f, "fractional": fractional, "cpu_stream_events": cpu_stream_events,
         "kernels_without_corr": kernels_without_corr, "bad_times": bad_times,
     }
-    return _read_tail(tail), parsed
+    return head, _read_tail(tail), parsed
 
 
 def _columns(buf: _Columns, columns: tuple[str, ...], names: np.ndarray, cats: np.ndarray,
