@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from agent.catalog import MetricSpec, refusal_tables
 from aggregator.jobs import CAUSES, REJECTION_REASONS
+from aggregator.wal import SET_ASIDE
 
 JOB = ("job",)
 RANK = ("job", "rank", "node", "gpu")
@@ -61,7 +62,16 @@ METRICS: tuple[MetricSpec, ...] = (
                "Step summaries agents could not deliver: overwritten in their buffers (ledger).", ()),
     MetricSpec("chopper_aggregator_incarnations", "gauge", "Agent incarnations the ledger tracks.", ()),
     MetricSpec("chopper_aggregator_summaries_rejected_total", "counter",
-               "Summaries not joined, by reason (see below).", ("reason",)),
+               "Summaries not joined, by reason (see below): copies of a step already taken in are counted here.",
+               ("reason",)),
+    MetricSpec("chopper_aggregator_step_index_keys", "gauge",
+               "(job, rank, step) keys the step index holds, to recognise copies from any agent or incarnation.", ()),
+    MetricSpec("chopper_aggregator_step_index_steps", "gauge", "Finalized steps the step index holds.", ()),
+    MetricSpec("chopper_aggregator_step_index_evicted_steps_total", "counter",
+               "Steps the step index forgot to stay within its bounds (older copies are then set aside as "
+               "unverifiable).", ()),
+    MetricSpec("chopper_aggregator_step_index_unreadable_files_total", "counter",
+               "Store files the step index could not read back at start (skipped; logged).", ()),
     MetricSpec("chopper_aggregator_jobs", "gauge", "Live jobs.", ()),
     MetricSpec("chopper_aggregator_jobs_expired_total", "counter", "Jobs forgotten after job_expiry_s of silence.", ()),
     MetricSpec("chopper_aggregator_ranks", "gauge", "Ranks held over all live jobs (before rank_series_top_k).", ()),
@@ -75,6 +85,8 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("chopper_aggregator_store_rows_dropped_total", "counter",
                "Rows dropped because store writes kept failing and the buffer was full.", ()),
     MetricSpec("chopper_aggregator_store_buffered_rows", "gauge", "Rows waiting to be written to the store.", ()),
+    MetricSpec("chopper_aggregator_store_aside_rows_written_total", "counter",
+               "Copies set aside (conflict, unverifiable) written to store_dir/_conflicts.", ()),
     # The write-ahead log (only with store_dir; see docs/ARCHITECTURE.md, delivery and durability).
     MetricSpec("chopper_aggregator_wal_up", "gauge",
                "1 while the write-ahead log commits; 0 while its writes or fsyncs fail (deliveries are refused "
@@ -85,7 +97,16 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("chopper_aggregator_wal_segments", "gauge", "Write-ahead log segment files.", ()),
     MetricSpec("chopper_aggregator_wal_records_total", "counter", "Records appended to the write-ahead log.", ()),
     MetricSpec("chopper_aggregator_wal_torn_records_total", "counter",
-               "Records found cut short or corrupt at recovery and ignored (never acknowledged).", ()),
+               "Torn tails found at recovery: bad bytes ending the log with no record missing after them, a write "
+               "cut by a crash that was never acknowledged (the agents resend it).", ()),
+    MetricSpec("chopper_aggregator_wal_corrupt_records_total", "counter",
+               "Acknowledged records lost to damage found at recovery (missing from the record sequence where bad "
+               "bytes are followed by intact records); replay goes on after them.", ()),
+    MetricSpec("chopper_aggregator_wal_corrupt_bytes_total", "counter",
+               "Bytes of damage found inside the write-ahead log at recovery and skipped.", ()),
+    MetricSpec("chopper_aggregator_wal_set_aside_total", "counter",
+               "Entries of the write-ahead log directory moved to its quarantine/ at recovery, by reason (see "
+               "below).", ("reason",)),
     MetricSpec("chopper_aggregator_wal_replayed_records_total", "counter",
                "Records replayed from the write-ahead log at start.", ()),
     MetricSpec("chopper_aggregator_wal_fsyncs_total", "counter",
@@ -131,6 +152,11 @@ def markdown() -> str:
     lines += ["", "## Rejection reasons (`chopper_aggregator_summaries_rejected_total{reason}`)", "",
               "| reason | meaning |", "|---|---|"]
     lines += [f"| `{reason}` | {meaning} |" for reason, meaning in REJECTION_REASONS.items()]
+    lines += ["", "## Set-aside reasons (`chopper_aggregator_wal_set_aside_total{reason}`)", "",
+              "What recovery moved to `store_dir/_wal/quarantine/` instead of replaying; the aggregator starts",
+              "whatever the log directory holds. See docs/ARCHITECTURE.md (delivery and durability).", "",
+              "| reason | meaning |", "|---|---|"]
+    lines += [f"| `{reason}` | {meaning} |" for reason, meaning in SET_ASIDE.items()]
     lines += refusal_tables("chopper_aggregator")
     return "\n".join(lines) + "\n"
 

@@ -15,32 +15,39 @@ Algorithm (``JobTable.add`` and ``JobTable.expire``):
    no world size). A rank first seen after the job's join period is a *rank-set change*
    (counted); so is a rank dropped from the expected set after missing ``vanish_after_steps``
    finalized steps in a row (a vanished rank; it rejoins, counted again, if it reports again).
-3. The summary joins the open step ``(job, step)``; the step's clock starts at its first
-   summary's receive time. The same rank twice in an open step is counted
-   (``duplicate_rank_step``) and the first kept. A summary for a step already finalized is
+3. A step of a rank is taken in once, whoever delivers it. A summary whose ``(job, rank, step)``
+   is already in an open step, or in a finalized one (``aggregator.stepindex.StepIndex``, which
+   outlives jobs and restarts), is a *copy*: with the same content (``stepindex.digest``) it is a
+   duplicate, counted (``duplicate_rank_step``) and dropped; with other content it is a
+   *conflict*, counted and returned in ``Finalized.aside`` flagged ``conflict`` (the first copy
+   stands). A summary for a step older than the index remembers for its job cannot be told from
+   a copy: counted (``unverifiable``) and set aside the same way, flagged ``unverifiable``.
+4. Otherwise the summary joins the open step ``(job, step)``; the step's clock starts at its
+   first summary's receive time. A summary of a rank missing from a step already finalized is
    *late*: counted per job (``late_total``) and returned as a row flagged ``late`` with the
    step's job-level figures, without re-finalizing the step (its ``straggler_wait_s`` stays 0).
-4. A step is finalized *complete* when every expected rank reported, once the job is past its
+5. A step is finalized *complete* when every expected rank reported, once the job is past its
    join period (``join_s`` after its first summary: until then the rank set is still being
    discovered, and a step must not complete with only the ranks of the fastest node); or
    *incomplete* ``step_timeout_s`` after its first summary (counted in ``incomplete_total``,
    its missing ranks in ``missing_rank_steps_total`` and per rank). More than
    ``max_open_steps`` open steps in one job finalize the oldest early, as incomplete. With
    ``finalize_every_s`` > 0, ``add`` gathers ready steps and finalizes them together at most that
-   often (``expire`` always does), so step 5 runs once for many small steps.
-5. Finalized steps of one call are attributed together, vectorized: ``compute_s = step time −
+   often (``expire`` always does), so step 6 runs once for many small steps. Each finalized
+   step's ranks and digests go to the step index.
+6. Finalized steps of one call are attributed together, vectorized: ``compute_s = step time −
    idle − exposed`` (before the split), then ``chopper.attribution.straggler.straggler_wait``
    and ``slowest_ranks``. Job step time is the largest rank step time; the straggler score is
    the slowest rank's compute excess over the median compute ÷ the median step time.
-6. Each finalized row adds its seconds by cause to its rank's counters and to the job's
+7. Each finalized row adds its seconds by cause to its rank's counters and to the job's
    rolling-window buckets (one per second of receive time, kept ``WINDOWS_S[-1]``): MFU
    ``Σ ideal / Σ step time`` over rows whose ideal is known, shares ``seconds by cause ÷
    Σ step time``, and energy per token ``Σ energy / Σ tokens`` over rows with both known.
 
 Memory: a job holds its open steps (bounded by the timeout and ``max_open_steps``), a bounded
 record of recently finalized step numbers, one bucket per second of the longest window, and a
-fixed-size record per rank. Finalized rows leave in the returned ``Finalized.rows`` (for the
-store); no step history is kept here.
+fixed-size record per rank; the step index is bounded by its own limits. Finalized rows leave
+in the returned ``Finalized.rows`` (for the store); no step history is kept here.
 
 A job that sends nothing for ``job_expiry_s`` and has no open step is forgotten, freeing its
 slot under ``max_jobs`` (its ranks count as retired, reason ``job_expired``). Within a live job, a
@@ -60,6 +67,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from aggregator.stepindex import UNKNOWN_DIGEST, Seen, StepIndex, digest
 from chopper.attribution import straggler
 from chopper.attribution.columns import DVFS_CAUSES, STEP_COLUMNS
 from chopper.jobname import job_name_problem
@@ -75,9 +83,10 @@ CAUSES: tuple[str, ...] = (
 WINDOWS_S: tuple[int, ...] = (60, 300)
 # Columns of a stored row beyond the attribution contract.
 # ``wal_id`` is the summary's id in the aggregator's write-ahead log (``aggregator.wal.summary_id``; -1
-# without a log): recovery reads it back to skip summaries already stored.
+# without a log): recovery reads it back to skip summaries already stored. ``digest`` is
+# ``stepindex.digest`` of the summary: the step index is rebuilt from it at start.
 JOB_COLUMNS: tuple[str, ...] = (
-    "job_step_time_s", "straggler_score", "slowest", "late", "complete", "received_ns", "wal_id",
+    "job_step_time_s", "straggler_score", "slowest", "late", "complete", "received_ns", "wal_id", "digest",
 )
 ROW_COLUMNS: tuple[str, ...] = (*STEP_COLUMNS, *JOB_COLUMNS)
 REJECTION_REASONS: dict[str, str] = {
@@ -86,7 +95,12 @@ REJECTION_REASONS: dict[str, str] = {
                "energy that is negative or infinite",
     "job_limit": "a new job while max_jobs jobs are live",
     "rank_limit": "a new rank of a job that already holds max_ranks_per_job ranks",
-    "duplicate_rank_step": "the same rank twice in one open step (the first is kept)",
+    "duplicate_rank_step": "a (job, rank, step) already taken in, from any agent or incarnation, with the same "
+                           "content: dropped and acknowledged (the first copy stands)",
+    "conflict": "a (job, rank, step) already taken in with other content: set aside in store_dir/_conflicts, "
+                "flagged conflict (the first copy stands)",
+    "unverifiable": "a step older than the step index remembers for its job (it may be a copy): set aside in "
+                    "store_dir/_conflicts, flagged unverifiable",
 }
 
 # StepSummary fields copied into float64 columns (``tokens`` too: offline rows carry NaN there).
@@ -151,7 +165,6 @@ class JobState:
     # Write-ahead-log ids of the open steps' summaries, step -> rank -> id, in arrival order.
     open_ids: dict[int, dict[int, int]] = field(default_factory=dict)
     finalized: OrderedDict[int, _Final] = field(default_factory=OrderedDict)
-    forgotten_below: int = -1
     steps_finalized_total: int = 0
     incomplete_total: int = 0
     late_total: int = 0
@@ -218,10 +231,13 @@ class Finalized:
     Attributes:
         rows: One row per rank of each finalized step, plus late rows, with ``ROW_COLUMNS``.
         steps: The finalized steps (late rows belong to none).
+        aside: Conflicting and unverifiable copies (module step 3), with ``ROW_COLUMNS``; for
+            ``store_dir/_conflicts``, never for the job's figures. None: none.
     """
 
     rows: pd.DataFrame
     steps: list[StepResult]
+    aside: pd.DataFrame | None = None
 
 
 def _empty_rows() -> pd.DataFrame:
@@ -247,6 +263,7 @@ class JobTable:
         job_expiry_s: A job silent this long with no open step is forgotten, s.
         rank_expiry_s: A rank out of the expected set and silent this long is forgotten, s.
         max_ranks_per_job: Ranks held per job at most; summaries of further new ranks are rejected.
+        index: The keys already taken in (module step 3); None: a new, empty one.
         finalize_every_s: ``add`` finalizes the steps it completed at most this often (they
             wait, still open, for the next ``add`` or ``expire``), s: attributing many steps in
             one vectorized pass costs about what one step does, so many small batches of small
@@ -264,6 +281,7 @@ class JobTable:
         finalize_every_s: float = 0.0,
         rank_expiry_s: float = 300.0,
         max_ranks_per_job: int = 65_536,
+        index: StepIndex | None = None,
     ) -> None:
         self.step_timeout_ns = int(step_timeout_s * NS)
         self.join_ns = self.step_timeout_ns if join_s is None else int(join_s * NS)
@@ -273,6 +291,7 @@ class JobTable:
         self.job_expiry_ns = int(job_expiry_s * NS)
         self.rank_expiry_ns = int(rank_expiry_s * NS)
         self.max_ranks_per_job = max_ranks_per_job
+        self.index = index if index is not None else StepIndex()
         self.jobs: dict[str, JobState] = {}
         self.ranks_retired: dict[str, int] = {"idle": 0, "job_expired": 0}
         self.rejected: dict[str, int] = dict.fromkeys(REJECTION_REASONS, 0)
@@ -294,12 +313,21 @@ class JobTable:
                 ``wal_id`` column of its row and reported by ``oldest_open_id``; None: -1.
         """
         late: list[tuple[JobState, pb.StepSummary, int]] = []
+        aside: list[tuple[pb.StepSummary, int, str]] = []
         touched: dict[str, JobState] = {}
         for s, sid in zip(summaries, ids, strict=True) if ids is not None else ((s, -1) for s in summaries):
             if _invalid(s):
                 self.rejected["invalid"] += 1
                 continue
             job = self.jobs.get(s.job)
+            opened = job.open.get(s.step) if job is not None else None
+            seen = (digest(opened[1][s.rank]) if s.rank in opened[1] else Seen.NEW_RANK) if opened is not None else (
+                self.index.lookup(s.job, s.step, s.rank))
+            if not isinstance(seen, Seen) or seen is Seen.BEYOND:
+                reason = self._copy(s, seen, job)
+                if reason is not None:
+                    aside.append((s, sid, reason))
+                continue
             if job is None:
                 if len(self.jobs) >= self.max_jobs:
                     self.rejected["job_limit"] += 1
@@ -311,28 +339,40 @@ class JobTable:
             job.last_ns = now_ns
             touched[job.job] = job
             self._join_rank(job, s, now_ns)
-            opened = job.open.get(s.step)
             if opened is None:
-                if s.step in job.finalized or s.step <= job.forgotten_below:
+                if seen is Seen.NEW_RANK:
                     job.late_total += 1
                     late.append((job, s, sid))
+                    # Held at once: a second copy in this same call is a copy, not late again.
+                    self.index.add(s.job, s.step, np.array([s.rank]), np.array([digest(s)]))
                     continue
                 opened = job.open[s.step] = (now_ns, {})
-            rows = opened[1]
-            if s.rank in rows:
-                job.duplicate_total += 1
-                self.rejected["duplicate_rank_step"] += 1
-                continue
-            rows[s.rank] = s
+            opened[1][s.rank] = s
             if sid >= 0:
                 job.open_ids.setdefault(s.step, {})[s.rank] = sid
         for job in touched.values():
             for _, step, complete in self._ready(job, now_ns):
                 self._pending[(job.job, step)] = complete
         last = self._last_finalize_ns
+        done = Finalized(_NOTHING, [])
         if late or last is None or now_ns - last >= self.finalize_every_ns:
-            return self._finalize(self._take_pending(), late, now_ns)
-        return Finalized(_NOTHING, [])
+            done = self._finalize(self._take_pending(), late, now_ns)
+        if aside:
+            done.aside = _aside_frame(aside, now_ns)
+        return done
+
+    def _copy(self, s: pb.StepSummary, seen: int | Seen, job: JobState | None) -> str | None:
+        """Count a copy of a key already taken in (module step 3); the reason to set it aside, or None (dropped)."""
+        if seen is Seen.BEYOND:
+            reason: str | None = "unverifiable"
+        elif seen == digest(s) or seen == UNKNOWN_DIGEST:
+            reason = None
+            if job is not None:
+                job.duplicate_total += 1
+        else:
+            reason = "conflict"
+        self.rejected[reason or "duplicate_rank_step"] += 1
+        return reason
 
     def oldest_open_id(self) -> int | None:
         """The smallest id of a summary in an open step (None: none has one).
@@ -443,12 +483,14 @@ class JobTable:
         slowest = np.zeros(len(frame), dtype=bool)
         score = np.full(len(frame), math.nan)
         results: list[StepResult] = []
+        ranks, digests = frame["rank"].to_numpy(), frame["digest"].to_numpy()
         for job, step, complete, start, n, expected in meta:
             index = np.arange(start, start + n)
+            self.index.add(job.job, step, ranks[index], digests[index])
             s = slow_at.get((job.job, step))
             med = median_step[start]
             if s is not None:
-                pos = start + int(np.flatnonzero(frame["rank"].to_numpy()[index] == s.rank)[0])
+                pos = start + int(np.flatnonzero(ranks[index] == s.rank)[0])
                 slowest[pos] = True
                 step_score = float(s.compute_excess_s / med) if med > 0 else math.nan
                 slowest_rank, cause = int(s.rank), str(s.cause)
@@ -472,31 +514,18 @@ class JobTable:
         frame["flags"] = [(*f, "slowest_rank") if sl else f for f, sl in zip(frame["flags"], slowest, strict=True)]
         frame["wal_id"] = np.asarray(wal_ids, dtype=np.int64)
         if late:
-            frame = pd.concat([frame, self._late_frame(late)], ignore_index=True) if len(frame) else (
-                self._late_frame(late))
+            finals = [job.finalized.get(s.step) for job, s, _ in late]
+            side = _side_frame([s for _, s, _ in late], [sid for _, _, sid in late], finals, late=True)
+            frame = pd.concat([frame, side], ignore_index=True) if len(frame) else side
             excess = np.concatenate([excess, np.zeros(len(late))])
         frame["received_ns"] = np.int64(now_ns)
         self._account_rows(frame, excess, now_ns)
         return Finalized(frame[list(ROW_COLUMNS)], results)
 
-    def _late_frame(self, late: list[tuple[JobState, pb.StepSummary, int]]) -> pd.DataFrame:
-        frame = _frame([s for _, s, _ in late])
-        frame["compute_s"] = _compute_s(frame)
-        frame["straggler_wait_s"] = 0.0
-        finals = [job.finalized.get(s.step) for job, s, _ in late]
-        frame["job_step_time_s"] = [f.job_step_time_s if f else math.nan for f in finals]
-        frame["straggler_score"] = [f.straggler_score if f else math.nan for f in finals]
-        frame["complete"] = [f.complete if f else False for f in finals]
-        frame["slowest"] = False
-        frame["late"] = True
-        frame["wal_id"] = np.asarray([sid for _, _, sid in late], dtype=np.int64)
-        return frame
-
     def _remember(self, job: JobState, step: int, final: _Final) -> None:
         job.finalized[step] = final
         while len(job.finalized) > FINALIZED_MEMORY:
-            old, _ = job.finalized.popitem(last=False)
-            job.forgotten_below = max(job.forgotten_below, old)
+            job.finalized.popitem(last=False)
 
     def _account_missing(self, job: JobState, rows: dict[int, pb.StepSummary], complete: bool) -> None:
         """Count the ranks missing from an incomplete step; drop ranks that keep missing."""
@@ -556,6 +585,30 @@ class JobTable:
                 state.excess_ns = now_ns
 
 
+def _side_frame(summaries: list[pb.StepSummary], sids: list[int], finals: list[_Final | None],
+                late: bool) -> pd.DataFrame:
+    """Rows of summaries that take no part in a step's finalization: late ones (with the step's
+    job-level figures in ``finals`` where remembered) or copies set aside."""
+    frame = _frame(summaries)
+    frame["compute_s"] = _compute_s(frame)
+    frame["straggler_wait_s"] = 0.0
+    frame["job_step_time_s"] = [f.job_step_time_s if f else math.nan for f in finals]
+    frame["straggler_score"] = [f.straggler_score if f else math.nan for f in finals]
+    frame["complete"] = [f.complete if f else False for f in finals]
+    frame["slowest"] = False
+    frame["late"] = late
+    frame["wal_id"] = np.asarray(sids, dtype=np.int64)
+    return frame
+
+
+def _aside_frame(aside: list[tuple[pb.StepSummary, int, str]], now_ns: int) -> pd.DataFrame:
+    """``Finalized.aside``: the copies set aside, each flagged with its reason (module step 3)."""
+    frame = _side_frame([s for s, _, _ in aside], [sid for _, sid, _ in aside], [None] * len(aside), late=False)
+    frame["flags"] = [(*f, reason) for f, (_, _, reason) in zip(frame["flags"], aside, strict=True)]
+    frame["received_ns"] = np.int64(now_ns)
+    return frame[list(ROW_COLUMNS)]
+
+
 def _invalid(s: pb.StepSummary) -> bool:
     """A summary the job view cannot take (module step 1).
 
@@ -593,6 +646,7 @@ def _frame(summaries: list[pb.StepSummary]) -> pd.DataFrame:
         **{c: np.fromiter((getattr(s, c) for s in summaries), dtype=np.float64, count=len(summaries))
            for c in _FLOATS},
         "straggler_wait_s": np.zeros(len(summaries)),
+        "digest": np.fromiter((digest(s) for s in summaries), dtype=np.int64, count=len(summaries)),
         "flags": [tuple(s.flags) for s in summaries],
         "phase_s": [{p.name: p.seconds for p in s.phase_times} for s in summaries],
     }

@@ -129,23 +129,34 @@ class AggregatorCollector(Collector):
             fam.add(name, (), float(stats.get(key, 0)))
         for reason, count in core.jobs.rejected.items():
             fam.add("chopper_aggregator_summaries_rejected_total", (reason,), float(count))
+        index = core.jobs.index
+        fam.add("chopper_aggregator_step_index_keys", (), float(index.keys))
+        fam.add("chopper_aggregator_step_index_steps", (), float(len(index)))
+        fam.add("chopper_aggregator_step_index_evicted_steps_total", (), float(index.evicted_steps_total))
+        fam.add("chopper_aggregator_step_index_unreadable_files_total", (), float(core.index_unreadable_files_total))
         fam.add("chopper_aggregator_jobs", (), float(len(core.jobs.jobs)))
         fam.add("chopper_aggregator_jobs_expired_total", (), float(core.jobs.jobs_expired_total))
         fam.add("chopper_aggregator_ranks", (), float(sum(len(j.ranks) for j in core.jobs.jobs.values())))
         for reason, count in core.jobs.ranks_retired.items():
             fam.add("chopper_aggregator_ranks_retired_total", (reason,), float(count))
         fam.add("chopper_aggregator_rank_series_omitted", (), float(omitted))
-        store = core.store
+        store, aside = core.store, core.aside
         fam.add("chopper_aggregator_store_rows_written_total", (), float(store.rows_written_total if store else 0))
-        fam.add("chopper_aggregator_store_flush_errors_total", (), float(store.flush_errors_total if store else 0))
-        fam.add("chopper_aggregator_store_rows_dropped_total", (), float(store.rows_dropped_total if store else 0))
-        fam.add("chopper_aggregator_store_buffered_rows", (), float(store.buffered_rows if store else 0))
+        fam.add("chopper_aggregator_store_aside_rows_written_total", (),
+                float(aside.rows_written_total if aside else 0))
+        both = [s for s in (store, aside) if s is not None]  # the copies set aside fail and wait alike
+        fam.add("chopper_aggregator_store_flush_errors_total", (), float(sum(s.flush_errors_total for s in both)))
+        fam.add("chopper_aggregator_store_rows_dropped_total", (), float(sum(s.rows_dropped_total for s in both)))
+        fam.add("chopper_aggregator_store_buffered_rows", (), float(sum(s.buffered_rows for s in both)))
         if core.wal is not None:
             wal = core.wal.stats()
             fam.add("chopper_aggregator_wal_up", (), 1.0 - wal["failed"])
-            for key in ("bytes", "segments", "records_total", "torn_records_total", "replayed_records_total",
-                        "fsyncs_total", "fsync_seconds_total", "write_errors_total"):
+            for key in ("bytes", "segments", "records_total", "torn_records_total", "corrupt_records_total",
+                        "corrupt_bytes_total", "replayed_records_total", "fsyncs_total", "fsync_seconds_total",
+                        "write_errors_total"):
                 fam.add(f"chopper_aggregator_wal_{key}", (), wal[key])
+            for reason, count in core.wal.set_aside.items():
+                fam.add("chopper_aggregator_wal_set_aside_total", (reason,), float(count))
         for method in ("Deliver", "QuerySteps"):
             fam.add("chopper_aggregator_messages_undecodable_total", (method,),
                     float(core.undecodable.get(method, 0)))

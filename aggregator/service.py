@@ -8,9 +8,12 @@ Algorithm of ``Aggregator.deliver`` (one ``SummaryBatch``):
 
 1. ``ledger.accept(agent, incarnation, seqs, lost_total)`` says which of the batch's summaries
    are new (a resent or duplicated sequence number is not) and the acknowledged number.
-2. The new summaries go to ``JobTable.add`` at the aggregator's receive time.
-3. The rows it finalized go to the store; each finalized step becomes a ``chopper.v1.JobStep`` in
-   the job's bounded deque of recent steps (``QuerySteps``).
+2. The new summaries go to ``JobTable.add`` at the aggregator's receive time. It drops copies of
+   a ``(job, rank, step)`` already taken in under another incarnation or agent name (its step
+   index), and returns the copies with other content set aside.
+3. The rows it finalized go to the store, the copies set aside to a second store in
+   ``store_dir/_conflicts`` (same layout, skipped by the store's readers); each finalized step
+   becomes a ``chopper.v1.JobStep`` in the job's bounded deque of recent steps (``QuerySteps``).
 4. The acknowledged number is returned for the ``DeliveryAck``.
 
 Durability (with a write-ahead log, ``aggregator/wal.py``; the daemon has one whenever it has a
@@ -29,6 +32,8 @@ leaves only a fresh segment holding the ledger snapshot.
 
 Recovery (``recover``, before serving):
 
+0. The step index is rebuilt from the keys of the newest store files (``store.stored_keys``), so
+   a copy of a step stored before the restart is still recognised, whoever sends it.
 1. The ``FILES`` records name the store files that flushes wrote (or were about to write) while
    the remaining segments were live; the ``wal_id`` column of those that exist is the set of
    logged summaries already stored.
@@ -37,6 +42,12 @@ Recovery (``recover``, before serving):
    ``BATCH`` summary not already stored joins the job table at the replay time, with its id.
 3. The log starts a new segment headed by the ledger snapshot; the replayed segments are deleted
    by ``tick`` once their summaries are stored again.
+
+What the log's directory holds never stops the start (``aggregator/wal.py``, steps 5 and 6):
+unreadable entries are set aside, damaged records skipped and counted, torn tails told apart
+from corruption. A summary in a record lost to corruption was acknowledged and is lost, counted;
+should a lost ``FILES`` or ``LEDGER`` record make replay or the agents bring back a summary
+already stored, the step index drops it as a copy.
 
 Since a flush writes every row of a finalized step at once, a step is either wholly stored
 (skipped) or wholly replayed. What restarts from empty: steps finalized before the crash are not
@@ -58,7 +69,8 @@ import pyarrow.parquet as pq
 from google.protobuf.message import DecodeError
 
 from aggregator.jobs import Finalized, JobTable
-from aggregator.store import Store
+from aggregator.stepindex import StepIndex
+from aggregator.store import ASIDE_DIR, Store, stored_keys
 from aggregator.wal import BATCH, FILES, ID_BITS, LEDGER, Record, Wal, WalError, summary_id
 from chopper.access import Refusals
 from chopper.proto.chopper.v1 import aggregator_pb2 as apb
@@ -87,7 +99,8 @@ class Aggregator:
     Args:
         ledger: Dedupes deliveries and says what to acknowledge.
         jobs: The job-level view.
-        store: Parquet store of finalized rows; None keeps no rows.
+        store: Parquet store of finalized rows; None keeps no rows (and copies set aside are only
+            counted).
         recent_steps_per_job: Finalized steps kept per job for ``QuerySteps``.
         clock: Receive time, ns since the epoch; injected in tests.
         wal: Write-ahead log (module docstring, durability); None: acknowledgements are not
@@ -116,9 +129,13 @@ class Aggregator:
         self.invalid_batches_total = 0
         self.delivery_streams = 0
         self.wal = wal
-        if wal is not None and store is not None:
-            store.durable = True
+        self.aside = None if store is None else Store(
+            store.root / ASIDE_DIR, store.flush_rows, store.flush_interval_s, store.clock, store.max_buffered_rows)
+        self.index_unreadable_files_total = 0
+        if wal is not None and store is not None and self.aside is not None:
+            store.durable = self.aside.durable = True
             store.before_write = self._log_files
+            self.aside.before_write = lambda paths: self._log_files([f"{ASIDE_DIR}/{p}" for p in paths])
 
     def deliver(self, batch: apb.SummaryBatch) -> int:
         """Take in one batch (module docstring); returns the sequence number to acknowledge.
@@ -155,10 +172,14 @@ class Aggregator:
 
         Returns:
             ``records``, ``summaries`` (replayed into the job table), ``stored`` (skipped: already
-            in the store), ``torn`` (records cut short) and ``unreadable`` (records whose checksum
-            held but whose payload did not decode, or that list an unreadable store file: skipped
-            and logged, so that one bad record cannot keep the aggregator from starting).
+            in the store), ``torn`` (torn tails), ``corrupt`` (acknowledged records lost to
+            damage), ``set_aside`` (entries of the log directory moved to its quarantine),
+            ``unreadable`` (records whose checksum held but whose payload did not decode, or that
+            list an unreadable store file: skipped and logged, so that one bad record cannot keep
+            the aggregator from starting) and ``index_keys`` (keys the step index loaded).
         """
+        if self.store is not None:
+            self._rebuild_index(self.store.root)
         wal = self.wal
         if wal is None:
             return {}
@@ -166,14 +187,14 @@ class Aggregator:
         unreadable: set[int] = set()  # lsns of records whose payload did not decode, each logged once
         if self.store is not None:
             root = self.store.root
-            for record in wal.replay(count=False):
+            for record in wal.replay():
                 if record.kind == FILES:
                     stored.update(_stored_ids(root, record, unreadable))
         records = summaries = skipped = 0
         with self.lock:
             # The ledger first, so that the new segment starts with its snapshot before replayed
             # steps can finalize and flush (a flush logs its files in the new segment).
-            for record in wal.replay(count=False):
+            for record in wal.replay():
                 if record.kind in (LEDGER, BATCH):
                     msg = _summary_batch(record, unreadable)
                     if msg is not None and (msg.seq or record.kind == LEDGER):
@@ -193,18 +214,34 @@ class Aggregator:
                 if keep:
                     self._take(self.jobs.add([msg.summaries[i] for i in keep], now,
                                              [summary_id(record.lsn, i) for i in keep]))
-        torn = int(wal.stats()["torn_records_total"])
-        log.info("event=wal_recovered directory=%s records=%d summaries=%d already_stored=%d torn=%d unreadable=%d",
-                 wal.directory, records, summaries, skipped, torn, len(unreadable))
-        return {"records": records, "summaries": summaries, "stored": skipped, "torn": torn,
-                "unreadable": len(unreadable)}
+        stats = wal.stats()
+        out = {"records": records, "summaries": summaries, "stored": skipped,
+               "torn": int(stats["torn_records_total"]), "corrupt": int(stats["corrupt_records_total"]),
+               "set_aside": sum(wal.set_aside.values()), "unreadable": len(unreadable),
+               "index_keys": self.jobs.index.keys}
+        log.info("event=wal_recovered directory=%s %s", wal.directory, " ".join(f"{k}={v}" for k, v in out.items()))
+        return out
+
+    def _rebuild_index(self, root: Path) -> None:
+        """Load the newest stored keys into the step index, oldest first (its eviction order)."""
+        index: StepIndex = self.jobs.index
+        found = stored_keys(root, index.max_keys)
+        self.index_unreadable_files_total += found.unreadable
+        for job, steps, ranks, digests in reversed(found.loaded):
+            order = np.argsort(steps, kind="stable")
+            steps, ranks, digests = steps[order], ranks[order], digests[order]
+            bounds = np.flatnonzero(np.diff(steps)) + 1
+            for lo, hi in zip(np.r_[0, bounds], np.r_[bounds, len(steps)], strict=True):
+                index.add(job, int(steps[lo]), ranks[lo:hi], digests[lo:hi])
+        for job, step in found.beyond.items():
+            index.forget_below(job, step)
 
     def tick(self) -> None:
         """Finalize timed-out steps, forget silent jobs, flush the store when due."""
         with self.lock:
             self._take(self.jobs.expire(self.clock()))
-            if self.store is not None:
-                self.store.maybe_flush()
+            for store in self._stores():
+                store.maybe_flush()
             if self.wal is not None:
                 # Truncate first: a segment closes only once the flusher has moved past the rotation,
                 # so truncating right after rotating raced the flusher. This way a tick deletes what the
@@ -217,7 +254,7 @@ class Aggregator:
         """Finalize every open step and write the store (shutdown); the log keeps only the ledger."""
         with self.lock:
             self._take(self.jobs.close(self.clock()))
-            written = self.store.close() if self.store is not None else True
+            written = all([store.close() for store in self._stores()])  # a list: every store closes
             if self.wal is not None:
                 if written:
                     self.wal.rotate(self._ledger_head())
@@ -234,9 +271,13 @@ class Aggregator:
     def _oldest_needed_lsn(self) -> int:
         """The lowest lsn whose summaries are not yet in the store: open steps and unwritten rows."""
         assert self.wal is not None
-        found = [i for i in (self.jobs.oldest_open_id(),
-                             self.store.oldest_buffered_id() if self.store is not None else None) if i is not None]
+        found = [i for i in (self.jobs.oldest_open_id(), *(s.oldest_buffered_id() for s in self._stores()))
+                 if i is not None]
         return min(found) >> ID_BITS if found else self.wal.appended_lsn + 1
+
+    def _stores(self) -> list[Store]:
+        """The store and the store of copies set aside (none without a store)."""
+        return [s for s in (self.store, self.aside) if s is not None]
 
     def _log_files(self, paths: list[str]) -> None:
         """``Store.before_write``: make the names of the files about to be written durable first."""
@@ -257,6 +298,8 @@ class Aggregator:
     def _take(self, done: Finalized) -> None:
         if len(done.rows) and self.store is not None:
             self.store.append(done.rows)
+        if done.aside is not None and self.aside is not None:
+            self.aside.append(done.aside)
         for step in job_steps(done):
             recent = self.recent.get(step.job)
             if recent is None:

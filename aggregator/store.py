@@ -25,7 +25,9 @@ Algorithm of ``Store``:
    any file is created (the log records them, so its recovery knows which files to read back),
    and each file is fsynced before its rename and its directory after, so rows the log then
    forgets survive a power loss.
-5. A failed write is counted (``flush_errors_total``), logged, and its rows stay buffered for the
+5. ``stored_keys`` reads back the ``(job, step, rank, digest)`` keys of the newest files, for
+   the step index the aggregator rebuilds at start (``aggregator/stepindex.py``, step 4).
+6. A failed write is counted (``flush_errors_total``), logged, and its rows stay buffered for the
    next try, up to ``max_buffered_rows``; beyond that the oldest rows are dropped and counted
    (``rows_dropped_total``) so a full disk cannot exhaust memory. The failed write's temporary
    file is removed, so a full disk gets back the space the retry needs.
@@ -38,8 +40,10 @@ import re
 import time
 import urllib.parse
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -47,6 +51,9 @@ import pyarrow.parquet as pq
 log = logging.getLogger(__name__)
 
 PARTITIONS = ("job", "date")
+# Where rows kept out of the store's readers go (copies with other content, ``jobs.REJECTION_REASONS``):
+# the readers skip ``_``-prefixed directories.
+ASIDE_DIR = "_conflicts"
 PHASE_TYPE = pa.map_(pa.string(), pa.float64())
 _PART = re.compile(r"part-(\d+)\.parquet")
 
@@ -221,3 +228,72 @@ def _fsync(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+@dataclass
+class StoredKeys:
+    """What ``stored_keys`` read back.
+
+    Attributes:
+        loaded: ``(job, steps, ranks, digests)`` per file read, newest file first; a digest is 0
+            in files written before the column existed.
+        beyond: Per job, the highest step of the files past the budget (their keys not loaded).
+        unreadable: Files that could not be read (logged, skipped).
+    """
+
+    loaded: list[tuple[str, np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=list)
+    beyond: dict[str, int] = field(default_factory=dict)
+    unreadable: int = 0
+
+
+def stored_keys(root: Path, budget: int) -> StoredKeys:
+    """The keys of the rows in the newest part files, ``budget`` rows at most (module step 5).
+
+    Files are taken newest first (by date partition, then modification time); once ``budget``
+    rows are loaded, only the largest step of each further file is read (from its footer's
+    statistics where it has them), so the work past the budget is per file, not per row.
+    """
+    out = StoredKeys()
+    files = []
+    for path in root.glob("job=*/date=*/part-*.parquet"):
+        try:
+            files.append((path.parent.name, path.stat().st_mtime_ns, path))
+        except OSError:
+            continue  # removed meanwhile
+    files.sort(reverse=True)
+    rows = 0
+    for _, _, path in files:
+        job = urllib.parse.unquote(path.parent.parent.name.removeprefix("job="))
+        try:
+            if rows < budget:
+                table = pq.read_table(path, columns=[c for c in ("step", "rank", "digest")
+                                                     if c in pq.read_schema(path).names])
+                steps = table.column("step").to_numpy()
+                ranks = table.column("rank").to_numpy()
+                digests = (table.column("digest").to_numpy() if "digest" in table.column_names
+                           else np.zeros(len(steps), dtype=np.int64))
+                out.loaded.append((job, steps, ranks, digests))
+                rows += len(steps)
+            else:
+                top = _max_step(path)
+                if top is not None:
+                    out.beyond[job] = max(out.beyond.get(job, top), top)
+        except (OSError, ValueError, KeyError, pa.ArrowException) as exc:
+            out.unreadable += 1
+            log.warning("event=store_file_unreadable path=%s error=%r note='its keys are not in the step index'",
+                        path, str(exc))
+    return out
+
+
+def _max_step(path: Path) -> int | None:
+    """The largest ``step`` of a part file, from its footer's statistics (else its column)."""
+    meta = pq.read_metadata(path)
+    # A leaf column's index (nested columns such as flags have leaves of their own).
+    col = next((j for j in range(meta.num_columns) if meta.schema.column(j).path == "step"), None)
+    if col is None:
+        return None
+    tops = [meta.row_group(i).column(col).statistics for i in range(meta.num_row_groups)]
+    if all(t is not None and t.has_min_max for t in tops):
+        return max((int(t.max) for t in tops if t is not None), default=None)
+    steps = pq.read_table(path, columns=["step"]).column("step").to_numpy()
+    return int(steps.max()) if len(steps) else None

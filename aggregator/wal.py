@@ -1,12 +1,17 @@
 """Write-ahead log of accepted step summaries: an acknowledgement means the summary is on disk.
 
 Layout: ``<store_dir>/_wal/segment-<first lsn, 20 digits>.log`` (the store's readers skip
-``_``-prefixed directories). Each segment is a sequence of records::
+``_``-prefixed directories); ``<store_dir>/_wal/quarantine/`` holds what recovery set aside.
+A segment (format version 2) is a 12-byte file header, then a sequence of records::
 
-    u32 payload length | u32 crc32 of (kind, lsn, payload) | u8 kind | u64 lsn | payload
+    file header: b"CHOPWAL" | u8 version | u32 crc32 of the 8 bytes before it
+    record:      sync word (4 bytes) | u32 payload length | u32 crc32 of (kind, lsn, payload) | u8 kind
+                 | u64 lsn | payload
 
-``lsn`` (log sequence number) counts records 1, 2, 3, ... across segments; a segment's name is
-the lsn of its first record, so a restarted log continues the count. Kinds:
+Segments of version 1 (no file header, records without the sync word) are still read; new ones
+are always written as version 2. ``lsn`` (log sequence number) counts records 1, 2, 3, ... across
+segments; a segment's name is the lsn of its first record and its records carry consecutive
+lsns, so a restarted log continues the count and a reader knows which lsn comes next. Kinds:
 
 - ``BATCH``: a ``chopper.v1.SummaryBatch`` holding only the summaries the ledger took in as new,
   with their agent, incarnation, sequence numbers and the agent's ``lost_total``.
@@ -34,26 +39,46 @@ Algorithm.
    just fsynced again) and retries with backoff (``RETRY_S``); the first commit that succeeds
    ends the failing state, and the acknowledgements resume.
 3. **Rotate** (``rotate``): later records go to a new segment, headed by the records given
-   (the ledger snapshot). The flusher switches files in order with the records.
+   (the ledger snapshot). The flusher switches files in order with the records, writing and
+   fsyncing the new file's header before its first record.
 4. **Truncate** (``truncate(below)``): a closed segment whose last lsn is below ``below`` (the
    oldest lsn whose summaries are not yet finalized and written to the store) and which is fully
    durable is deleted, oldest first, so the log stays bounded by what is still in memory.
-5. **Replay** (``replay``, before ``start``): the segments' records in lsn order. A record whose
-   length runs past the end of its segment or whose CRC does not match is *torn* (a write cut by
-   kill -9 or power loss, which was never acknowledged): it and the rest of its segment are
-   skipped and counted.
+5. **Recovery scan** (first ``replay``): every entry of the directory that is not a readable
+   segment of a known version is moved to ``quarantine/`` and counted by reason (``SET_ASIDE``):
+   a wrong name, a directory or other non-file named like a segment, a zero-length file, a cut
+   file header, a version this code does not know (a newer aggregator's); a file that cannot be
+   read at all too. Nothing found there stops the start.
+6. **Replay** (``replay``, before ``start``): the segments' intact records in lsn order
+   (``parse_segment``). A record is intact when its sync word, kind, lsn (the next expected one or
+   later), length and CRC all hold. Where one does not, the reader resynchronises: it looks for
+   the next position where an intact record starts (at a sync word; in a version-1 segment at a
+   kind byte followed by a plausible lsn) and goes on from there, so one bad byte costs the
+   record it hit, not the rest of its segment. Bad bytes are told apart by where they are:
+
+   - a **torn tail**: bad bytes at the end of the newest segment (or of an older one when no lsn
+     is missing after them): a write cut by kill -9 or power loss, never acknowledged, which the
+     agents resend. Counted in ``torn_records_total``.
+   - **corruption**: bad bytes followed by an intact record, or at the end of a segment with
+     records missing before the next segment's first lsn. The records missing from the lsn
+     sequence were acknowledged and are lost: counted in ``corrupt_records_total`` (and the
+     bytes in ``corrupt_bytes_total``), and logged as an error.
+7. **Start** (``start``): a replayed segment that holds no intact record (only a torn or corrupt
+   write, or just its header) is set aside, so the new segment may take the next lsn's name; the
+   new segment is headed by the records given (the ledger snapshot).
 """
 from __future__ import annotations
 
 import logging
 import os
 import re
+import stat
 import struct
 import threading
 import time
 import zlib
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
 
@@ -61,9 +86,28 @@ log = logging.getLogger(__name__)
 
 BATCH, LEDGER, FILES = 1, 2, 3
 KINDS = (BATCH, LEDGER, FILES)
+# The version this code writes; version 1 segments (no file header, no sync words) are read too.
+VERSION = 2
+_MAGIC = b"CHOPWAL"
+_FILE_HEADER_SIZE = len(_MAGIC) + 1 + 4
+_SYNC = b"\xc3\xa7\x5a\x17"
+# Length, crc32, kind and lsn: the record header of both versions (version 2 puts _SYNC before it).
 _HEADER = struct.Struct("<IIBQ")
 _KIND_LSN = struct.Struct("<BQ")
+_CRC = struct.Struct("<I")
 _SEGMENT = re.compile(r"segment-(\d{20})\.log")
+QUARANTINE = "quarantine"
+# Why recovery set an entry of the log directory aside (``chopper_aggregator_wal_set_aside_total``).
+SET_ASIDE: dict[str, str] = {
+    "name": "an entry not named segment-<20 digits>.log",
+    "not_a_file": "a directory, link or other non-file named like a segment",
+    "empty": "a zero-length segment (a crash while the file was created)",
+    "truncated_header": "a segment cut inside its 12-byte file header",
+    "newer_version": "a segment of a format version this aggregator does not know (written by a newer one)",
+    "unreadable": "a segment that could not be read (I/O or permission error)",
+    "unknown_version": "a segment whose intact header names a version no aggregator wrote",
+    "no_records": "a segment without one intact record (only its header, or a torn or corrupt write)",
+}
 # A summary's id in the job table and the store: its record's lsn and its index in the record.
 ID_BITS = 24
 # Retry delays of a failing log, s: the first, doubled per failure up to the last.
@@ -89,6 +133,37 @@ class Record:
 
 
 @dataclass
+class Damage:
+    """A run of bytes in a segment that are not intact records (module step 6).
+
+    Attributes:
+        offset: Where the run starts in the file, bytes.
+        length: Its length, bytes (0: records missing between two intact ones that touch).
+        lost: Records missing from the lsn sequence across it (0 when none is known missing).
+        tail: The run reaches the end of the segment.
+    """
+
+    offset: int
+    length: int
+    lost: int
+    tail: bool
+
+    @property
+    def torn(self) -> bool:
+        """A torn write (never acknowledged), not corruption: at the end, with no lsn missing."""
+        return self.tail and self.lost == 0
+
+
+@dataclass
+class SegmentRead:
+    """What ``parse_segment`` found in one segment: its intact records and the damage between them."""
+
+    version: int
+    records: list[Record] = field(default_factory=list)
+    damage: list[Damage] = field(default_factory=list)
+
+
+@dataclass
 class _Segment:
     path: Path
     first_lsn: int
@@ -96,31 +171,141 @@ class _Segment:
     bytes: int = 0
     # The flusher has moved past this segment: its file is complete and closed.
     closed: bool = False
+    # Its damage and records are in the stats (counted once, however often it is replayed).
+    counted: bool = False
+
+
+def _crc(kind: int, lsn: int, payload: bytes | memoryview) -> int:
+    return zlib.crc32(payload, zlib.crc32(_KIND_LSN.pack(kind, lsn)))
 
 
 def _encode(kind: int, lsn: int, payload: bytes) -> bytes:
-    crc = zlib.crc32(payload, zlib.crc32(_KIND_LSN.pack(kind, lsn)))
-    return _HEADER.pack(len(payload), crc, kind, lsn) + payload
+    return _SYNC + _HEADER.pack(len(payload), _crc(kind, lsn, payload), kind, lsn) + payload
+
+
+def file_header(version: int = VERSION) -> bytes:
+    """The 12 bytes that open a segment of ``version``."""
+    head = _MAGIC + bytes([version])
+    return head + _CRC.pack(zlib.crc32(head))
+
+
+def header_problem(head: bytes) -> str | None:
+    """Why a segment starting with ``head`` (its first 12 bytes or fewer) cannot be replayed, or None.
+
+    A file that does not start like a version-2 header (6 of the 7 magic bytes, so one bad byte
+    there still reads as version 2) is a version-1 segment, whose records start at byte 0.
+    """
+    if not head:
+        return "empty"
+    if len(head) < _FILE_HEADER_SIZE and file_header().startswith(head):
+        return "truncated_header"
+    if len(head) >= _FILE_HEADER_SIZE and _CRC.unpack_from(head, 8)[0] == zlib.crc32(head[:8]) and (
+            head[:7] == _MAGIC and head[7] != VERSION):
+        return "newer_version" if head[7] > VERSION else "unknown_version"
+    return None
+
+
+def _version(data: bytes) -> tuple[int, int, list[Damage]]:
+    """``(version, offset of the first record, damage)`` of a segment whose header has no problem."""
+    if len(data) >= _FILE_HEADER_SIZE and sum(a == b for a, b in zip(data[:7], _MAGIC, strict=True)) >= 6:
+        intact = data[:_FILE_HEADER_SIZE] == file_header()
+        return VERSION, _FILE_HEADER_SIZE, [] if intact else [Damage(0, _FILE_HEADER_SIZE, 0, False)]
+    return 1, 0, []
+
+
+def parse_segment(data: bytes, first_lsn: int, next_lsn: int | None = None) -> SegmentRead:
+    """The intact records of one segment's bytes and the damage between them (module step 6).
+
+    Never raises and never allocates by a length field: every slice is bounded by ``data``.
+
+    Args:
+        data: The whole file.
+        first_lsn: The lsn in its name: its first record's.
+        next_lsn: The first lsn of the next segment (None: this is the newest), which tells how
+            many records bad bytes at its end replaced.
+    """
+    version, pos, damage = _version(data)
+    sync = _SYNC if version == VERSION else b""
+    # Smallest record: its lsn can be at most this many records past the expected one.
+    smallest = len(sync) + _HEADER.size
+    out = SegmentRead(version, damage=damage)
+    expected = first_lsn
+    while pos < len(data):
+        hi = expected + (len(data) - pos) // smallest
+        found = _record_at(data, pos, sync, expected, hi)
+        start = pos
+        if found is None:
+            found, start = _resync(data, pos + 1, sync, version, expected, hi)
+        if found is None:
+            lost = max(0, next_lsn - expected) if next_lsn is not None else 0
+            out.damage.append(Damage(pos, len(data) - pos, lost, True))
+            break
+        record, end = found
+        if start > pos or record.lsn > expected:
+            out.damage.append(Damage(pos, start - pos, record.lsn - expected, False))
+        out.records.append(record)
+        expected, pos = record.lsn + 1, end
+    else:
+        if next_lsn is not None and next_lsn > expected:
+            # Intact to its end, yet records are missing before the next segment (one set aside).
+            out.damage.append(Damage(len(data), 0, next_lsn - expected, True))
+    return out
+
+
+def _record_at(data: bytes, pos: int, sync: bytes, lo: int, hi: int) -> tuple[Record, int] | None:
+    """The intact record starting at ``pos`` with an lsn in ``[lo, hi]`` and its end, or None."""
+    at = pos + len(sync)
+    if data[pos:at] != sync or at + _HEADER.size > len(data):
+        return None
+    length, crc, kind, lsn = _HEADER.unpack_from(data, at)
+    start = at + _HEADER.size
+    end = start + length
+    if kind not in KINDS or not lo <= lsn <= hi or end > len(data):
+        return None
+    payload = data[start:end]
+    if _crc(kind, lsn, payload) != crc:
+        return None
+    return Record(kind, lsn, payload), end
+
+
+def _resync(data: bytes, pos: int, sync: bytes, version: int, lo: int, hi: int,
+            ) -> tuple[tuple[Record, int] | None, int]:
+    """The first intact record at or after ``pos`` (and where it starts), or ``(None, len(data))``.
+
+    Version 2 tries each sync word; version 1 each kind byte followed by an lsn whose high five
+    bytes are those of an lsn in ``[lo, hi]`` (found by one regular-expression scan), so a
+    search costs a pass over the bytes, not a CRC per byte.
+    """
+    if version == VERSION:
+        at = data.find(sync, pos)
+        while at >= 0:
+            found = _record_at(data, at, sync, lo, hi)
+            if found is not None:
+                return found, at
+            at = data.find(sync, at + 1)
+        return None, len(data)
+    kind_at = _HEADER.size - _KIND_LSN.size
+    for m in _v1_candidates(lo, hi).finditer(data, pos + kind_at):
+        found = _record_at(data, m.start() - kind_at, b"", lo, hi)
+        if found is not None:
+            return found, m.start() - kind_at
+    return None, len(data)
+
+
+def _v1_candidates(lo: int, hi: int) -> re.Pattern[bytes]:
+    """Positions of a version-1 kind byte followed by an lsn whose top five bytes are those of ``lo..hi``."""
+    highs = b"|".join(re.escape((h).to_bytes(5, "little")) for h in range(lo >> 24, (hi >> 24) + 1))
+    kinds = b"".join(re.escape(bytes([k])) for k in KINDS)
+    return re.compile(b"(?=[" + kinds + b"][\\x00-\\xff]{3}(?:" + highs + b"))", re.DOTALL)
 
 
 def read_segment(path: Path) -> tuple[list[Record], bool]:
-    """Records of one segment file and whether its tail was torn (the rest ignored)."""
-    data = path.read_bytes()
-    out: list[Record] = []
-    pos = 0
-    while pos < len(data):
-        if pos + _HEADER.size > len(data):
-            return out, True
-        length, crc, kind, lsn = _HEADER.unpack_from(data, pos)
-        end = pos + _HEADER.size + length
-        if end > len(data):
-            return out, True
-        payload = data[pos + _HEADER.size:end]
-        if kind not in KINDS or zlib.crc32(payload, zlib.crc32(_KIND_LSN.pack(kind, lsn))) != crc:
-            return out, True
-        out.append(Record(kind, lsn, payload))
-        pos = end
-    return out, False
+    """Intact records of one segment file (named ``segment-<lsn>.log``) and whether any bytes were damaged."""
+    m = _SEGMENT.fullmatch(path.name)
+    if m is None:
+        raise ValueError(f"{path}: not named segment-<20 digits>.log")
+    read = parse_segment(path.read_bytes(), int(m.group(1)))
+    return read.records, bool(read.damage)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -163,16 +348,9 @@ class Wal:
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._segments: list[_Segment] = []
-        if self.directory.is_dir():
-            for p in sorted(self.directory.iterdir()):
-                if (m := _SEGMENT.fullmatch(p.name)) and not p.is_file():
-                    # Not ours (the log writes only files): replaying it would stop the aggregator.
-                    log.warning("event=wal_not_a_segment path=%s", p)
-                elif m:
-                    first = int(m.group(1))
-                    self._segments.append(_Segment(p, first, first - 1, p.stat().st_size, closed=True))
-        # The segments found at start, which ``replay`` reads (also after ``start``).
-        self._found = list(self._segments)
+        # The segments found at start (``_scan``), which ``replay`` reads (also after ``start``).
+        self._found: list[_Segment] | None = None
+        self._replayed = False
         # Pending items: encoded records, or a segment to switch to before the records after it.
         self._pending: list[bytes | _Segment] = []
         self._pending_bytes = 0
@@ -190,44 +368,139 @@ class Wal:
         self._active_since = clock()
         self.records_total = 0
         self.torn_records_total = 0
+        self.corrupt_records_total = 0
+        self.corrupt_bytes_total = 0
         self.replayed_records_total = 0
         self.fsyncs_total = 0
         self.fsync_seconds_total = 0.0
         self.segments_deleted_total = 0
         self.write_errors_total = 0
+        self.set_aside: dict[str, int] = dict.fromkeys(SET_ASIDE, 0)
 
     # -- recovery ----------------------------------------------------------------------------
 
-    def replay(self, count: bool = True) -> Iterator[Record]:
-        """Every intact record of the segments found at start, in lsn order (module step 5).
+    def _scan(self) -> list[_Segment]:
+        """The replayable segments of the directory, oldest first; the rest set aside (module step 5)."""
+        if self._found is not None:
+            return self._found
+        found: list[_Segment] = []
+        if os.path.lexists(self.directory) and not self.directory.is_dir():
+            self._set_aside_log_path()
+        entries = sorted(self.directory.iterdir()) if self.directory.is_dir() else []
+        for p in entries:
+            if p.name == QUARANTINE and p.is_dir() and not p.is_symlink():
+                continue
+            m = _SEGMENT.fullmatch(p.name)
+            try:
+                mode = os.lstat(p).st_mode
+                reason = "name" if m is None else None if stat.S_ISREG(mode) else "not_a_file"
+                if reason is None:
+                    with p.open("rb") as f:
+                        reason = header_problem(f.read(_FILE_HEADER_SIZE))
+            except OSError as exc:
+                reason = "unreadable"
+                log.warning("event=wal_segment_unreadable path=%s error=%r", p, str(exc))
+            if reason is not None:
+                self._set_aside(p, reason)
+            elif m is not None:
+                first = int(m.group(1))
+                found.append(_Segment(p, first, first - 1, p.stat().st_size, closed=True))
+        self._found = found
+        self._segments = list(found)
+        return found
 
-        May be called several times, before and after ``start``.
+    def _set_aside_log_path(self) -> None:
+        """The log directory's path holds something else: move it into the quarantine of a new directory."""
+        aside = self.directory.with_name(f"{self.directory.name}.set-aside")
+        try:
+            os.replace(self.directory, aside)
+            self.directory.mkdir(parents=True)
+        except OSError as exc:
+            log.error("event=wal_set_aside_failed path=%s error=%r", self.directory, str(exc))
+            return
+        self._set_aside(aside, "not_a_file")
 
-        Args:
-            count: Count torn and replayed records in the stats (the final pass does).
+    def _set_aside(self, path: Path, reason: str) -> None:
+        """Move ``path`` into ``quarantine/`` (never over an earlier one) and count it under ``reason``."""
+        self.set_aside[reason] = self.set_aside.get(reason, 0) + 1
+        target = self.directory / QUARANTINE / path.name
+        try:
+            target.parent.mkdir(exist_ok=True)
+            n = 0
+            while os.path.lexists(target):
+                n += 1
+                target = target.with_name(f"{path.name}.{n}")
+            os.rename(path, target)
+            _fsync_dir(self.directory)
+        except OSError as exc:
+            # Left where it is, it is skipped again at the next start: still never replayed.
+            log.error("event=wal_set_aside_failed path=%s reason=%s error=%r note='left in place, not replayed'",
+                      path, reason, str(exc))
+            return
+        log.warning("event=wal_set_aside path=%s reason=%s moved_to=%s note=%r", path, reason, target,
+                    SET_ASIDE.get(reason, reason))
+
+    def replay(self) -> Iterator[Record]:
+        """Every intact record of the segments found at start, in lsn order (module steps 5 and 6).
+
+        May be called several times, before and after ``start``; each segment's damage and
+        records are counted (and its damage logged) the first time it is read.
         """
-        for seg in self._found:
-            records, torn = read_segment(seg.path)
-            if records:
-                seg.last_lsn = records[-1].lsn
-            if torn and count:
+        found = self._scan()
+        for seg in list(found):
+            if seg not in found:
+                continue
+            later = found[found.index(seg) + 1:]
+            try:
+                data = seg.path.read_bytes()
+            except OSError as exc:
+                log.warning("event=wal_segment_unreadable path=%s error=%r", seg.path, str(exc))
+                self._forget_found(seg)
+                self._set_aside(seg.path, "unreadable")
+                continue
+            read = parse_segment(data, seg.first_lsn, later[0].first_lsn if later else None)
+            seg.last_lsn = read.records[-1].lsn if read.records else seg.first_lsn - 1
+            if not seg.counted:
+                seg.counted = True
+                self._count(seg, read)
+            yield from read.records
+        self._replayed = True
+
+    def _count(self, seg: _Segment, read: SegmentRead) -> None:
+        self.replayed_records_total += len(read.records)
+        for d in read.damage:
+            if d.torn:
                 self.torn_records_total += 1
-                log.warning("event=wal_torn_record segment=%s records_before=%d", seg.path.name, len(records))
-            for r in records:
-                if count:
-                    self.replayed_records_total += 1
-                yield r
+                log.warning("event=wal_torn_tail segment=%s offset=%d bytes=%d records_before=%d note='a write cut "
+                            "short by a crash, never acknowledged: the agents resend it'", seg.path.name, d.offset,
+                            d.length, len(read.records))
+            else:
+                self.corrupt_records_total += d.lost
+                self.corrupt_bytes_total += d.length
+                log.error("event=wal_corrupt segment=%s offset=%d bytes=%d records_lost=%d note='acknowledged "
+                          "records damaged on disk are lost; replay went on at the next intact record'",
+                          seg.path.name, d.offset, d.length, d.lost)
+
+    def _forget_found(self, seg: _Segment) -> None:
+        if self._found is not None and seg in self._found:
+            self._found.remove(seg)
+        if seg in self._segments:
+            self._segments.remove(seg)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
     def start(self, head: Iterable[tuple[int, bytes]] = ()) -> None:
-        """Open a new segment headed by ``head`` and start the flusher (call after ``replay``)."""
-        for seg in self._found:
-            if seg.last_lsn < seg.first_lsn:  # not replayed yet: read how far its lsns went
-                records, _ = read_segment(seg.path)
-                seg.last_lsn = records[-1].lsn if records else seg.first_lsn - 1
-            # A torn record may have used the lsn after the last intact one: never reuse a name.
-            self._next_lsn = max(self._next_lsn, seg.last_lsn + 1, seg.first_lsn + 1)
+        """Open a new segment headed by ``head`` and start the flusher (call after ``replay``; step 7)."""
+        if not self._replayed:
+            for _ in self.replay():  # how far each segment's lsns went
+                pass
+        for seg in list(self._scan()):
+            if seg.last_lsn < seg.first_lsn:
+                # Nothing in it to replay; its name may be the one the new segment needs.
+                self._forget_found(seg)
+                self._set_aside(seg.path, "no_records")
+            else:
+                self._next_lsn = max(self._next_lsn, seg.last_lsn + 1)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.appended_lsn = self.durable_lsn = self._next_lsn - 1
         self.rotate(head)
@@ -269,7 +542,8 @@ class Wal:
     def rotate(self, head: Iterable[tuple[int, bytes]] = ()) -> None:
         """Send later records to a new segment that starts with the ``head`` records."""
         with self._cond:
-            seg = _Segment(self.directory / f"segment-{self._next_lsn:020d}.log", self._next_lsn, self._next_lsn - 1)
+            seg = _Segment(self.directory / f"segment-{self._next_lsn:020d}.log", self._next_lsn, self._next_lsn - 1,
+                           _FILE_HEADER_SIZE)
             self._segments.append(seg)
             self._pending.append(seg)
             self._active_since = self.clock()
@@ -334,14 +608,17 @@ class Wal:
 
     def stats(self) -> dict[str, float]:
         """``bytes`` (all segments), ``segments``, ``records_total``, ``torn_records_total``,
-        ``replayed_records_total``, ``fsyncs_total``, ``fsync_seconds_total``, ``write_errors_total``,
-        ``failed`` (0/1: failing now)."""
+        ``corrupt_records_total``, ``corrupt_bytes_total``, ``replayed_records_total``,
+        ``fsyncs_total``, ``fsync_seconds_total``, ``write_errors_total``, ``failed`` (0/1: failing
+        now). ``set_aside`` holds the entries recovery set aside, by reason."""
         with self._lock:
             return {
                 "bytes": float(sum(s.bytes for s in self._segments)),
                 "segments": float(len(self._segments)),
                 "records_total": float(self.records_total),
                 "torn_records_total": float(self.torn_records_total),
+                "corrupt_records_total": float(self.corrupt_records_total),
+                "corrupt_bytes_total": float(self.corrupt_bytes_total),
                 "replayed_records_total": float(self.replayed_records_total),
                 "fsyncs_total": float(self.fsyncs_total),
                 "fsync_seconds_total": self.fsync_seconds_total,
@@ -418,13 +695,20 @@ class Wal:
     def _open_segment(self, seg: _Segment) -> None:
         fd = os.open(seg.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         try:
+            size = os.fstat(fd).st_size
+            if size < _FILE_HEADER_SIZE:
+                # New, or cut inside its header by a failed earlier try: the header, whole, first.
+                os.ftruncate(fd, 0)
+                os.write(fd, file_header())
+                os.fsync(fd)
+                size = _FILE_HEADER_SIZE
             # The new name must survive a crash as well as the records in it.
             _fsync_dir(self.directory)
         except OSError:
             os.close(fd)
             raise
         previous, self._file = self._file, fd
-        self._file_size, self._file_dirty = os.fstat(fd).st_size, False
+        self._file_size, self._file_dirty = size, False
         if previous is not None:
             os.close(previous)
         with self._lock:

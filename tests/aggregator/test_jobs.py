@@ -141,10 +141,10 @@ def test_bad_input_counted() -> None:
     assert table.rejected["invalid"] == 3 and not table.jobs
     table.add([summary("a", 0, 0), summary("b", 0, 0), summary("c", 0, 0)], T0)
     assert set(table.jobs) == {"a", "b"} and table.rejected["job_limit"] == 1
-    # Step 1 completes after the batch (1-rank job); a resend of it is late.
+    # Step 1 completes after the batch (1-rank job); a resend of it is a duplicate, not a late row.
     table.add([summary("a", 0, 1)], T0)
-    table.add([summary("a", 0, 1)], T0 + NS)
-    assert table.jobs["a"].late_total == 1 and table.rejected["duplicate_rank_step"] == 0
+    resent = table.add([summary("a", 0, 1)], T0 + NS)
+    assert table.jobs["a"].late_total == 0 and table.rejected["duplicate_rank_step"] == 1 and not len(resent.rows)
     two = joined_table()
     two.add([summary("x", 0, 0), summary("x", 1, 0)], T0)
     two.add([summary("x", 0, 1), summary("x", 0, 1)], T0)
