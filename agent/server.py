@@ -15,6 +15,7 @@ import logging
 import os
 import queue
 import socket
+import stat
 import threading
 import time
 from collections.abc import Iterator
@@ -41,6 +42,8 @@ IDLE_WAIT_S = 0.5
 # far apart (adds at most this much latency).
 BATCH_INTERVAL_S = 0.05
 REJECTION_LOG_INTERVAL_S = 10.0
+# A live agent accepts at once; a hung one is not waited for longer than this at start.
+PROBE_TIMEOUT_S = 2.0
 
 
 class TelemetryHub:
@@ -230,20 +233,125 @@ class SocketInUse(RuntimeError):
     """Another live process already serves the unix socket path."""
 
 
+class SocketPathError(ConfigError):
+    """``socket_path`` cannot hold the agent's socket; the message names the path, the reason and the fix."""
+
+
+# gRPC refuses a unix socket path of more than 107 bytes (sockaddr_un.sun_path holds 108 with its NUL).
+# SocketKeeper binds a spare beside the path, at "<path>.spare-<n>" (chopper.serving), so the path
+# keeps room for that suffix: n below a million.
+UNIX_PATH_MAX_BYTES = 107
+SPARE_SUFFIX_BYTES = len(".spare-999999")
+MAX_SOCKET_PATH_BYTES = UNIX_PATH_MAX_BYTES - SPARE_SUFFIX_BYTES
+_OTHER_PATH = "choose another socket_path (the default is /run/chopper/agent.sock)"
+
+
 def prepare_socket_path(path: Path) -> None:
-    """Create the socket's directory and remove a stale socket file left by a dead agent."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if not path.exists():
+    """Make ``path`` ready for the agent to bind its socket, or say why it cannot be.
+
+    1. The path must fit a unix socket address (``MAX_SOCKET_PATH_BYTES``).
+    2. Its directory is created if missing, and must be a directory the agent's user can create
+       files in.
+    3. What is at the path is looked at without following a symbolic link (``lstat``). Nothing:
+       ready. A socket: the agent connects to it; only a refused connection (nobody listens: a
+       dead agent's leftover) lets it remove the file, and only if the path still names that same
+       socket. A listening socket is another live agent's. Anything else (a regular file, a
+       directory, a link, a FIFO or device) is never touched: start-up fails naming what is there.
+
+    Raises:
+        SocketPathError: The path is too long, its directory is unusable, or something other than
+            a stale socket is there.
+        SocketInUse: A live process serves the socket.
+    """
+    size = len(os.fsencode(path))
+    if size > MAX_SOCKET_PATH_BYTES:
+        raise SocketPathError(
+            f"socket_path: {str(path)[:60]!r}... is {size} bytes; a unix socket path holds at most "
+            f"{MAX_SOCKET_PATH_BYTES} here ({UNIX_PATH_MAX_BYTES} bytes less room for the spare the agent binds beside "
+            f"it); {_OTHER_PATH}, or a shorter directory")
+    _prepare_directory(path.parent)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
         return
+    except OSError as exc:
+        raise SocketPathError(f"socket_path: cannot look at {path} ({exc.strerror}); {_OTHER_PATH}") from None
+    if not stat.S_ISSOCK(st.st_mode):
+        what, fix = _describe(path, st)
+        raise SocketPathError(f"socket_path: {path} is {what}, not a socket; the agent replaces only a stale socket "
+                              f"and has left it untouched. {fix}")
+    if _listening(path):
+        raise SocketInUse(f"socket_path: {path} is served by another running agent; stop it or choose another path")
+    try:
+        current = os.lstat(path)
+        if (current.st_dev, current.st_ino) == (st.st_dev, st.st_ino):  # still the socket that refused
+            os.unlink(path)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise SocketPathError(f"socket_path: {path} is a stale socket (nobody listens) that the agent cannot remove "
+                              f"({exc.strerror}); remove it as its owner, or {_OTHER_PATH}") from None
+
+
+def _prepare_directory(directory: Path) -> None:
+    """Create the socket's directory if missing; it must be a directory the agent's user can write."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise SocketPathError(
+            f"socket_path: its directory {directory} cannot be made: a file that is not a directory is in the way on "
+            f"that path; {_OTHER_PATH}") from None
+    except OSError as exc:
+        raise SocketPathError(
+            f"socket_path: cannot create its directory {directory} ({exc.strerror}); create it writable by the "
+            f"agent's user (deploy/systemd does with RuntimeDirectory=chopper), or {_OTHER_PATH}") from None
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise SocketPathError(
+            f"socket_path: the agent's user (uid {os.getuid()}) cannot create its socket in {directory}; make that "
+            f"directory writable by the user (or its group), or {_OTHER_PATH}")
+
+
+def _describe(path: Path, st: os.stat_result) -> tuple[str, str]:
+    """What a non-socket file at ``path`` is ('a regular file of 5 bytes'), and the fix to offer."""
+    mode = st.st_mode
+    fix = f"Move it away yourself if it is not needed, or {_OTHER_PATH}"
+    if stat.S_ISLNK(mode):
+        try:
+            return f"a symbolic link to {os.readlink(path)!r} (links are not followed)", fix
+        except OSError:
+            return "a symbolic link (links are not followed)", fix
+    if stat.S_ISDIR(mode):
+        return "a directory", f"Name the socket file inside it (e.g. {path / 'agent.sock'}), or {_OTHER_PATH}"
+    if stat.S_ISREG(mode):
+        return f"a regular file of {st.st_size} bytes", fix
+    if stat.S_ISFIFO(mode):
+        return "a FIFO", fix
+    return ("a device file" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else f"a file of mode {mode:o}"), fix
+
+
+def _listening(path: Path) -> bool:
+    """Whether a process accepts connections on the unix socket ``path``.
+
+    Only a refused connection means nobody listens. Any other failure (a full backlog, a socket
+    this user may not connect to) cannot tell, so it is not taken as stale.
+
+    Raises:
+        SocketPathError: The connection failed for another reason than a refusal.
+    """
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(PROBE_TIMEOUT_S)
     try:
         probe.connect(str(path))
-    except OSError:
-        path.unlink()  # nobody listens: a leftover from a killed agent
-        return
+    except ConnectionRefusedError:
+        return False
+    except OSError as exc:
+        raise SocketPathError(
+            f"socket_path: {path} is a socket the agent cannot connect to ({exc.strerror or exc}), so it cannot tell "
+            f"whether another process serves it; stop that process or remove the socket as its owner, or "
+            f"{_OTHER_PATH}") from None
     finally:
         probe.close()
-    raise SocketInUse(f"socket_path: {path} is served by another running agent; stop it or choose another path")
+    return True
 
 
 # RPCs that make the agent act on trainers (profile, write files): a bearer token guards them when
@@ -270,13 +378,21 @@ def build_server(agent: Agent, hub: TelemetryHub, settings: AgentSettings) -> Se
         server.add_tcp(settings.grpc_listen, server_tls(settings), key="grpc_listen")
     try:
         with _owner_only():
-            server.add_unix(str(sock))
+            _listen_unix(server, sock)
             server.start()
         share_socket(sock, settings)
     except ConfigError:
         server.stop(0)
         raise
     return server
+
+
+def _listen_unix(server: SecureServer, sock: Path) -> None:
+    """Add the unix listener; a bind gRPC refuses after ``prepare_socket_path`` passed is named as ``socket_path``."""
+    try:
+        server.add_unix(str(sock))
+    except RuntimeError as exc:
+        raise SocketPathError(f"socket_path: cannot listen on {sock} ({exc}); {_OTHER_PATH}") from None
 
 
 @contextlib.contextmanager
