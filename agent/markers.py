@@ -4,13 +4,23 @@
 rejected (each with a reason key for metrics and a message naming the problem and the fix) and
 the steps that closed. Algorithm, per batch:
 
-1. Check the batch header: a job name, a rank, a GPU index >= -1, a size limit. A bad header
-   rejects the whole batch.
+Each check refuses the smallest unit that holds the problem, with a counted, named reason:
+
+1. Check the batch header: a job name, a rank, a size limit. These name every marker of the
+   batch, so a bad one rejects the whole batch.
 1a. Resolve the rank's GPU (docs/IDENTITY.md): a ``device_uuid`` the node has names its GPU and
    wins over ``gpu``; a UUID it does not have, a client's ``unresolved:`` report or an index
-   beyond this node's GPUs makes the GPU -1 and flags the rank's steps ``unknown_device``
-   (never another GPU), with one warning per rank and problem in ``IngestResult.warnings``.
-2. Per marker, check kind, step, name, timestamp plausibility and non-negative payloads.
+   that is not one of this node's GPUs makes the GPU -1 and flags the rank's steps
+   ``unknown_device`` (never another GPU), with one warning per rank and problem in
+   ``IngestResult.warnings``.
+2. Per marker, check kind, step, timestamp plausibility and, for phases and collectives, the
+   name (``chopper.jobname``): what places the marker; a bad one rejects that marker
+   (``REJECTION_REASONS``). A payload that is negative or not finite (``flops``, ``tokens``,
+   ``bytes``), or a bad name on a step marker (which needs none), is a bad *field*: it is
+   cleared from the stored marker, which is kept, counted in ``IngestResult.dropped_fields``,
+   and the step it describes flagged (``FIELD_FLAGS``: a step_end's flops or tokens, a
+   collective's bytes), so the step's FLOPs count as missing (``no_flops``) rather than
+   losing the step.
 3. Track each ``(job, rank)``: the open step and its open phases/collectives. A ``step_end``
    for a step that never began, or a ``phase_end`` without its begin, is rejected; a
    ``step_begin`` while a step is open abandons the open one (counted, not summarised).
@@ -26,11 +36,10 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from chopper.device_identity import UNRESOLVED, canonical_uuid, match_uuid
-from chopper.jobname import job_name_problem
+from chopper.jobname import job_name_problem, marker_name_problem
 from chopper.proto.chopper.v1 import agent_pb2 as pb
 from chopper.schema import MAX_MARKERS_PER_BATCH, MarkerKind
 
-MAX_NAME_CHARS = 256
 # Phases and collectives begun and not yet ended, per rank: real loops hold a handful, so this
 # only bounds the agent's memory against a client that begins and never ends.
 MAX_OPEN_INTERVALS = 4096
@@ -45,18 +54,30 @@ UNKNOWN_DEVICE = "unknown_device"
 REJECTION_REASONS: dict[str, str] = {
     "bad_job": "the batch names no job, or an unprintable or over-long one (chopper/jobname.py; whole batch)",
     "bad_rank": "the batch names a negative rank (whole batch)",
-    "bad_gpu": "the batch names a GPU index below -1 (whole batch); an index or UUID this node does not have "
-               "is flagged unknown_device instead",
     "batch_too_large": f"the batch holds more than {MAX_MARKERS_PER_BATCH} markers (whole batch)",
     "bad_kind": "unknown marker kind (client newer than the agent)",
     "bad_step": "negative step number",
     "bad_timestamp": "timestamp more than a day from the agent's clock, or a step ending before it began",
-    "bad_name": "phase or collective without a name, or an unprintable or over-long name",
-    "bad_payload": "negative or non-finite flops, tokens or bytes",
+    "bad_name": "phase or collective without a name, or an unprintable or over-long name (chopper/jobname.py)",
     "step_never_began": "step_end for a step that has no step_begin on that rank",
     "end_without_begin": "phase_end or collective_end without its begin",
     "too_many_open": f"phase_begin or collective_begin while the rank has {MAX_OPEN_INTERVALS} begun and not ended",
 }
+
+
+# The flag a step gets when a field describing it was dropped (docs/ATTRIBUTION.md), by field.
+FIELD_FLAGS: dict[str, str] = {
+    "flops": "bad_flops",  # the step_end's flops was negative or not finite: dropped, the step has no FLOPs
+    "tokens": "bad_tokens",  # the step_end's tokens was negative: dropped (0)
+    "bytes": "bad_bytes",  # a collective of the step carried negative bytes: dropped (0)
+}
+# The marker kinds each field describes the step of; elsewhere a dropped field flags nothing.
+_FLAGGED_KINDS: dict[str, tuple[int, ...]] = {
+    "flops": (pb.MARKER_KIND_STEP_END,),
+    "tokens": (pb.MARKER_KIND_STEP_END,),
+    "bytes": (pb.MARKER_KIND_COLLECTIVE_BEGIN, pb.MARKER_KIND_COLLECTIVE_END),
+}
+_STEP_KINDS = (pb.MARKER_KIND_STEP_BEGIN, pb.MARKER_KIND_STEP_END)
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +113,7 @@ class _OpenStep:
     begin_ns: int
     device_clock: bool
     intervals: list[tuple[bool, int, int, str]] = field(default_factory=list)
+    flags: list[str] = field(default_factory=list)  # FIELD_FLAGS raised by its markers so far
 
 
 @dataclass(slots=True)
@@ -129,11 +151,18 @@ class IngestResult:
     closed_steps: list[ClosedStep] = field(default_factory=list)
     gpu: int = -1  # the batch's GPU as resolved (step 1a)
     warnings: list[str] = field(default_factory=list)  # device problems, each once per rank, for the log
+    dropped_fields: Counter[str] = field(default_factory=Counter)  # fields cleared from accepted markers
+    field_problems: list[str] = field(default_factory=list)  # the first few, each naming the fix
 
     def reject(self, reason: str, message: str, count: int = 1) -> None:
         self.rejected[reason] += count
         if len(self.errors) < MAX_ERRORS_REPORTED:
             self.errors.append(message)
+
+    def drop_field(self, name: str, message: str) -> None:
+        self.dropped_fields[name] += 1
+        if len(self.field_problems) < MAX_ERRORS_REPORTED:
+            self.field_problems.append(message)
 
 
 class MarkerIngest:
@@ -178,12 +207,23 @@ class MarkerIngest:
             if warning:
                 result.warnings.append(warning)
         self._track_sender(state, batch)
-        for marker in batch.markers:
-            error = self._check_marker(marker, now_ns) or self._apply(state, batch, marker, result)
+        for original in batch.markers:
+            marker = original
+            bad: tuple[str, ...] = ()
+            error = self._check_marker(marker, now_ns)
+            if error is None:
+                bad = _bad_fields(marker)
+                flags: tuple[str, ...] = ()
+                if bad:
+                    marker = _without(marker, bad)
+                    flags = tuple(FIELD_FLAGS[f] for f in bad if f in FIELD_FLAGS and marker.kind in _FLAGGED_KINDS[f])
+                error = self._apply(state, batch, marker, result, flags)
             if error is not None:
                 reason, message = error
                 result.reject(reason, f"job {batch.job!r} rank {batch.rank}: {message}")
                 continue
+            for name in bad:
+                result.drop_field(name, f"job {batch.job!r} rank {batch.rank}: {_field_problem(original, name)}")
             state.received[MarkerKind(marker.kind)] += 1
             result.accepted.append(
                 pb.MarkerRecord(job=batch.job, node=self.node, rank=batch.rank, gpu=state.gpu, marker=marker)
@@ -214,10 +254,10 @@ class MarkerIngest:
                     f"using GPU {gpu}. Indices in CUDA_VISIBLE_DEVICES follow CUDA_DEVICE_ORDER (set "
                     "CUDA_DEVICE_ORDER=PCI_BUS_ID for the agent's order) and count only the devices a cgroup shows")
             return gpu, (), ""
-        if batch.gpu >= self.gpu_count:
+        if batch.gpu >= self.gpu_count or batch.gpu < -1:
             return -1, (UNKNOWN_DEVICE,), (
-                f"{who} names GPU {batch.gpu}, but node {self.node!r} has GPUs 0..{self.gpu_count - 1}; its steps are "
-                f"flagged {UNKNOWN_DEVICE} and carry no GPU; {fix}")
+                f"{who} names GPU {batch.gpu}, but node {self.node!r} has GPUs 0..{self.gpu_count - 1} (-1 for none); "
+                f"its steps are flagged {UNKNOWN_DEVICE} and carry no GPU; {fix}")
         return batch.gpu, (), ""
 
     def _check_header(self, batch: pb.MarkerBatch) -> tuple[str, str] | None:
@@ -228,11 +268,6 @@ class MarkerIngest:
             )
         if batch.rank < 0:
             return "bad_rank", f"marker batch has rank {batch.rank}: ranks are >= 0; pass chopper.init(rank=...)"
-        if batch.gpu < -1:  # an index beyond this node's GPUs is flagged in _device, not rejected
-            return "bad_gpu", (
-                f"marker batch from job {batch.job!r} rank {batch.rank} names GPU {batch.gpu}: GPU indices are >= 0, "
-                "or -1 for none; pass chopper.init(gpu=...) or let chopper resolve it (docs/IDENTITY.md)"
-            )
         if len(batch.markers) > MAX_MARKERS_PER_BATCH:
             return "batch_too_large", (
                 f"marker batch holds {len(batch.markers)} markers, more than {MAX_MARKERS_PER_BATCH}; "
@@ -259,18 +294,20 @@ class MarkerIngest:
                 f"timestamp {m.ts_ns} ns is more than a day from the agent's clock ({now_ns} ns); "
                 "timestamps are CLOCK_REALTIME nanoseconds"
             )
-        if len(m.name) > MAX_NAME_CHARS or not m.name.isprintable():
-            return "bad_name", f"name {m.name[:40]!r}... must be at most {MAX_NAME_CHARS} printable characters"
-        if not (math.isfinite(m.flops) and m.flops >= 0) or m.tokens < 0 or m.bytes < 0:
-            return "bad_payload", "flops, tokens and bytes must be finite and >= 0"
+        if m.kind in _STEP_KINDS:
+            return None  # a step marker's name names nothing: a bad one is a bad field
         kind = MarkerKind(m.kind)
-        if kind not in (MarkerKind.STEP_BEGIN, MarkerKind.STEP_END) and not m.name:
+        if not m.name:
             return "bad_name", f"{kind.label} has no name; name the phase or collective, e.g. 'forward'"
+        problem = marker_name_problem(m.name)
+        if problem is not None:
+            return "bad_name", f"{kind.label} of step {m.step} named {m.name[:40]!r}...: {problem}; rename it"
         return None
 
     @staticmethod
-    def _apply(state: RankState, batch: pb.MarkerBatch, m: pb.Marker, result: IngestResult) -> tuple[str, str] | None:
-        """Advance the rank's open-step state machine by one valid marker."""
+    def _apply(state: RankState, batch: pb.MarkerBatch, m: pb.Marker, result: IngestResult,
+               flags: tuple[str, ...] = ()) -> tuple[str, str] | None:
+        """Advance the rank's open-step state machine by one valid marker; ``flags`` go on the step it describes."""
         kind = MarkerKind(m.kind)
         device_clock = m.clock == pb.CLOCK_SOURCE_DEVICE
         open_step = state.open_step
@@ -293,10 +330,11 @@ class MarkerIngest:
             state.open_step = None
             state.last_step = m.step
             state.last_step_time_s = (m.ts_ns - open_step.begin_ns) / 1e9
+            step_flags = dict.fromkeys((*state.device_flags, *open_step.flags, *flags))  # ordered, once each
             result.closed_steps.append(
                 ClosedStep(
                     batch.job, batch.rank, state.gpu, m.step, open_step.begin_ns, m.ts_ns, m.flops, m.tokens,
-                    tuple(open_step.intervals), open_step.device_clock and device_clock, state.device_flags,
+                    tuple(open_step.intervals), open_step.device_clock and device_clock, tuple(step_flags),
                 )
             )
             return None
@@ -311,6 +349,7 @@ class MarkerIngest:
                 )
             table.setdefault(m.name, deque()).append((m.step, m.ts_ns))
             state.open_intervals += 1
+            _flag_open_step(state, m.step, flags)
             return None
         # Pair within the step, as offline: the oldest open begin of the same step and name.
         opened = table.get(m.name)
@@ -328,4 +367,47 @@ class MarkerIngest:
         state.open_intervals -= 1
         if open_step is not None and open_step.step == m.step and m.ts_ns > open_step.begin_ns:
             open_step.intervals.append((is_collective, max(begin_ns, open_step.begin_ns), m.ts_ns, m.name))
+        _flag_open_step(state, m.step, flags)
         return None
+
+
+def _flag_open_step(state: RankState, step: int, flags: tuple[str, ...]) -> None:
+    open_step = state.open_step
+    if flags and open_step is not None and open_step.step == step:
+        open_step.flags.extend(f for f in flags if f not in open_step.flags)
+
+
+def _bad_fields(m: pb.Marker) -> tuple[str, ...]:
+    """The fields of a placed marker to drop (module docstring, step 2); () for nearly every marker."""
+    if 0.0 <= m.flops < math.inf and m.tokens >= 0 and m.bytes >= 0 and not (m.name and m.kind in _STEP_KINDS):
+        return ()  # one comparison chain: this runs for every marker
+    bad = []
+    if not 0.0 <= m.flops < math.inf:  # NaN fails it too
+        bad.append("flops")
+    if m.tokens < 0:
+        bad.append("tokens")
+    if m.bytes < 0:
+        bad.append("bytes")
+    if m.name and m.kind in _STEP_KINDS and marker_name_problem(m.name) is not None:
+        bad.append("name")
+    return tuple(bad)
+
+
+def _without(m: pb.Marker, fields: tuple[str, ...]) -> pb.Marker:
+    clean = pb.Marker()
+    clean.CopyFrom(m)
+    for name in fields:
+        clean.ClearField(name)
+    return clean
+
+
+def _field_problem(m: pb.Marker, name: str) -> str:
+    """Why field ``name`` of ``m`` (as received) was dropped, and the fix, for ``IngestResult.field_problems``."""
+    kind = MarkerKind(m.kind)
+    where = f"{kind.label} of step {m.step}"
+    if name == "name":
+        return f"{where} carried the name {m.name[:40]!r}...: a step needs none; dropped, the marker kept"
+    kept = f"the marker kept and step {m.step} flagged {FIELD_FLAGS[name]}" if m.kind in _FLAGGED_KINDS[name] else (
+        "the marker kept")
+    rule = "a finite number >= 0 (the step's model FLOPs on this rank)" if name == "flops" else "an integer >= 0"
+    return f"{where} carried {name}={getattr(m, name)!r}; {name} must be {rule}: dropped, {kept}"

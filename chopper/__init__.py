@@ -14,14 +14,29 @@ Markers go to the node agent over a unix socket from a background thread; a mark
 microseconds, never blocks and never raises, and a missing agent is counted, not fatal (see
 ``chopper.client``). Before ``init`` the context managers are no-ops.
 
+Markers still queued when the process ends are flushed (``SIGTERM_FLUSH_S`` at most): at a normal
+exit by ``atexit``; on SIGTERM (what Kubernetes, Slurm and systemd send to stop a job) by a
+handler ``init`` installs, because SIGTERM's default action ends the process before ``atexit``
+runs. The handler flushes, puts the previous disposition back and lets the signal take its
+course: the process ends as SIGTERM ends it (status -15), or the previous handler runs. It is
+installed only from the main thread (Python allows no other) and only over the default
+disposition or a handler of torch's (torchrun's elastic handler raises in the main thread):
+a handler of the training code's, or ``SIG_IGN``, is the training code's choice, and is left
+alone. ``shutdown`` puts the previous disposition back.
+
 This module stays light: it imports neither torch, numpy, pandas nor grpc (grpc and the stubs
 load in the sender thread).
 """
 from __future__ import annotations
 
 import atexit
+import contextlib
+import logging
 import os
+import signal
 import threading
+import time
+from types import FrameType
 from typing import Any
 
 from chopper import _device_clock, _identity
@@ -29,10 +44,17 @@ from chopper.client import NOOP, Client, _Collective, _NoOp, _Phase, _Step
 
 __all__ = ["Client", "collective", "init", "phase", "shutdown", "stats", "step"]
 
+# Longest a stop waits for the flush, s: well inside the grace period before SIGKILL (Kubernetes
+# and Slurm's KillWait 30 s, systemd 90 s).
+SIGTERM_FLUSH_S = 2.0
+
+logger = logging.getLogger("chopper.client")
+
 _client: Client | None = None
 _last: Client | None = None  # the client shut down last, so stats() still reports after shutdown
 _lock = threading.Lock()
 _atexit_registered = False
+_sigterm_previous: Any = None  # the disposition our SIGTERM handler replaced; None while it is not installed
 
 _EMPTY_STATS: dict[str, Any] = {
     "queued": 0, "pending": 0, "sent": 0, "dropped": 0, "batches_sent": 0,
@@ -64,7 +86,8 @@ def init(
 
     Returns:
         The new client. Timestamps are device events when torch is imported with CUDA/ROCm
-        initialised (call ``init`` after moving the model to the GPU), else CPU time.
+        initialised (call ``init`` after moving the model to the GPU), else CPU time. Called from
+        the main thread, ``init`` also makes SIGTERM flush first (module docstring).
     """
     global _client, _atexit_registered
     env = os.environ
@@ -86,6 +109,7 @@ def init(
             _atexit_registered = True
     if old is not None:
         old.shutdown()
+    _install_sigterm_flush()
     return client
 
 
@@ -119,8 +143,8 @@ def stats() -> dict[str, Any]:
     return dict(_EMPTY_STATS) if c is None else c.stats()
 
 
-def shutdown(timeout: float = 2.0) -> None:
-    """Flush within ``timeout`` seconds and stop the client; later markers are no-ops."""
+def shutdown(timeout: float = SIGTERM_FLUSH_S) -> None:
+    """Flush within ``timeout`` seconds and stop the client; later markers are no-ops. SIGTERM is as before ``init``."""
     global _client, _last
     with _lock:
         c, _client = _client, None
@@ -128,6 +152,64 @@ def shutdown(timeout: float = 2.0) -> None:
             _last = c
     if c is not None:
         c.shutdown(timeout)
+    _uninstall_sigterm_flush()
+
+
+def _install_sigterm_flush() -> None:
+    global _sigterm_previous
+    if threading.current_thread() is not threading.main_thread():
+        return
+    try:
+        current = signal.getsignal(signal.SIGTERM)
+        if current is _on_sigterm or not (current == signal.SIG_DFL or _is_torchs(current)):
+            return
+        signal.signal(signal.SIGTERM, _on_sigterm)
+    except (AttributeError, OSError, ValueError):  # no SIGTERM here, or an interpreter without signals
+        return
+    _sigterm_previous = current
+
+
+def _uninstall_sigterm_flush() -> None:
+    global _sigterm_previous
+    if _sigterm_previous is None or threading.current_thread() is not threading.main_thread():
+        return  # elsewhere ours stays: with no client it only passes the signal on
+    with contextlib.suppress(AttributeError, OSError, ValueError):
+        if signal.getsignal(signal.SIGTERM) is _on_sigterm:  # one set after ours is not ours to replace
+            signal.signal(signal.SIGTERM, _sigterm_previous)
+    _sigterm_previous = None
+
+
+def _is_torchs(handler: Any) -> bool:
+    module = getattr(handler, "__module__", None) or ""
+    return callable(handler) and (module == "torch" or module.startswith("torch."))
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    """Flush the client within ``SIGTERM_FLUSH_S``, then pass the signal to what handled it before ``init``.
+
+    Reads ``_client`` without ``_lock``: the signal may have interrupted ``init`` holding it. A
+    second SIGTERM during the flush finds the previous disposition taken and ends the process.
+    """
+    global _client, _last, _sigterm_previous
+    previous, _sigterm_previous = _sigterm_previous, None
+    c = _client
+    if c is not None:
+        _client, _last = None, c
+        began = time.monotonic()
+        pending = c.stats()["pending"]
+        c.shutdown(SIGTERM_FLUSH_S)
+        s = c.stats()
+        logger.log(logging.WARNING if s["dropped"] else logging.INFO,
+                   "event=flushed_on_signal signal=SIGTERM pending=%d queued=%d sent=%d dropped=%d seconds=%.3f",
+                   pending, s["queued"], s["sent"], s["dropped"], time.monotonic() - began)
+    if previous is None:
+        previous = signal.SIG_DFL
+    with contextlib.suppress(OSError, ValueError):
+        signal.signal(signal.SIGTERM, previous)
+    if callable(previous):
+        previous(signum, frame)
+    else:
+        signal.raise_signal(signum)  # the default disposition now: the process ends as SIGTERM ends it
 
 
 def _forget_in_child() -> None:
