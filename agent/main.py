@@ -1,4 +1,9 @@
-"""``chopper-agent``: the per-node daemon. Runs until SIGTERM or SIGINT, then stops cleanly."""
+"""``chopper-agent``: the per-node daemon. Runs until SIGTERM, SIGINT, SIGQUIT or SIGXCPU, then stops cleanly.
+
+SIGHUP re-checks the token file and the TLS files (the server takes replaced files by itself, at
+their next use; this reports a bad one at once); other signals are logged and ignored, and faults
+dump every thread's traceback (``chopper/stopsignals.py``). Other settings take a restart.
+"""
 from __future__ import annotations
 
 import logging
@@ -10,7 +15,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 
 from agent.backends.base import BackendUnavailable
 from agent.backends.select import select_backend
-from agent.config import AgentSettings, ConfigError, load_settings
+from agent.config import AgentSettings, ConfigError, check_access, load_settings
 from agent.daemon import Agent
 from agent.host import HostSampler
 from agent.metrics import AgentCollector
@@ -34,8 +39,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     logs.configure(settings.log_level)
     # Installed before anything serves, so that a stop during start-up is a clean stop once started;
     # restored on return, for callers that run main() in process.
-    with StopSignals() as stop:
+    with StopSignals.for_daemon(reload=lambda: _recheck_files(settings)) as stop:
         return _serve(settings, stop)
+
+
+def _recheck_files(settings: AgentSettings) -> str:
+    """SIGHUP: check the files the running agent takes up by itself; raises ConfigError naming a bad one."""
+    files = [key for key in ("token_file", "tls_cert", "tls_key", "tls_client_ca", "aggregator_tls_ca",
+                             "aggregator_tls_cert", "aggregator_tls_key") if getattr(settings, key)]
+    if not files:
+        return "no token_file or TLS files configured; other settings take a restart"
+    check_access(settings)
+    return (f"{', '.join(files)} load; the token file is taken at the next RequestCapture, server certificates at "
+            "the next connection, aggregator ones at the next reconnect; other settings take a restart")
 
 
 def _serve(settings: AgentSettings, stop: StopSignals) -> int:
@@ -66,6 +82,10 @@ def _serve(settings: AgentSettings, stop: StopSignals) -> int:
         agent.stop()
         return 2
     agent.start()
+    if int(settings.socket_mode, 8) & 0o006:
+        log.warning("event=socket_open_to_all_users socket=%s mode=%s note='every local user can push markers for "
+                    "any job and subscribe; use 0660 with socket_group for the trainers'", settings.socket_path,
+                    settings.socket_mode)
     log.info(
         "event=started node=%s backend=%s gpus=%d socket=%s grpc=%s metrics=http://%s/metrics sample_hz=%g",
         settings.node, backend.name, len(agent.devices), settings.socket_path, settings.grpc_listen or "-",
@@ -77,9 +97,10 @@ def _serve(settings: AgentSettings, stop: StopSignals) -> int:
         f"serving node={settings.node} backend={backend.name} gpus={len(agent.devices)}",
     )
     supervision.start()
+    stop.reload = lambda: supervision.reload(lambda: _recheck_files(settings))
     keeper = SocketKeeper(server, agent).start()
     stop.wait()
-    log.info("event=stopping")
+    log.info("event=stopping signal=%s", stop.received or "-")
     supervision.stop()
     keeper.stop()
     server.stop(grace=2.0).wait(5.0)

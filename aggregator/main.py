@@ -1,4 +1,8 @@
-"""``chopper-aggregator``: the cluster service. Runs until SIGTERM or SIGINT, then stops cleanly.
+"""``chopper-aggregator``: the cluster service. Runs until SIGTERM, SIGINT, SIGQUIT or SIGXCPU, then stops cleanly.
+
+SIGHUP re-checks the TLS files (the server takes replaced ones by itself at the next connection;
+this reports a bad one at once); other signals are logged and ignored, and faults dump every
+thread's traceback (``chopper/stopsignals.py``). Other settings take a restart.
 
 With ``store_dir``, acknowledgements are durable: accepted summaries go to a write-ahead log in
 ``store_dir/_wal`` and are acknowledged once fsynced; at start the log is replayed (ledger and open
@@ -21,7 +25,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, start_http_server
 
-from aggregator.config import AggregatorSettings, ConfigError, load_settings
+from aggregator.config import AggregatorSettings, ConfigError, check_access, load_settings
 from aggregator.jobs import JobTable
 from aggregator.metrics import AggregatorCollector
 from aggregator.server import build_server
@@ -50,8 +54,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     logs.configure(settings.log_level)
     # Installed before anything serves, so that a stop during start-up is a clean stop once started;
     # restored on return, for callers that run main() in process.
-    with StopSignals() as stop:
+    with StopSignals.for_daemon(reload=lambda: _recheck_files(settings)) as stop:
         return _serve(settings, stop)
+
+
+def _recheck_files(settings: AggregatorSettings) -> str:
+    """SIGHUP: check the TLS files the running aggregator takes up by itself; raises ConfigError naming a bad one."""
+    if not settings.tls_cert:
+        return "no TLS files configured; other settings take a restart"
+    check_access(settings)
+    return ("tls_cert, tls_key and tls_client_ca load; they are taken at the next connection; other settings take a "
+            "restart")
 
 
 def _serve(settings: AggregatorSettings, stop: StopSignals) -> int:
@@ -101,8 +114,9 @@ def _serve(settings: AggregatorSettings, stop: StopSignals) -> int:
         f"serving grpc={settings.listen} port={port} store={settings.store_dir or '-'}",
     )
     supervision.start()
+    stop.reload = lambda: supervision.reload(lambda: _recheck_files(settings))
     stop.wait()
-    log.info("event=stopping")
+    log.info("event=stopping signal=%s", stop.received or "-")
     supervision.stop()
     server.stop(grace=2.0).wait(5.0)
     ticker.join(5.0)

@@ -9,6 +9,9 @@ or an abstract address written with a leading ``@``. A message is one datagram o
 - ``WATCHDOG=1`` every half of ``$WATCHDOG_USEC`` (``WatchdogSec=``), from a thread that pings
   only while every health check passes. A hung loop therefore stops the pings and systemd
   restarts the daemon after ``WatchdogSec``; a merely busy machine does not.
+- ``RELOADING=1`` (with ``MONOTONIC_USEC=``) when a SIGHUP re-check begins, then ``READY=1`` once
+  it is done, whatever it found: ``systemctl reload`` (``ExecReload=kill -HUP $MAINPID``, or
+  ``Type=notify-reload``, which requires both messages) returns when the daemon is done.
 - ``STOPPING=1`` when shutdown begins, so ``systemctl status`` says "deactivating" at once.
 - ``STATUS=...`` whenever health changes, shown by ``systemctl status``.
 
@@ -214,6 +217,18 @@ class Supervision:
         log.info("event=sd_watchdog_started interval_s=%g", interval)
         self._thread = threading.Thread(target=self._run, args=(interval,), name="sd-watchdog", daemon=True)
         self._thread.start()
+
+    def reload(self, action: Callable[[], str]) -> str:
+        """Run ``action`` (a SIGHUP re-check) between ``RELOADING=1`` and ``READY=1``; returns or raises what it does.
+
+        ``MONOTONIC_USEC`` is ``CLOCK_MONOTONIC`` in microseconds, as systemd matches it against the
+        time it sent the signal.
+        """
+        self.notifier.send(RELOADING=1, MONOTONIC_USEC=time.monotonic_ns() // 1000, STATUS="reloading")
+        try:
+            return action()
+        finally:
+            self.notifier.ready(f"unhealthy: {self._problem}" if self._problem else self.status)
 
     def stop(self) -> None:
         """Tell systemd shutdown has begun, and stop pinging."""

@@ -1,4 +1,23 @@
-"""SIGTERM and SIGINT as a stop request that the main thread sees, whichever thread the kernel signals.
+"""What every signal does to a daemon: stop cleanly, re-check its files, or be logged and ignored; never a silent death.
+
+A signal whose default action ends the process kills a Python program without a word and leaves
+its socket behind, unless the program handles it. ``StopSignals`` handles each one a service
+manager or an operator may send:
+
+- ``STOP`` (SIGTERM, SIGINT, SIGQUIT, SIGXCPU): a clean stop. ``event`` is set and ``received``
+  names the signal; the daemon logs it, stops serving, removes its socket and exits 0.
+- SIGHUP: ``reload`` runs in the main thread and its outcome is logged; the daemon keeps serving.
+  Each daemon re-checks there the files it takes up while running (token file, certificates), so
+  that a bad replacement is reported at once rather than at its first use.
+- ``IGNORED`` (SIGUSR1, SIGUSR2, SIGALRM, SIGVTALRM, SIGPROF, SIGIO, SIGPWR, SIGSTKFLT and the
+  real-time signals): logged as ``event=signal_ignored`` with a count, at most one line per signal
+  every ``POLL_S`` however many arrive, and otherwise ignored.
+- Faults (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT, which systemd's watchdog sends, SIGTRAP,
+  SIGSYS): ``faulthandler`` writes every thread's traceback to stderr before the process dies; a
+  process in that state cannot be trusted to stop cleanly.
+
+Apart from the stop signals, a signal that already has a handler (a C library's, a profiler's, a
+test runner's SIGALRM) or is ignored (Python ignores SIGPIPE and SIGXFSZ) is left as it is.
 
 Linux hands a signal sent to a process to any one of its threads that does not block it. CPython's
 C-level handler only notes it; the Python handler runs later, in the main thread, when that thread
@@ -6,49 +25,155 @@ next executes bytecode. A main thread parked in an untimed ``Event.wait()`` slee
 which only a signal to *that* thread interrupts. So a SIGTERM that lands on a gRPC, sampler or
 HTTP thread is never acted on: the daemon ignores ``systemctl stop`` until systemd kills it, and
 loses what a clean stop would have flushed. ``StopSignals.wait`` therefore waits in slices of
-``POLL_S`` seconds, so the main thread returns to bytecode, and a stop is seen within ``POLL_S``.
+``POLL_S`` seconds, so the main thread returns to bytecode, and a signal is acted on within
+``POLL_S``. The handlers themselves only set the event or queue the signal: logging and reloading
+happen in ``wait``, outside signal context.
 """
 from __future__ import annotations
 
+import collections
+import faulthandler
+import logging
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterable
 from types import FrameType, TracebackType
 from typing import Any
 
-# Longest delay between a stop signal and the main thread acting on it, seconds.
+log = logging.getLogger(__name__)
+
+# Longest delay between a signal and the main thread acting on it, seconds.
 POLL_S = 0.25
 
+
+def _present(*names: str) -> tuple[int, ...]:
+    """The signals of ``names`` that this platform has."""
+    return tuple(int(getattr(signal, name)) for name in names if hasattr(signal, name))
+
+
+STOP = _present("SIGTERM", "SIGINT", "SIGQUIT", "SIGXCPU")
+RELOAD = int(signal.SIGHUP)
+IGNORED = _present("SIGUSR1", "SIGUSR2", "SIGALRM", "SIGVTALRM", "SIGPROF", "SIGIO", "SIGPWR", "SIGSTKFLT") + (
+    tuple(range(signal.SIGRTMIN, signal.SIGRTMAX + 1)) if hasattr(signal, "SIGRTMIN") else ()
+)
+# Faults that faulthandler.enable() does not cover: registered to dump tracebacks, then die as before.
+FAULTS = _present("SIGTRAP", "SIGSYS")
+
 Handler = Callable[[int, FrameType | None], Any] | int | None
+
+
+def signal_name(signum: int) -> str:
+    """``SIGHUP``, ``SIGRTMIN+3``: the name an operator would give to ``kill -s``."""
+    if hasattr(signal, "SIGRTMIN") and signal.SIGRTMIN < signum <= signal.SIGRTMAX:
+        return f"SIGRTMIN+{signum - signal.SIGRTMIN}"
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return str(signum)
 
 
 class StopSignals:
     """Sets ``event`` on any of ``signals``; use as a context manager to restore the previous handlers.
 
     Handlers can only be installed from the main thread; elsewhere (a CLI run from a test's thread)
-    nothing is installed and ``event`` is set only by its owner.
+    nothing is installed and ``event`` is set only by its owner. ``for_daemon`` handles every
+    signal as the module docstring says; the plain constructor, for short-lived commands, only the
+    ones it is given.
+
+    Args:
+        signals: Signals that request a clean stop.
+        reload: Run on SIGHUP in the main thread (from ``wait``); returns what it did, for the log.
+            An exception is logged as ``event=reload_failed`` and the process keeps running. None:
+            SIGHUP is logged and ignored, if ``ignored`` is not empty.
+        ignored: Signals that are logged and ignored when nothing else handles them.
+        faults: Whether faults dump every thread's traceback before the process dies.
     """
 
-    def __init__(self, signals: Iterable[signal.Signals] = (signal.SIGTERM, signal.SIGINT)) -> None:
+    def __init__(self, signals: Iterable[int] = (signal.SIGTERM, signal.SIGINT), *,
+                 reload: Callable[[], str] | None = None, ignored: Iterable[int] = (), faults: bool = False) -> None:
         self.event = threading.Event()
+        self.received = ""  # the name of the stop signal that set ``event``
+        self.reload = reload
+        self._queued: collections.deque[int] = collections.deque()  # appended in handlers: atomic
         self._previous: dict[int, Handler] = {}
-        if threading.current_thread() is threading.main_thread():
-            for sig in signals:
-                self._previous[sig] = signal.signal(sig, self._handle)
+        self._faults: list[int] = []
+        self._faulthandler = False
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in signals:
+            self._previous[sig] = signal.signal(sig, self._stop)
+        queued = (*((RELOAD,) if reload is not None or ignored else ()), *ignored)
+        for sig in queued:
+            # Only what would otherwise kill: another handler (or SIG_IGN) is someone's choice.
+            if signal.getsignal(sig) == signal.SIG_DFL:
+                self._previous[sig] = signal.signal(sig, self._queue)
+        if faults:
+            self._enable_faulthandler()
 
-    def _handle(self, _signum: int, _frame: FrameType | None) -> None:
+    @classmethod
+    def for_daemon(cls, reload: Callable[[], str] | None = None) -> StopSignals:
+        """Every signal handled as the module docstring says: ``STOP``, SIGHUP, ``IGNORED``, faults."""
+        return cls(STOP, reload=reload, ignored=IGNORED, faults=True)
+
+    def _enable_faulthandler(self) -> None:
+        stderr = sys.__stderr__
+        if faulthandler.is_enabled() or stderr is None:
+            return  # already on (PYTHONFAULTHANDLER, a test runner): theirs stays
+        faulthandler.enable(file=stderr, all_threads=True)
+        self._faulthandler = True
+        for sig in FAULTS:
+            if signal.getsignal(sig) == signal.SIG_DFL:
+                faulthandler.register(sig, file=stderr, all_threads=True, chain=True)
+                self._faults.append(sig)
+
+    def _stop(self, signum: int, _frame: FrameType | None) -> None:
+        self.received = self.received or signal_name(signum)
         self.event.set()
 
+    def _queue(self, signum: int, _frame: FrameType | None) -> None:
+        self._queued.append(signum)
+
     def wait(self, poll_s: float = POLL_S) -> None:
-        """Block until a stop signal arrives or ``event`` is set, waking every ``poll_s`` s (see module doc)."""
+        """Block until a stop signal arrives or ``event`` is set, acting on queued signals every ``poll_s`` s."""
         while not self.event.wait(poll_s):
-            pass
+            self.act()
+
+    def act(self) -> None:
+        """Log the signals queued since the last call, and run ``reload`` once if SIGHUP was among them."""
+        counts: collections.Counter[int] = collections.Counter()
+        while self._queued:
+            counts[self._queued.popleft()] += 1
+        for signum, count in sorted(counts.items()):
+            name = signal_name(signum)
+            if signum == RELOAD and self.reload is not None:
+                self._reload(name, count)
+            else:
+                log.warning("event=signal_ignored signal=%s count=%d note='%s has no meaning here; SIGTERM stops "
+                            "cleanly%s'", name, count, name, ", SIGHUP re-checks files" if self.reload else "")
+
+    def _reload(self, name: str, count: int) -> None:
+        assert self.reload is not None
+        try:
+            done = self.reload()
+        except Exception as exc:  # a bad file must not stop a serving daemon; what is in use stays
+            log.warning("event=reload_failed signal=%s count=%d error=%r note='what is in use stays in force; "
+                        "fix the file and send SIGHUP again'", name, count, str(exc))
+        else:
+            log.info("event=reloaded signal=%s count=%d note=%r", name, count, done)
 
     def restore(self) -> None:
         """Put the handlers that were there before back."""
         for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
+            # None: a handler set outside Python, which cannot be put back from here; the default is nearest.
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
         self._previous.clear()
+        for sig in self._faults:
+            faulthandler.unregister(sig)
+        self._faults.clear()
+        if self._faulthandler:
+            faulthandler.disable()
+            self._faulthandler = False
 
     def __enter__(self) -> StopSignals:
         return self
