@@ -36,6 +36,7 @@ from benchmarks import (
     bench_instrument_overhead,
     bench_load_held,
     bench_marker_cost,
+    bench_tls,
     bench_trace_vs_hta,
 )
 
@@ -101,6 +102,17 @@ BENCHES = (
         "10,000-rank job, rate to the last ack, against a Ledger-only decode-and-ack server in the same run; RSS "
         "growth per rank; the agent's Forwarder delivering 64 ranks at 10 steps/s while /metrics is scraped every "
         "20 ms (`benchmarks/bench_aggregator.py`).",
+    ),
+    Bench(
+        "tls", bench_tls.run, "mutual TLS vs plaintext `Deliver` ingest, 1 and 8 streams",
+        lambda r: (f"ratio {r['streams_1']['ratio_tls_to_plaintext']:g} on 1 stream "
+                   f"({r['streams_1']['tls_summaries_per_s']:,} vs {r['streams_1']['plaintext_summaries_per_s']:,}/s), "
+                   f"{r['streams_8']['ratio_tls_to_plaintext']:g} on 8 "
+                   f"({r['streams_8']['tls_summaries_per_s']:,} vs {r['streams_8']['plaintext_summaries_per_s']:,}/s)"),
+        f">= {bench_tls.GOAL_RATIO:g}x plaintext",
+        "two real `chopper-aggregator` processes, plaintext and mutual TLS (gRPC's own), pre-serialized batches of "
+        f"{bench_tls.SUMMARIES:,} summaries per run over 1 and 8 concurrent streams, {bench_tls.REPEATS} ABBA rounds, "
+        "medians; rate to the last ack (`benchmarks/bench_tls.py`).",
     ),
     Bench(
         "load_held", bench_load_held.run,

@@ -49,7 +49,7 @@ from tests.security.pki import Authority
 STREAM_COUNTS = (1, 8)
 SUMMARIES = 24_000
 RANKS = 1_200
-REPEATS = 3
+REPEATS = 5
 GOAL_RATIO = 0.8
 ROOT = Path(__file__).resolve().parents[1]
 
