@@ -6,9 +6,11 @@ import grp
 import logging
 import os
 import stat
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -201,3 +203,65 @@ def test_clients_never_send_a_token_in_clear_text_over_the_network(pki: Pki) -> 
     ClientSecurity(ClientTLS(pki.ca), token="t").check("node7:9478")
     token = write_token(Path(pki.ca).parent / "cleartext.token", "t")
     assert cli.main(["info", "--agent", "node7:9478", "--token-file", token]) == 2
+
+
+class _Streams:
+    """A server on a unix socket with one server-streaming and one unary method, and bounded streams."""
+
+    def __init__(self, path: Path, max_workers: int) -> None:
+        self.refusals = Refusals()
+        self.release = threading.Event()
+
+        def ticks(request: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
+            yield b"open"
+            while not self.release.wait(0.05) and context.is_active():
+                pass
+
+        handlers = grpc.method_handlers_generic_handler("t.T", {
+            "Ticks": grpc.unary_stream_rpc_method_handler(ticks),
+            "Ping": grpc.unary_unary_rpc_method_handler(lambda request, context: b"pong"),
+        })
+        self.server = SecureServer([handlers], ["t.T"], self.refusals, max_workers=max_workers,
+                                   max_message_bytes=1 << 16, max_send_bytes=1 << 16, calls_per_s=0, messages_per_s=0)
+        self.server.add_unix(str(path))
+        self.server.start()
+        self.channel = grpc.insecure_channel(f"unix:{path}")
+
+    def open(self, pid: int) -> Any:
+        call = self.channel.unary_stream("/t.T/Ticks")(b"", metadata=(("chopper-pid", str(pid)),))
+        return call
+
+    def ping(self) -> bytes:
+        return bytes(self.channel.unary_unary("/t.T/Ping")(b"", timeout=5))
+
+    def stop(self) -> None:
+        self.release.set()
+        self.channel.close()
+        self.server.stop(0).wait(5)
+
+
+def test_stream_slots_refuse_beyond_the_bound_keep_unary_calls_and_come_back_when_streams_end(tmp_path: Path) -> None:
+    streams = _Streams(tmp_path / "s.sock", max_workers=8)
+    try:
+        # One local process may hold 6 of the 8 (STREAM_SHARE); a seventh of its own is refused.
+        held = [streams.open(pid=1) for _ in range(6)]
+        assert all(next(call) == b"open" for call in held)
+        with pytest.raises(grpc.RpcError) as err:
+            next(streams.open(pid=1))
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "6 open streams" in err.value.details()
+        # Another client takes the last two slots; beyond them the server is full for everyone.
+        others = [streams.open(pid=2) for _ in range(2)]
+        assert all(next(call) == b"open" for call in others)
+        with pytest.raises(grpc.RpcError) as err:
+            next(streams.open(pid=3))
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert streams.ping() == b"pong"  # every stream slot held: the reserve still serves unary calls
+        assert streams.refusals.snapshot()[0] == {("Ticks", "streams_per_client"): 1, ("Ticks", "too_many_streams"): 1}
+        # Streams the clients cancel give their slots back.
+        for call in held + others:
+            call.cancel()
+        assert wait_until(lambda: streams.server.streams.open == 0, timeout_s=10), streams.server.streams.open
+        again = [streams.open(pid=1) for _ in range(6)]
+        assert all(next(call) == b"open" for call in again)
+    finally:
+        streams.stop()
