@@ -7,9 +7,10 @@ dump every thread's traceback (``chopper/stopsignals.py``). Other settings take 
 from __future__ import annotations
 
 import logging
+import os
+import stat
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 from prometheus_client import CollectorRegistry, start_http_server
 
@@ -106,9 +107,22 @@ def _serve(settings: AgentSettings, stop: StopSignals) -> int:
     server.stop(grace=2.0).wait(5.0)
     agent.stop()
     httpd.shutdown()
-    Path(settings.socket_path).unlink(missing_ok=True)
+    _remove_socket(settings.socket_path)
     log.info("event=stopped")
     return 0
+
+
+def _remove_socket(path: str) -> None:
+    """Remove the socket at ``path`` on a clean stop; whatever else is there now (a file put in its place) stays."""
+    try:
+        if stat.S_ISSOCK(os.lstat(path).st_mode):  # lstat: a link is not followed, so never its target
+            os.unlink(path)
+        else:
+            log.warning("event=socket_path_replaced path=%s note='not a socket any more; left as it is'", path)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        log.warning("event=socket_not_removed path=%s error=%r", path, exc.strerror)
 
 
 if __name__ == "__main__":

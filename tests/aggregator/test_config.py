@@ -78,7 +78,7 @@ def test_main_listen_in_use_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
         taken.listen()
         port = taken.getsockname()[1]
         assert main(["--listen", f"127.0.0.1:{port}", "--metrics-listen", f"127.0.0.1:{free_port()}"]) == 2
-    assert f"listen: cannot bind 127.0.0.1:{port}; is the port in use?" in capsys.readouterr().err
+    assert f"port {port} is in use by another process" in capsys.readouterr().err
 
 
 def test_docs_aggregator_config_md_is_current() -> None:

@@ -141,3 +141,15 @@ def test_a_fault_leaves_every_threads_traceback(tmp_path: Path, hazard: HazardOu
     assert code == -signal.SIGABRT and "Fatal Python error: Aborted" in log, log[-2000:]
     assert threads >= 3, log[-3000:]  # main, sampler, gRPC and HTTP threads at least
     hazard.outcome = f"exit {code} (SIGABRT) with 'Fatal Python error: Aborted' and the tracebacks of {threads} threads"
+
+
+@pytest.mark.slow
+def test_a_stop_removes_the_socket_and_nothing_else(tmp_path: Path) -> None:
+    """A regular file put at socket_path while the agent runs is still there, intact, after SIGTERM."""
+    agent = AgentProcess(tmp_path).start()
+    agent.socket.unlink()
+    agent.socket.write_bytes(b"operator's data\n")
+    assert _logged(agent, r"event=socket_not_recreated"), agent.log()  # the keeper leaves it alone too
+    assert agent.terminate() == 0, agent.log()
+    assert agent.socket.read_bytes() == b"operator's data\n"
+    assert "event=socket_path_replaced" in agent.log()
