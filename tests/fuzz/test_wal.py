@@ -3,8 +3,9 @@
 Properties:
 
 - ``read_segment`` of any bytes never raises; of a genuine segment that was cut, flipped or
-  padded, it returns a prefix of the genuine records (the CRC covers kind, lsn and payload), and
-  says the tail is torn whenever it returns fewer.
+  padded, it returns genuine records in order (the CRC covers kind, lsn and payload): every
+  record the edit did not touch (a cut keeps those before it, resynchronisation those after a
+  flip or an insert), and says the segment was damaged whenever it returns fewer.
 - ``Aggregator.recover`` on a store whose log segments were mutated (or joined by stray files
   and directories named like segments) finishes, counts what it skipped, replays only genuine
   records, and the aggregator then takes deliveries and closes cleanly.
@@ -18,7 +19,7 @@ from pathlib import Path
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from aggregator.wal import Record, Wal, read_segment
+from aggregator.wal import Record, Wal, parse_segment, read_segment
 from tests.aggregator.test_recovery import Clock, FakeAgent, life, run_steps
 from tests.fuzz.strategies import edit, fuzz
 
@@ -49,7 +50,7 @@ def _key(r: Record) -> tuple[int, int, bytes]:
 
 @fuzz(400, timeout_s=60)
 @given(st.one_of(st.binary(max_size=512), st.tuples(st.integers(0, 1 << 16), st.binary(max_size=8))))
-def test_read_segment_returns_a_genuine_prefix(case: bytes | tuple[int, bytes]) -> None:
+def test_read_segment_returns_every_untouched_genuine_record(case: bytes | tuple[int, bytes]) -> None:
     path = Path(tempfile.mkdtemp(dir=ROOT)) / "segment-00000000000000000001.log"
     genuine = SEGMENTS[0].read_bytes()
     if isinstance(case, bytes):
@@ -61,11 +62,20 @@ def test_read_segment_returns_a_genuine_prefix(case: bytes | tuple[int, bytes]) 
     at %= len(genuine) + 1
     data = genuine[:at] + extra + genuine[at:] if extra else genuine[:at]
     path.write_bytes(data)
-    records, torn = read_segment(path)
+    records, damaged = read_segment(path)
     original, _ = read_segment(SEGMENTS[0])
-    assert [_key(r) for r in records] == [_key(r) for r in original[:len(records)]]
-    # Fewer records without a torn tail only when the file was cut at a record boundary.
-    assert torn or len(records) == len(original) or genuine.startswith(data)
+    got = [_key(r) for r in records]
+    assert got == sorted(set(got), key=lambda k: k[1]) and set(got) <= {_key(r) for r in original}
+    # A record is untouched when it ends before the edit or (an insert) starts at or after it.
+    pos, untouched = 12, []
+    for r in original:
+        end = pos + 4 + 17 + len(r.payload)
+        if end <= at or (extra and pos >= at and at >= 12):
+            untouched.append(_key(r))
+        pos = end
+    assert set(untouched) <= set(got), (at, extra)
+    assert damaged or len(records) == len(original) or genuine.startswith(data)
+    assert len(parse_segment(data, 1).records) == len(records)
 
 
 @fuzz(80, timeout_s=180)
@@ -87,7 +97,7 @@ def test_recovery_of_a_mutated_log(edits: list[tuple[str, int, bytes]]) -> None:
             (wal_dir / f"segment-{at + 10**12:020d}.log").mkdir(exist_ok=True)
         elif op == "empty" and target is not None:
             target.write_bytes(b"")
-    replayed = [_key(r) for r in Wal(wal_dir).replay(count=False)]
+    replayed = [_key(r) for r in Wal(wal_dir).replay()]
     assert set(replayed) <= GENUINE, "only records the aggregator wrote are replayed"
     core = life(root, Clock())  # recover() runs here
     agent = FakeAgent("a2")
