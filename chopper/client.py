@@ -337,7 +337,10 @@ class Client:
         self.target = _said("agent", given_target, _socket_target(given_target),
                             "the socket path holds bytes that are not UTF-8",
                             "none needed: gRPC decodes %XX in a unix socket path", level=logging.INFO)
-        self.pid = os.getpid() if pid is None else int(pid)
+        given_pid = os.getpid() if pid is None else _integer(pid)
+        self.pid = _said("pid", pid if pid is not None else given_pid,
+                         given_pid if given_pid is not None and -_INT64_MAX <= given_pid <= _INT64_MAX else os.getpid(),
+                         "a pid is an integer of int64", "pass no pid: the client reads its own")
         self._q: deque[Item] = deque()
         self._cap = max(0, int(queue_size))
         self._max_batch = min(max(1, int(max_batch)), MAX_MARKERS_PER_BATCH)  # larger batches are refused

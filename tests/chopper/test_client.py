@@ -66,14 +66,19 @@ def start_server(path: Path, servicer: agent_pb2_grpc.AgentServicer) -> grpc.Ser
     return server
 
 
-@pytest.fixture
-def sock(tmp_path: Path) -> Iterator[Path]:
+def short_socket_path(tmp_path: Path) -> Iterator[Path]:
+    """A socket path in ``tmp_path``, or in /tmp where that is too long for a unix socket."""
     path = tmp_path / "agent.sock"
     if len(str(path)) < 100:  # sun_path holds 108 bytes
         yield path
         return
     with tempfile.TemporaryDirectory(prefix="chp", dir="/tmp") as d:
         yield Path(d) / "agent.sock"
+
+
+@pytest.fixture
+def sock(tmp_path: Path) -> Iterator[Path]:
+    yield from short_socket_path(tmp_path)
 
 
 @pytest.fixture(autouse=True)
@@ -390,7 +395,7 @@ def test_import_chopper_is_light() -> None:
     assert json.loads(out.stdout) == []
 
 
-def test_a_job_name_the_agent_would_reject_is_replaced_and_said_at_start(sock: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_job_name_the_agent_would_reject_is_replaced_and_said(sock: Path, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger="chopper.client")
     fast_client(sock, job="j1").shutdown(timeout=0.1)
     numeric = fast_client(sock, job=1234)  # a Slurm job id passed as an int
