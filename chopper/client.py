@@ -47,11 +47,6 @@ Identity is checked once, when the client is made: text that no protobuf string 
 replaced by the nearest text it accepts (``chopper.jobname.usable_job_name``), and a rank or GPU
 outside int32 by 0 or -1, each with a warning naming the value used and the fix; non-UTF-8 bytes
 of a unix socket path are percent-encoded, which gRPC decodes back. So every batch encodes.
-
-The sender and control threads block SIGTERM: Linux hands a process-directed signal to any
-thread that does not block it, and the Python handler (``chopper.init`` installs one that
-flushes, see ``chopper``) runs only in the main thread; a main thread asleep in C is not woken
-by a signal that landed on another thread. Threads gRPC starts from ours inherit the mask.
 """
 from __future__ import annotations
 
@@ -59,7 +54,6 @@ import contextlib
 import logging
 import operator
 import os
-import signal
 import threading
 import time
 from collections import Counter, deque
@@ -161,10 +155,6 @@ def _said(field: str, given: object, used: _T, problem: str | None, fix: str, le
     return used
 
 
-def _block_stop_signal() -> None:
-    """Block SIGTERM in the calling thread (see the module docstring); a no-op where there are no POSIX threads."""
-    with contextlib.suppress(AttributeError, OSError, ValueError):
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
 
 
 class _NoOp:
@@ -619,7 +609,6 @@ class Client:
 
     def _control_run(self) -> None:
         """Control thread: ``_control_serve``, and never a traceback: captures fail, markers go on."""
-        _block_stop_signal()
         try:
             self._control_serve()
         except BaseException as e:
@@ -706,7 +695,6 @@ class Client:
 
     def _run(self) -> None:
         """Sender thread: ``_serve`` until it has flushed or was aborted; a failure is logged once and retried."""
-        _block_stop_signal()
         backoff = self._initial_backoff
         try:
             while True:
