@@ -151,7 +151,8 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec(
         "chopper_agent_ranks_retired_total", "counter",
         "(job, rank)s forgotten with their series, by reason: idle (the job sent no marker for rank_idle_s) or "
-        "limit (more than max_ranks were tracked; the one silent longest went).", (*NODE, "reason"),
+        "limit (max_ranks were tracked and a new rank came; one without an open step, or silent for rank_idle_s, "
+        "went).", (*NODE, "reason"),
     ),
     MetricSpec(
         "chopper_agent_workload_source_up", "gauge",
@@ -191,6 +192,7 @@ BY_NAME: dict[str, MetricSpec] = {m.name: m for m in METRICS}
 
 def markdown() -> str:
     """``docs/METRICS.md``: the catalog as tables (regenerate with ``python -m agent.catalog``)."""
+    from agent.daemon import ADMISSION_REASONS
     from agent.markers import REJECTION_REASONS
     from agent.steps import MAX_PHASE_SERIES
     from chopper.attribution.phases import MAX_PHASES_PER_STEP, OTHER
@@ -219,26 +221,27 @@ def markdown() -> str:
               "## Retired ranks (`chopper_agent_ranks_retired_total{reason}`)", "",
               "A `(job, rank)` and all its `chopper_rank_*` series go once no rank of its job has sent a marker for",
               "`rank_idle_s` (reason `idle`; a rank with a step open stays, and steps waiting for samples are",
-              "summarised first), or at once when more than `max_ranks` are tracked: the one silent longest, ranks",
-              "without an open step first (reason `limit`). A rank that sends again starts from zero, as after an",
-              "agent restart; Prometheus' `rate()` and `increase()` handle the reset (docs/CONFIG.md)."]
+              "summarised first). At most `max_ranks` are tracked, so they bound every per-rank series and all the",
+              "agent's per-rank state. A new rank when that many are tracked makes room (reason `limit`): the rank",
+              "silent longest without an open step and without a summary pending goes, else the one silent longest",
+              "if it has been silent `rank_idle_s` (a trainer that died inside a step); else the new rank's batch is",
+              "refused, its markers rejected as `too_many_ranks`, and the live ranks keep their state. A rank that",
+              "sends again starts from zero, as after an agent restart; Prometheus' `rate()` and `increase()` handle",
+              "the reset (docs/CONFIG.md)."]
     lines += ["", "## Rejection reasons (`chopper_agent_markers_rejected_total{reason}`)", "",
               "| reason | meaning |", "|---|---|"]
-    lines += [f"| `{reason}` | {meaning} |" for reason, meaning in REJECTION_REASONS.items()]
+    lines += [f"| `{reason}` | {meaning} |" for reason, meaning in {**REJECTION_REASONS, **ADMISSION_REASONS}.items()]
     lines += refusal_tables("chopper_agent")
     return "\n".join(lines) + "\n"
 
 
 def refusal_tables(prefix: str) -> list[str]:
-    """The reason tables of ``<prefix>_rpc_refused_total`` and ``<prefix>_connections_refused_total``."""
+    """The reason table of ``<prefix>_rpc_refused_total``."""
     from chopper.access import REFUSAL_REASONS
-    from chopper.tls_front import REFUSAL_REASONS as CONNECTION_REASONS
 
-    lines: list[str] = []
-    for name, reasons in (("rpc", REFUSAL_REASONS), ("connections", CONNECTION_REASONS)):
-        lines += ["", f"## Refusal reasons (`{prefix}_{name}_refused_total{{reason}}`)", "",
-                  "| reason | meaning |", "|---|---|"]
-        lines += [f"| `{reason}` | {meaning} |" for reason, meaning in reasons.items()]
+    lines = ["", f"## Refusal reasons (`{prefix}_rpc_refused_total{{reason}}`)", "",
+             "| reason | meaning |", "|---|---|"]
+    lines += [f"| `{reason}` | {meaning} |" for reason, meaning in REFUSAL_REASONS.items()]
     lines += ["", "A series appears with its first refusal. docs/SECURITY.md says what each check guards."]
     return lines
 

@@ -8,20 +8,31 @@ both are held, ``_marker_lock`` is taken first.
 
 Finished jobs retire: a ``(job, rank)`` (its marker state, its totals and so its ``/metrics``
 series) is forgotten once no rank of its job has sent a marker for ``rank_idle_s`` (reason
-``idle``; a rank with a step open or summaries pending stays), and when more than ``max_ranks``
-are tracked the one silent longest is forgotten at once (reason ``limit``: ranks without an open
-step first, never one with summaries pending). A retired rank that sends again starts afresh.
+``idle``; a rank with a step open or summaries pending stays). At most ``max_ranks`` are tracked,
+so every per-rank structure (marker state, totals, ``/metrics`` series, activity) is bounded by it,
+whatever a client sends. A batch of a new ``(job, rank)`` when that many are tracked makes room:
+
+1. the rank silent longest that has no step open and no summary pending goes (reason ``limit``),
+   looking at the ``ROOM_SCAN`` oldest such ranks at most;
+2. else the rank silent longest, step open or not, goes if it has been silent ``rank_idle_s``
+   (a trainer that died inside a step);
+3. else the batch is refused before it is read: its markers are rejected as ``too_many_ranks``
+   (counted, and answered to the trainer), and the ranks that are live keep their state.
+
+So a flood of made-up ranks displaces finished ranks and its own, never a rank inside a step
+that spoke within ``rank_idle_s``. A retired rank that sends again starts afresh.
 """
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import math
 import operator
 import threading
 import time
 from collections import Counter, OrderedDict, deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from agent.backends.base import Backend, BackendUnavailable, DeviceLost, MarkerObserver
@@ -51,7 +62,15 @@ HOST_INTERVAL_NS = 10**9
 REOPEN_BACKOFF_S = (1.0, 30.0)
 # Silent ranks are looked for at most this often.
 RETIRE_INTERVAL_NS = 10**9
+# Ranks without an open step looked at to make room for a new one (module docstring): the oldest are
+# almost never waiting for a summary, and the bound keeps a refusal O(1) when all are.
+ROOM_SCAN = 64
 RankKey = tuple[str, int]
+# Rejection reasons of this module (the marker ingest's are agent.markers.REJECTION_REASONS).
+ADMISSION_REASONS: dict[str, str] = {
+    "too_many_ranks": "the batch is the first of a new (job, rank) while max_ranks are tracked and none can make room: "
+                      "each has a step open and spoke within rank_idle_s (whole batch)",
+}
 
 
 @dataclasses.dataclass
@@ -67,25 +86,35 @@ class BackendHealth:
 
 
 class RankActivity:
-    """When each ``(job, rank)`` last sent markers (oldest first) and each job's latest, ns."""
+    """When each ``(job, rank)`` last sent markers (oldest first), which have no open step, each job's latest, ns."""
 
     def __init__(self) -> None:
         self.ranks: OrderedDict[RankKey, int] = OrderedDict()
+        self.closed: OrderedDict[RankKey, None] = OrderedDict()  # ranks without an open step, oldest first
         self._jobs: dict[str, list[int]] = {}  # job -> [latest ns, ranks tracked]
 
     def __len__(self) -> int:
         return len(self.ranks)
 
-    def seen(self, key: RankKey, now_ns: int) -> None:
+    def __contains__(self, key: RankKey) -> bool:
+        return key in self.ranks
+
+    def seen(self, key: RankKey, now_ns: int, step_open: bool) -> None:
         job = self._jobs.setdefault(key[0], [now_ns, 0])
         if key not in self.ranks:
             job[1] += 1
         job[0] = max(job[0], now_ns)
         self.ranks[key] = now_ns
         self.ranks.move_to_end(key)
+        if step_open:
+            self.closed.pop(key, None)
+        else:
+            self.closed[key] = None
+            self.closed.move_to_end(key)
 
     def forget(self, key: RankKey) -> None:
         del self.ranks[key]
+        self.closed.pop(key, None)
         job = self._jobs[key[0]]
         job[1] -= 1
         if not job[1]:
@@ -101,8 +130,9 @@ class RankActivity:
                 out.append(key)
         return out
 
-    def oldest(self) -> Iterator[RankKey]:
-        return iter(self.ranks)
+    def oldest(self) -> tuple[RankKey, int] | None:
+        """The rank silent longest and when it last sent, or None."""
+        return next(iter(self.ranks.items()), None)
 
 
 class Agent:
@@ -318,12 +348,16 @@ class Agent:
         now_ns = self.realtime_ns()
         key = (batch.job, batch.rank)
         with self._marker_lock:
+            if key not in self._activity and len(self._activity) >= self.settings.max_ranks \
+                    and not self._make_room(now_ns):
+                result = self._refuse(batch)
+                self.rejected.update(result.rejected)
+                return result
             result = self._ingest.ingest(batch, now_ns)
             self.rejected.update(result.rejected)
-            if key in self._ingest.ranks:  # a batch whose header was refused made no state
-                self._activity.seen(key, now_ns)
-                if len(self._activity) > self.settings.max_ranks:
-                    self._evict_over_limit(key)
+            state = self._ingest.ranks.get(key)
+            if state is not None:  # a batch whose header was refused made no state
+                self._activity.seen(key, now_ns, state.open_step is not None)
             if result.closed_steps:
                 # Still under the marker lock, so retirement sees these steps pending.
                 with self._state_lock:
@@ -347,10 +381,9 @@ class Agent:
             if not candidates:
                 return 0
             with self._state_lock:
-                pending = self._pending.ranks()
                 for key in candidates:
                     state = self._ingest.ranks.get(key)
-                    if key in pending or (state is not None and state.open_step is not None):
+                    if self._pending.waiting(key) or (state is not None and state.open_step is not None):
                         continue
                     self._forget(key)
                     retired += 1
@@ -359,21 +392,32 @@ class Agent:
             log.info("event=ranks_retired reason=idle ranks=%d tracked=%d", retired, len(self._activity))
         return retired
 
-    def _evict_over_limit(self, keep: RankKey) -> None:
-        """Forget the rank silent longest, ranks without an open step first (caller holds the marker lock)."""
+    def _make_room(self, now_ns: int) -> bool:
+        """Forget one rank for a new one, per the module docstring; False when none may go (marker lock held)."""
+        activity = self._activity
         with self._state_lock:
-            pending = self._pending.ranks()
-            movable = [k for k in self._activity.oldest() if k != keep and k not in pending]
-            if not movable:
-                return
-            ranks = self._ingest.ranks
-            closed = (k for k in movable if (st := ranks.get(k)) is None or st.open_step is None)
-            key = next(closed, movable[0])
+            key = next((k for k in itertools.islice(activity.closed, ROOM_SCAN) if not self._pending.waiting(k)), None)
+            oldest = activity.oldest()
+            if key is None and oldest is not None and oldest[1] < now_ns - int(self.settings.rank_idle_s * 1e9) \
+                    and not self._pending.waiting(oldest[0]):
+                key = oldest[0]
+            if key is None:
+                return False
             self._forget(key)
         self.ranks_retired["limit"] += 1
         if self.ranks_retired["limit"] == 1:  # the counter tells the rest; a flood must not flood the log
             log.warning("event=ranks_retired reason=limit job=%r rank=%d max_ranks=%d note='raise max_ranks if "
                         "this node runs that many ranks at once'", key[0], key[1], self.settings.max_ranks)
+        return True
+
+    def _refuse(self, batch: pb.MarkerBatch) -> IngestResult:
+        """A new rank's batch that found no room: every marker rejected as ``too_many_ranks``."""
+        result = IngestResult()
+        result.reject("too_many_ranks", (
+            f"job {batch.job[:40]!r} rank {batch.rank}: the agent tracks max_ranks={self.settings.max_ranks} ranks, "
+            "each inside a step and active within rank_idle_s, so this new rank is refused; raise max_ranks if this "
+            "node runs that many ranks at once"), max(1, len(batch.markers)))
+        return result
 
     def _forget(self, key: RankKey) -> None:
         """Drop every trace of one rank (caller holds both locks)."""

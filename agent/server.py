@@ -12,13 +12,14 @@ from __future__ import annotations
 import contextlib
 import grp
 import logging
+import math
 import os
 import queue
 import socket
 import stat
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,9 @@ IDLE_WAIT_S = 0.5
 # far apart (adds at most this much latency).
 BATCH_INTERVAL_S = 0.05
 REJECTION_LOG_INTERVAL_S = 10.0
+# Unknown-device warnings (one per rank) let through per period; the rest are counted in the next line.
+DEVICE_WARNINGS_PER_PERIOD = 20
+DEVICE_WARNING_PERIOD_S = 60.0
 # A live agent accepts at once; a hung one is not waited for longer than this at start.
 PROBE_TIMEOUT_S = 2.0
 
@@ -64,6 +68,36 @@ class TelemetryHub:
                 self._cond.wait(timeout)
 
 
+class LogBudget:
+    """Lets ``burst`` log lines through per ``period_s``; those held back are counted for the next one let through.
+
+    Warnings that are once per rank (an unresolved GPU) are once per made-up rank under a flood of
+    them: this keeps the log to a bounded rate while the counters on ``/metrics`` keep the totals.
+    """
+
+    def __init__(self, burst: int, period_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.burst = burst
+        self.period_s = period_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._window_start = -math.inf
+        self._used = 0
+        self._held = 0
+
+    def take(self) -> int | None:
+        """None when this line is to be held back; else the number held back since the last line let through."""
+        with self._lock:
+            now = self._clock()
+            if now - self._window_start >= self.period_s:
+                self._window_start, self._used = now, 0
+            if self._used >= self.burst:
+                self._held += 1
+                return None
+            self._used += 1
+            held, self._held = self._held, 0
+            return held
+
+
 class AgentServicer:
     """Implements ``chopper.v1.Agent`` over an ``Agent``."""
 
@@ -71,6 +105,7 @@ class AgentServicer:
         self.agent = agent
         self.hub = hub
         self._last_rejection_log = 0.0
+        self._device_log = LogBudget(DEVICE_WARNINGS_PER_PERIOD, DEVICE_WARNING_PERIOD_S)
 
     def PushMarkers(self, requests: Iterator[Any], context: grpc.ServicerContext) -> pb.PushMarkersResponse:
         agent = self.agent
@@ -87,7 +122,9 @@ class AgentServicer:
                     )
                 result = agent.push_markers(batch)
                 for warning in result.warnings:  # each once per rank and problem (agent.markers)
-                    log.warning("event=unknown_device problem=%r", warning)
+                    held = self._device_log.take()
+                    if held is not None:
+                        log.warning("event=unknown_device problem=%r held_back=%d", warning, held)
                 response.accepted += len(result.accepted)
                 rejected = sum(result.rejected.values())
                 if rejected:

@@ -10,7 +10,7 @@ counts; their GPU terms are NaN or 0 and flagged. Each summary carries its phase
 """
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -98,16 +98,20 @@ class SummaryQueue:
     def __init__(self, max_wait_ns: int = 2 * 10**9) -> None:
         self.max_wait_ns = max_wait_ns
         self._pending: deque[ClosedStep] = deque()
+        # Waiting steps per (job, rank): asked for every rank retirement looks at, so kept, not counted.
+        self._waiting: Counter[tuple[str, int]] = Counter()
 
     def add(self, steps: Iterable[ClosedStep]) -> None:
-        self._pending.extend(steps)
+        for step in steps:
+            self._pending.append(step)
+            self._waiting[(step.job, step.rank)] += 1
 
     def __len__(self) -> int:
         return len(self._pending)
 
-    def ranks(self) -> set[tuple[str, int]]:
-        """The ``(job, rank)`` of every waiting step."""
-        return {(s.job, s.rank) for s in self._pending}
+    def waiting(self, key: tuple[str, int]) -> bool:
+        """Whether a step of ``key`` = ``(job, rank)`` waits here."""
+        return key in self._waiting
 
     def ready(self, latest_sample_ns: dict[int, int], now_ns: int) -> list[ClosedStep]:
         """Pop steps whose GPU has a sample at or after their end, or that waited long enough."""
@@ -117,6 +121,10 @@ class SummaryQueue:
             covered = step.gpu >= 0 and latest_sample_ns.get(step.gpu, -1) >= step.end_ns
             if covered or step.gpu < 0 or now_ns - step.end_ns >= self.max_wait_ns:
                 done.append(step)
+                key = (step.job, step.rank)
+                self._waiting[key] -= 1
+                if not self._waiting[key]:
+                    del self._waiting[key]
             else:
                 waiting.append(step)
         self._pending = waiting
@@ -129,6 +137,9 @@ class SummaryQueue:
 STEP_CAUSES = ("ideal", "matrix_util_loss", "dvfs_power", "dvfs_thermal", "dvfs_current", "dvfs_other",
                "dvfs_unattributed", "exposed_comm", "idle")
 MFU_WINDOW_NS = 60 * 10**9
+# The MFU window is kept as sums per second of step end: at most 61 entries per rank, whatever its
+# step rate and however long nobody scrapes.
+MFU_BUCKET_NS = 10**9
 # Phase names per rank with a series of their own on /metrics; the time of later names goes to
 # phases.OTHER, so a client that invents names cannot grow the scrape without bound.
 MAX_PHASE_SERIES = 32
@@ -152,7 +163,10 @@ class RankFigures:
     Seconds by cause, seconds by phase name (the first ``MAX_PHASE_SERIES`` names seen; later
     names add to ``phases.OTHER``), collective seconds (the union of collective windows, hidden or
     not) and tokens are counters; MFU is rolling over the steps that ended in the
-    last ``MFU_WINDOW_NS``: ``Σ ideal / Σ step time`` over steps whose ideal time is known.
+    last ``MFU_WINDOW_NS``: ``Σ ideal / Σ step time`` over steps whose ideal time is known, summed
+    per ``MFU_BUCKET_NS`` of step end (a step counts while its second is in the window). Memory per
+    rank is bounded: ``MAX_PHASE_SERIES`` + 1 phase names, the flags the model and ingest raise, and
+    at most ``MFU_WINDOW_NS / MFU_BUCKET_NS + 1`` buckets.
     """
 
     def __init__(self) -> None:
@@ -161,7 +175,7 @@ class RankFigures:
         self.collective_s = 0.0
         self.tokens = 0.0
         self.flags: dict[str, int] = {}
-        self._recent: deque[tuple[int, float, float]] = deque()  # (end_ns, ideal_s, step_s)
+        self._recent: deque[list[float]] = deque()  # [bucket of end_ns, Σ ideal_s, Σ step_time_s], oldest first
 
     def add(self, s: pb.StepSummary) -> None:
         known = not np.isnan(s.ideal_s)
@@ -172,7 +186,13 @@ class RankFigures:
         if not known:
             self.seconds["compute_unknown"] += s.compute_at_clock_s
         else:
-            self._recent.append((s.end_ns, s.ideal_s, s.step_time_s))
+            bucket = s.end_ns // MFU_BUCKET_NS
+            if self._recent and bucket <= self._recent[-1][0]:  # a late step joins the newest second
+                self._recent[-1][1] += s.ideal_s
+                self._recent[-1][2] += s.step_time_s
+            else:
+                self._recent.append([bucket, s.ideal_s, s.step_time_s])
+            self._expire(s.end_ns)
         for p in s.phase_times:
             name = p.name if p.name in self.phase_s or len(self.phase_s) < MAX_PHASE_SERIES else phases.OTHER
             self.phase_s[name] = self.phase_s.get(name, 0.0) + p.seconds
@@ -187,7 +207,12 @@ class RankFigures:
                               dict(self.flags))
 
     def mfu(self, now_ns: int) -> float:
-        while self._recent and self._recent[0][0] < now_ns - MFU_WINDOW_NS:
-            self._recent.popleft()
+        self._expire(now_ns)
         time_s = sum(t for _, _, t in self._recent)
         return sum(i for _, i, _ in self._recent) / time_s if time_s > 0 else float("nan")
+
+    def _expire(self, now_ns: int) -> None:
+        """Drop the seconds that ended before the window ending at ``now_ns``."""
+        first = (now_ns - MFU_WINDOW_NS) // MFU_BUCKET_NS
+        while self._recent and self._recent[0][0] < first:
+            self._recent.popleft()
