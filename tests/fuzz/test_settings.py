@@ -30,7 +30,7 @@ from aggregator import config as aggregator_config
 from chopper.settings import INT64, ConfigError
 from tests.fuzz.strategies import fuzz
 
-DAEMONS: dict[str, tuple[Callable[..., Any], type, str]] = {
+DAEMONS: dict[str, tuple[Callable[..., Any], type[Any], str]] = {
     "agent": (agent_config.load_settings, agent_config.AgentSettings, agent_config.ENV_PREFIX),
     "aggregator": (aggregator_config.load_settings, aggregator_config.AggregatorSettings,
                    aggregator_config.ENV_PREFIX),
