@@ -1,11 +1,14 @@
-"""Marker validation: every malformed or out-of-order marker rejected with a reason, the rest of its batch kept."""
+"""Marker validation: every malformed marker or field refused alone with a reason, the rest of its batch kept."""
 from __future__ import annotations
+
+import math
 
 import pytest
 
 from agent.backends.simulated import SimulatedBackend
 from agent.markers import UNKNOWN_DEVICE, MarkerIngest
 from chopper.proto.chopper.v1 import agent_pb2 as pb
+from tests.conftest import HazardOutcome
 
 NOW = 1_800_000_000 * 10**9
 
@@ -165,3 +168,46 @@ def test_new_step_while_open_abandons_the_old_one() -> None:
     )
     assert ingest.ranks[("j", 0)].steps_abandoned == 1
     assert [c.step for c in result.closed_steps] == [2]
+
+
+@pytest.mark.hazard(item=11, input="step_end with NaN, inf or negative FLOPs, negative tokens; a collective with "
+                                   "negative bytes; a step marker with a 300-character name",
+                    promise="the bad field is dropped and counted, the marker and its step kept, the step flagged")
+def test_a_bad_field_costs_the_field_never_the_step(hazard: HazardOutcome) -> None:
+    ingest = MarkerIngest("n1", gpu_count=1)
+    bad_flops = [math.nan, math.inf, -1.0]
+    markers = []
+    for step, flops in enumerate(bad_flops):
+        markers += [marker(pb.MARKER_KIND_STEP_BEGIN, step, 100 * step),
+                    marker(pb.MARKER_KIND_STEP_END, step, 100 * step + 50, flops=flops, tokens=512)]
+    steps = full_step(3, 300)
+    steps[3].bytes = steps[4].bytes = -8  # the collective's begin and end
+    steps[5].tokens = -1
+    steps[0].name = "s" * 300
+    result = ingest.ingest(batch(*markers, *steps), NOW)
+    assert not result.rejected and len(result.accepted) == 12
+    assert [(c.step, c.flops, c.tokens, c.flags) for c in result.closed_steps] == [
+        (0, 0.0, 512, ("bad_flops",)), (1, 0.0, 512, ("bad_flops",)), (2, 0.0, 512, ("bad_flops",)),
+        (3, 6e9, 0, ("bad_bytes", "bad_tokens")),
+    ]
+    stored = [r.marker for r in result.accepted]
+    assert all(0 <= m.flops < math.inf and m.tokens >= 0 and m.bytes >= 0 and len(m.name) <= 256 for m in stored)
+    assert result.dropped_fields == {"flops": 3, "bytes": 2, "tokens": 1, "name": 1}
+    assert "flops=nan; flops must be a finite number >= 0" in result.field_problems[0]
+    assert "flagged bad_flops" in result.field_problems[0] and "flagged bad_bytes" in " ".join(result.field_problems)
+    hazard.outcome = (f"{len(result.accepted)} of 12 markers kept, 0 rejected; 4 steps closed and flagged "
+                      f"({', '.join(f'step {c.step}: {c.flags}' for c in result.closed_steps)}); fields dropped "
+                      f"{dict(result.dropped_fields)}")
+
+
+def test_a_field_dropped_from_a_marker_that_is_then_rejected_flags_nothing() -> None:
+    ingest = MarkerIngest("n1", gpu_count=1)
+    result = ingest.ingest(batch(marker(pb.MARKER_KIND_STEP_END, 9, 0, flops=math.nan)), NOW)
+    assert result.rejected == {"step_never_began": 1} and not result.dropped_fields
+
+
+def test_a_gpu_index_below_minus_one_is_flagged_not_rejected(node: MarkerIngest) -> None:
+    result = node.ingest(batch(*full_step(0, 0), gpu=-2), NOW)
+    assert not result.rejected and len(result.accepted) == 6
+    assert result.closed_steps[0].gpu == -1 and result.closed_steps[0].flags == (UNKNOWN_DEVICE,)
+    assert "names GPU -2" in result.warnings[0]

@@ -21,11 +21,15 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from chopper import _identity
 from chopper.demo.run import free_port
 from chopper.device_identity import UNRESOLVED, resolve_device
+from chopper.jobname import escape_unprintable, job_name_problem, usable_job_name
 from chopper.launcher_identity import resolve_job, resolve_local_rank, resolve_rank, resolve_world_size
+from tests.fuzz.strategies import fuzz
 
 SIM = "SIM-1b4e28ba-2fa1-5d3c-8a9f-0c2e1f6f3a11"
 GPU_A, GPU_B = "GPU-8932f937-d72c-4106-c12f-20bd9faed9f6", "GPU-5a1c7e02-93b1-4f0e-b6d2-77aa3c9e0f14"
@@ -272,3 +276,44 @@ def table() -> str:
 
 if __name__ == "__main__":
     print(table())
+
+
+def test_a_rank_beyond_what_the_wire_holds_is_named_and_the_next_source_used() -> None:
+    r = resolve_rank({"RANK": str(2**31), "SLURM_PROCID": "5"}, {})
+    assert (r.value, r.source) == (5, "SLURM_PROCID")
+    assert r.warnings == ("RANK='2147483648' is not an integer from 0 to 2147483647; ignored, the next source is used",)
+    assert resolve_world_size({"WORLD_SIZE": "9" * 5000}, {}).value == 1  # beyond int()'s digit limit too
+
+
+# Text in the shapes a launcher or a clumsy user produces: raw bytes (surrogate escapes), control
+# characters, long runs of characters that URI-encode to 1, 3 or 9 characters.
+_wild_text = st.text(st.one_of(st.characters(), st.sampled_from(["\udcff", "\udc80", "\n", "\x00", "/", "中", "a"])),
+                     max_size=600)
+
+
+@fuzz(300, timeout_s=60)
+@given(_wild_text)
+def test_any_text_becomes_a_job_name_the_agent_and_store_accept(text: str) -> None:
+    used = usable_job_name(text)
+    assert job_name_problem(used) is None
+    used.encode("utf-8")  # raises for what no protobuf string field holds
+    assert usable_job_name(used) == used
+    if job_name_problem(text) is None:
+        assert used == text
+
+
+@fuzz(300, timeout_s=60)
+@given(_wild_text)
+def test_escaping_makes_any_text_printable_and_keeps_bytes_apart(text: str) -> None:
+    escaped = escape_unprintable(text)
+    assert escaped.isprintable()
+    escaped.encode("utf-8")  # raises for what no protobuf string field holds
+    if text.isprintable():
+        assert escaped == text
+    assert escape_unprintable(text + "\udcfe") != escape_unprintable(text + "\udcff")
+
+
+def test_long_job_names_that_share_a_prefix_stay_apart() -> None:
+    a, b = usable_job_name("x" * 300 + "a"), usable_job_name("x" * 300 + "b")
+    assert a != b and a.startswith("x" * 200) and job_name_problem(a) is job_name_problem(b) is None
+    assert usable_job_name("") == "default"
