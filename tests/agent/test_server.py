@@ -186,3 +186,14 @@ def test_metrics_exposition(running: Running) -> None:
     assert metric_sum(text, "chopper_rank_mfu_ratio", job="j", rank="1") == pytest.approx(ideal / (3 * 0.035))
     assert metric_sum(text, "chopper_rank_tokens_total", job="j", rank="1") == 3 * 256
     assert 'chopper_rank_flagged_steps_total{flag="cpu_clock"' in text
+
+
+def test_log_budget_lets_a_burst_through_per_period_and_counts_the_rest() -> None:
+    from agent.server import LogBudget
+
+    now = [0.0]
+    budget = LogBudget(burst=3, period_s=60.0, clock=lambda: now[0])
+    assert [budget.take() for _ in range(5)] == [0, 0, 0, None, None]
+    now[0] = 61.0
+    assert budget.take() == 2  # the first line of the next period tells how many were held back
+    assert budget.take() == 0

@@ -102,3 +102,38 @@ def test_rank_figures_bound_the_phase_names() -> None:
     phases = figures.snapshot(0).phase_s
     assert len(phases) == MAX_PHASE_SERIES + 1 and phases[OTHER] == pytest.approx(10.0)
     assert phases["p0"] == pytest.approx(1.0 + (MAX_PHASE_SERIES + 9) * 0.5)
+
+
+def test_rank_figures_memory_does_not_grow_with_steps_between_scrapes() -> None:
+    """A rank at 100 steps/s for 5 minutes, never scraped: its totals hold a minute of per-second sums, not steps."""
+    import pickle
+
+    from agent.steps import MFU_WINDOW_NS
+
+    (s,) = summarize([step()], "n", samples(), DEVICE, period_ns=S)
+    figures = RankFigures()
+    period_ns = S // 100
+
+    def run(first: int, count: int) -> int:
+        for i in range(first, first + count):
+            s.end_ns = i * period_ns
+            figures.add(s)
+        return len(pickle.dumps(figures))  # everything it holds
+
+    one_minute = run(0, 6_000)
+    five_minutes = run(6_000, 24_000)
+    assert five_minutes <= one_minute + 256, (one_minute, five_minutes)  # one entry per step: ~600 KB more
+    # The window still holds the last minute: MFU is that of the steps in it, then nothing.
+    now = 30_000 * period_ns
+    assert figures.mfu(now) == pytest.approx(s.ideal_s / s.step_time_s)
+    assert math.isnan(figures.mfu(now + MFU_WINDOW_NS + 2 * S))
+
+
+def test_queue_knows_which_ranks_wait() -> None:
+    q = SummaryQueue(max_wait_ns=2 * S)
+    q.add([step(gpu=0, end=3.5), step(gpu=0, end=3.6)])
+    assert q.waiting(("j", 0)) and not q.waiting(("j", 1))
+    q.ready({0: int(3.55 * S)}, now_ns=int(3.7 * S))
+    assert q.waiting(("j", 0))  # the second step still waits
+    q.ready({0: 4 * S}, now_ns=4 * S)
+    assert not q.waiting(("j", 0)) and len(q) == 0

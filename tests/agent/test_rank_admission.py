@@ -1,0 +1,43 @@
+"""Room for a new (job, rank) at max_ranks: finished ranks go, live ranks inside a step stay, the rest is refused."""
+from __future__ import annotations
+
+from tests.agent.test_rank_retire import BEGIN, END, Node
+
+
+def test_ranks_inside_a_step_are_kept_and_the_new_rank_is_refused_and_counted() -> None:
+    node = Node("--max-ranks", "2", "--rank-idle-s", "60")
+    node.send("train", 0, (BEGIN, 0))
+    node.send("train", 1, (BEGIN, 0))
+    node.at(1)
+    node.send("made-up", 7, (BEGIN, 0), (BEGIN, 1))
+    assert node.tracked() == {("train", 0), ("train", 1)}
+    assert node.agent.rejected == {"too_many_ranks": 2} and node.agent.ranks_retired["limit"] == 0
+    node.at(2)
+    node.send("train", 0, (END, 0))  # the live ranks lost nothing: their steps still close
+    assert node.agent.rejected.total() == 2
+
+
+def test_a_rank_silent_inside_a_step_for_rank_idle_s_makes_room() -> None:
+    node = Node("--max-ranks", "2", "--rank-idle-s", "60")
+    node.send("dead", 0, (BEGIN, 0))  # a trainer that died inside a step
+    node.send("live", 0, (BEGIN, 0))
+    node.at(59)
+    node.send("live", 0, (END, 0), (BEGIN, 1))
+    node.send("new", 0, (BEGIN, 0))
+    assert node.agent.rejected["too_many_ranks"] == 1  # dead has been silent 59 s: not yet
+    node.at(61)
+    node.send("new", 0, (BEGIN, 0))
+    assert node.tracked() == {("live", 0), ("new", 0)} and node.agent.ranks_retired["limit"] == 1
+
+
+def test_a_rank_waiting_for_its_summary_is_not_forgotten_for_room() -> None:
+    node = Node("--max-ranks", "1")
+    node.send("done", 0, (BEGIN, 0))
+    node.at(0.5)
+    node.send("done", 0, (END, 0))  # closed, its summary waits for a sample after its end
+    node.send("new", 0, (BEGIN, 0))
+    assert node.tracked() == {("done", 0)} and node.agent.rejected["too_many_ranks"] == 1
+    node.at(1)
+    node.agent.tick(node.now)  # summarised: now it may go
+    node.send("new", 0, (BEGIN, 0))
+    assert node.tracked() == {("new", 0)} and len(node.agent.summaries.read(0, 10)[0]) == 1
