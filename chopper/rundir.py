@@ -21,7 +21,15 @@ names it and says how to fix it:
    float columns hold numbers or empty cells (NaN), text columns are text;
 5. marker ``kind`` is a known kind, given either as its label (``step_begin``) or its integer
    wire value (``1``); it is normalised to the label;
-6. every ``(node, gpu)`` that has samples has a row in ``devices``.
+6. every value lies in its column's range (:data:`BOUNDS`): ratios in [0, 1], counters, clocks,
+   powers and FLOPs not negative, no infinity anywhere, device indices and timestamps that could
+   be what they name (a column swapped with another fails here); NaN stays allowed in float
+   columns (a value the backend could not read);
+7. ``devices`` holds one row per ``(node, gpu)``;
+8. every ``(node, gpu)`` that has samples has a row in ``devices``.
+
+Each error names the file, the column, the first offending row (0-based, in file order, after a
+CSV header) and the fix.
 
 pandas and pyarrow are imported inside the functions, because ``import chopper`` must stay light.
 """
@@ -62,6 +70,37 @@ for _k in MarkerKind:
     _KIND_BY_TEXT[_k.label] = _k.label
     _KIND_BY_TEXT[str(int(_k))] = _k.label
 KIND_LABELS: tuple[str, ...] = tuple(k.label for k in MarkerKind)
+
+# Highest local GPU index a node can have, plus one: a larger "gpu" is another column's value.
+MAX_GPU = 1 << 16
+# Averaged ratios land a rounding error beyond 1 (1.0000000000000002); 1e-6 is far above that and far
+# below any misread value.
+_RATIO_SLACK = 1e-6
+_RATIO = (-_RATIO_SLACK, 1.0 + _RATIO_SLACK, "a ratio from 0 to 1")
+_AMOUNT = (0.0, math.inf, "a finite amount, not negative")
+_POSITIVE = (math.ulp(0.0), math.inf, "finite and above 0")
+_INDEX = (0, MAX_GPU - 1, f"a local GPU index from 0 to {MAX_GPU - 1}")
+_TIME = (0, 2**63 - 1, "nanoseconds, not negative")
+_ANY = (-math.inf, math.inf, "a finite number")
+# (lowest, highest, what it must be) per column, inclusive; float columns also refuse ±inf (NaN is
+# "not read" and always allowed). A column not listed accepts any value of its type.
+BOUNDS: dict[str, dict[str, tuple[float, float, str]]] = {
+    "devices": {
+        "gpu": _INDEX, "max_gfx_clock_mhz": _POSITIVE, "peak_flops": _POSITIVE, "memory_bytes": _AMOUNT,
+        "power_cap_w": _AMOUNT,
+    },
+    "samples": {
+        "ts_ns": _TIME, "gpu": _INDEX, "busy_ratio": _RATIO, "matrix_ratio": _RATIO, "mem_busy_ratio": _RATIO,
+        "temp_c": _ANY,
+        **{c: _AMOUNT for c in SAMPLE_COLUMNS if c.endswith(("_mhz", "_w", "_j", "_bytes", "_s"))},
+    },
+    "markers": {
+        "ts_ns": _TIME, "rank": (0, 2**63 - 1, "a rank, not negative"), "step": (0, 2**63 - 1, "a step, not negative"),
+        # -1: the agent could not place the rank's GPU (its steps are flagged unknown_device).
+        "gpu": (-1, MAX_GPU - 1, f"a local GPU index from 0 to {MAX_GPU - 1}, or -1 (unknown device)"),
+        "flops": _AMOUNT, "tokens": _AMOUNT, "bytes": _AMOUNT,
+    },
+}
 
 
 class RunDirError(ValueError):
@@ -115,6 +154,9 @@ def read_run(path: str | Path) -> RecordedRun:
         raise RunDirError(f"recorded run {str(base)!r} is a file, not a directory; pass the directory "
                           "that holds devices/samples/markers (.parquet or .csv)")
     frames = {table: _read_table(base, table) for table in TABLES}
+    for table, frame in frames.items():
+        _check_bounds(table, frame, _source(base, table))
+    _check_one_row_per_device(frames["devices"], _source(base, "devices"))
     _check_sample_gpus(frames["devices"], frames["samples"])
     return RecordedRun(
         path=base,
@@ -314,3 +356,39 @@ def _check_sample_gpus(devices: pd.DataFrame, samples: pd.DataFrame) -> None:
         shown = ", ".join(f"node={n} gpu={g}" for n, g in unknown[:5])
         raise RunDirError(f"samples refer to GPU(s) not in the devices table: {shown}; add a devices row "
                           "for each (node, gpu) that has samples")
+
+
+def _check_bounds(table: str, frame: pd.DataFrame, source: str) -> None:
+    """Refuse the first value outside its column's :data:`BOUNDS` (infinity in any float column)."""
+    import numpy as np
+
+    for col in COLUMNS[table]:
+        lo, hi, what = BOUNDS[table].get(col, _ANY)
+        values = frame[col].to_numpy()
+        if values.dtype.kind not in "if":
+            continue
+        if values.dtype.kind == "f":
+            bad = ~np.isnan(values) & ((values < lo) | (values > hi) | np.isinf(values))
+        else:
+            bad = (values < lo) | (values > hi)
+        if bad.any():
+            row = int(np.flatnonzero(bad)[0])
+            value = values[row].item()
+            empty = ", or empty where unknown" if values.dtype.kind == "f" else ""
+            count = int(bad.sum())
+            raise RunDirError(
+                f"{source}: column {col} must be {what}{empty}; row {row} has {value!r} ({count} "
+                f"row{'s' if count > 1 else ''} outside that range). Fix that row or re-export the {table} table; a column holding another "
+                f"column's values means the two were swapped (see chopper.schema for the order)")
+
+
+def _check_one_row_per_device(devices: pd.DataFrame, source: str) -> None:
+    """Refuse a devices table that lists one ``(node, gpu)`` twice: which row describes it?"""
+    repeated = devices.duplicated(["node", "gpu"], keep=False)
+    if repeated.any():
+        first = devices[repeated].iloc[0]
+        rows = devices.index[repeated & (devices["node"] == first["node"]) & (devices["gpu"] == first["gpu"])]
+        raise RunDirError(
+            f"{source}: node={first['node']} gpu={int(first['gpu'])} is listed in rows "
+            f"{', '.join(map(str, rows.tolist()))} (columns node, gpu); a run has one devices row per GPU: "
+            "remove the duplicate rows (runs of two nodes that share a name need distinct node names)")
