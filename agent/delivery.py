@@ -55,6 +55,7 @@ from agent.buffers import RingBuffer
 from chopper.proto.chopper.v1 import agent_pb2 as pb
 from chopper.proto.chopper.v1 import aggregator_pb2 as apb
 from chopper.proto.chopper.v1 import aggregator_pb2_grpc as apb_grpc
+from chopper.settings import is_loopback
 from chopper.tls import ClientTLS
 
 log = logging.getLogger(__name__)
@@ -202,6 +203,12 @@ class Forwarder:
 
     def start(self) -> None:
         """Start routing from the summaries buffered from now on."""
+        remote = [e for e in self.entries if not is_loopback(e.removeprefix(DNS_PREFIX).rpartition(":")[0])]
+        if self.tls is None and remote:
+            # Summaries name jobs, ranks and hosts, and anyone on the path can forge or read them.
+            log.warning("event=plaintext_delivery aggregators=%s note=step summaries go to another machine in "
+                        "clear; set aggregator_tls_ca (and aggregator_tls_cert/key for mutual TLS, docs/SECURITY.md)",
+                        ",".join(remote))
         self._cursor = self.buffer.next_seq
         router = threading.Thread(target=self._route_loop, name="delivery-router", daemon=True)
         self._threads.append(router)

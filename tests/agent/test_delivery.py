@@ -223,3 +223,20 @@ def test_settings_name_a_bad_aggregator_list() -> None:
         load_settings(["--aggregators", "a"], env={})
     with pytest.raises(ConfigError, match="delivery_batch"):
         load_settings(["--delivery-batch", "0"], env={})
+
+
+@pytest.mark.parametrize(("targets", "warned"), [
+    ("127.0.0.1:9480", False), ("localhost:9480,[::1]:9480", False), ("10.0.0.7:9480", True),
+    ("dns:///chopper-aggregator.monitoring:9480", True),
+])
+def test_plaintext_delivery_to_another_machine_is_warned(targets: str, warned: bool,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    buffer: RingBuffer[pb.StepSummary] = RingBuffer(10)
+    fwd = Forwarder(buffer, "n1", targets, interval_s=0.01, getaddrinfo=lambda *a, **k: [])
+    with caplog.at_level("WARNING", logger="agent.delivery"):
+        fwd.start()
+    fwd.stop()
+    said = [r.getMessage() for r in caplog.records if "event=plaintext_delivery" in r.getMessage()]
+    assert len(said) == int(warned), said
+    if warned:
+        assert "aggregator_tls_ca" in said[0] and targets.split(",")[0] in said[0]
