@@ -3,14 +3,20 @@
 Training processes hold one ``Control`` stream each (``attach``/``detach``). A capture request,
 in steps:
 
-1. Validate: steps ≥ 1, an absolute ``out_dir``; the job has a connected process
-   (else ``CaptureNotFound``), every asked rank too; no capture of the job runs now (else
-   ``CaptureBusy``, naming when the running one started).
+1. Validate: 1 to ``MAX_STEPS`` steps, a timeout of at most ``MAX_SECONDS``, an absolute
+   ``out_dir``; the job has a connected process (else ``CaptureNotFound``), every asked rank too;
+   no capture of the job runs now (else ``CaptureBusy``, naming when the running one started).
 2. Send ``ControlCommand{capture}`` to the newest process of each chosen rank.
 3. Raise the sampler's rate for the window (never lower it), so counters resolve the profiled
    steps; the rate in force before the first running capture comes back after the last one.
 4. Wait until every chosen rank reported (``report``), its process went away, or the timeout.
-5. Answer with each rank's result and the ranks that never reported.
+5. Tell each chosen rank still profiling to stop (``CaptureCommand{steps: STOP_STEPS}``): a
+   capture never outlives its timeout. Each process also stops on its own after ``MAX_STEPS``
+   steps or ``MAX_SECONDS`` (``chopper.capture.ProfilerWindow``), whatever an agent asked.
+6. Answer with each rank's result and the ranks that never reported.
+
+Nothing guards ``RequestCapture`` but the socket's mode and group (and the TLS listener's client
+certificates) unless ``token_file`` is set; ``log_access`` says so at start.
 
 No gRPC here: ``agent.server`` maps the exceptions to status codes.
 """
@@ -18,6 +24,7 @@ from __future__ import annotations
 
 import datetime
 import itertools
+import logging
 import queue
 import threading
 import time
@@ -25,16 +32,23 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from agent.sampler import FixedRateTicker
+from chopper.capture import DEFAULT_SECONDS, MAX_SECONDS, MAX_STEPS, STOP_STEPS
 from chopper.proto.chopper.v1 import agent_pb2 as pb
+
+if TYPE_CHECKING:
+    from agent.config import AgentSettings
+
+log = logging.getLogger(__name__)
 
 # A capture samples at least this fast unless the request says otherwise: 10 ms resolves the
 # phases of a step that lasts a few hundred ms, and 100 Hz is what every backend sustains.
 CAPTURE_SAMPLE_HZ = 100.0
 MAX_SAMPLE_HZ = 1000.0
-DEFAULT_TIMEOUT_S = 600.0
-MAX_TIMEOUT_S = 24 * 3600.0  # a capture waits for N steps; a day covers the slowest real step
+DEFAULT_TIMEOUT_S = DEFAULT_SECONDS
+MAX_TIMEOUT_S = MAX_SECONDS
 
 
 class CaptureError(Exception):
@@ -134,15 +148,17 @@ class CaptureManager:
 
     def request(self, req: pb.CaptureRequest) -> pb.CaptureReply:
         """Run one capture to its end (blocks the calling gRPC thread; see the module docstring)."""
-        if req.steps < 1:
-            raise CaptureInvalid(f"steps must be at least 1, got {req.steps}")
+        if not 1 <= req.steps <= MAX_STEPS:
+            raise CaptureInvalid(f"steps must be 1 to {MAX_STEPS}, got {req.steps}: torch.profiler slows the job and "
+                                 "holds every event in memory while it runs; profile fewer steps, or run several "
+                                 "captures")
         if not req.out_dir or not Path(req.out_dir).is_absolute():
             raise CaptureInvalid(f"out_dir must be an absolute path on the node, got {req.out_dir!r}")
         if not 0 <= req.sample_hz <= MAX_SAMPLE_HZ:  # also refuses NaN
             raise CaptureInvalid(f"sample_hz must be 0 (default) to {MAX_SAMPLE_HZ:g}, got {req.sample_hz:g}")
         if not (req.timeout_s <= MAX_TIMEOUT_S or req.timeout_s <= 0):  # NaN and inf fail both
             raise CaptureInvalid(f"timeout_s must be 0 (default {DEFAULT_TIMEOUT_S:g} s) to {MAX_TIMEOUT_S:g} s, "
-                                 f"got {req.timeout_s:g}")
+                                 f"the longest a capture runs, got {req.timeout_s:g}")
         timeout_s = req.timeout_s if req.timeout_s > 0 else DEFAULT_TIMEOUT_S
         with self._cond:
             active = self._start(req)
@@ -155,6 +171,7 @@ class CaptureManager:
                         break
                     self._cond.wait(left)
             finally:
+                self._stop_pending(active)
                 del self._active[req.job]
                 if not self._active and self._base_period_ns is not None:
                     self._ticker.period_ns = self._base_period_ns
@@ -197,6 +214,17 @@ class CaptureManager:
         self._active[req.job] = active
         return active
 
+    @staticmethod
+    def _stop_pending(active: _Active) -> None:
+        """Tell the ranks that did not report to stop profiling now (caller holds the lock)."""
+        if not active.pending:
+            return
+        stop = pb.ControlCommand(capture=pb.CaptureCommand(capture_id=active.capture_id, steps=STOP_STEPS))
+        for li in active.pending.values():
+            li.commands.put(stop)
+        log.warning("event=capture_timeout job=%s id=%s ranks=%s note='told to stop profiling; their traces are "
+                    "partial'", active.job, active.capture_id, sorted(active.pending))
+
     def _raise_rate(self, hz: float) -> float:
         """Sample at least ``hz`` until the last running capture ends (caller holds the lock)."""
         if self._base_period_ns is None:
@@ -204,3 +232,21 @@ class CaptureManager:
         if hz > self._ticker.hz:
             self._ticker.set_hz(hz)
         return self._ticker.hz
+
+
+def log_access(settings: AgentSettings) -> None:
+    """Say at start who may call ``RequestCapture``: a warning when no ``token_file`` restricts it."""
+    if settings.token_file:
+        log.info("event=capture_access token_file=%s note='RequestCapture needs a bearer token of that file'",
+                 settings.token_file)
+        return
+    group = f", group {settings.socket_group}" if settings.socket_group else ""
+    who = [f"every local user who can connect to socket_path={settings.socket_path} (mode {settings.socket_mode}"
+           f"{group})"]
+    if settings.grpc_listen:
+        who.append(f"every client with a certificate of tls_client_ca on grpc_listen={settings.grpc_listen}"
+                   if settings.tls_client_ca else f"every host that reaches grpc_listen={settings.grpc_listen}")
+    log.warning("event=capture_unprotected callers=%r note='without token_file, they can make the training processes "
+                "of this node run torch.profiler (up to %d steps, %g s per capture) and write traces to a directory "
+                "of their choosing; set token_file to a file of bearer tokens, owned by root, mode 0640 "
+                "(docs/SECURITY.md)'", " and ".join(who), MAX_STEPS, MAX_SECONDS)

@@ -1,0 +1,112 @@
+"""The job side of a capture: torch.profiler bounded in steps and seconds whatever the agent asked (real torch)."""
+from __future__ import annotations
+
+import gzip
+import json
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from chopper.capture import MAX_SECONDS, MAX_STEPS, ProfilerWindow, bounds_problem
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def profiling() -> bool:
+    return bool(torch._C._autograd._profiler_enabled())
+
+
+def traced_steps(path: str) -> list[str]:
+    with gzip.open(path, "rt") as fh:
+        return sorted(e["name"] for e in json.load(fh)["traceEvents"]
+                      if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#"))
+
+
+def run(window: ProfilerWindow, steps: int, clock: Clock, step_s: float) -> str:
+    """Step until the window ends (or ``steps`` steps); returns the error it ended with."""
+    for i in range(steps):
+        ending = window.begin_step(i)
+        if ending:
+            return ending
+        torch.ones(8).add_(1)
+        clock.now += step_s
+        ended = window.end_step()
+        if ended is not None:
+            return ended
+    raise AssertionError("the window never ended")
+
+
+@pytest.mark.hazard(item=3, input="a capture command whose steps never end in time (agent gone quiet, no stop)",
+                    promise="the job stops its profiler after MAX_SECONDS whatever the agent said")
+def test_the_profiler_stops_at_the_jobs_own_deadline(tmp_path: Path, hazard) -> None:
+    clock = Clock()
+    window = ProfilerWindow("c1", MAX_STEPS, str(tmp_path), clock=clock)
+    window.start()
+    assert profiling()
+    # Steps of 100 s: the time bound comes long before the 100th step.
+    error = run(window, MAX_STEPS, clock, step_s=100.0)
+    assert f"the profiler ran {MAX_SECONDS:g} s" in error
+    path, error = window.finish(0, error)
+    assert not profiling()
+    assert window.done == int(MAX_SECONDS // 100) and len(traced_steps(path)) == window.done
+    hazard.outcome = (f"profiler off after {window.done} steps of 100 s (clock injected), at the {MAX_SECONDS:g} s "
+                      f"bound; trace of {window.done} ProfilerStep# written; error {error!r}")
+
+
+def test_steps_over_the_maximum_are_clamped_and_said() -> None:
+    clock = Clock()
+    window = ProfilerWindow("c2", 10**9, "/nonexistent", clock=clock)
+    assert window.steps == MAX_STEPS and "asked for 1000000000 steps" in window.note
+    window.start()
+    try:
+        assert run(window, MAX_STEPS + 5, clock, step_s=0.001) == window.note
+        assert window.done == MAX_STEPS
+    finally:
+        window.finish(0, "")
+    assert not profiling()
+    assert ProfilerWindow("c3", 3, "/x").note == ""
+
+
+def test_a_stop_from_another_thread_ends_the_window_at_the_next_step(tmp_path: Path) -> None:
+    clock = Clock()
+    window = ProfilerWindow("c4", 50, str(tmp_path), clock=clock)
+    window.start()
+    assert window.begin_step(0) == ""
+    assert window.end_step() is None
+    stopper = threading.Thread(target=window.stop, args=("the agent's timeout passed",))
+    stopper.start()
+    stopper.join()
+    window.stop("a second reason")  # the first one wins
+    assert window.begin_step(1) == "the agent's timeout passed"
+    path, _ = window.finish(3, "the agent's timeout passed")
+    assert path.endswith("rank3.pt.trace.json.gz") and traced_steps(path) == ["ProfilerStep#0"]
+    assert not profiling()
+
+
+def test_a_trace_that_cannot_be_written_is_an_error_not_an_exception(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    window = ProfilerWindow("c5", 1, str(blocker / "traces"))
+    window.start()
+    window.begin_step(0)
+    assert window.end_step() == ""
+    path, error = window.finish(0, "")
+    assert path == "" and "could not write the trace" in error and not profiling()
+
+
+@pytest.mark.parametrize(("steps", "timeout_s", "named"), [
+    (0, 10.0, "steps: 0"), (MAX_STEPS + 1, 10.0, f"steps: {MAX_STEPS + 1}"), (10**10, 10.0, "steps: 10000000000"),
+    (1, MAX_SECONDS + 1, "timeout_s"), (1, float("nan"), "timeout_s"), (1, -1.0, "timeout_s"),
+])
+def test_the_cli_refuses_out_of_bounds_requests_naming_the_bound(steps: int, timeout_s: float, named: str) -> None:
+    problem = bounds_problem(steps, timeout_s)
+    assert problem is not None and problem.startswith(named)
+    assert bounds_problem(MAX_STEPS, MAX_SECONDS) is None and bounds_problem(1, 0.0) is None
