@@ -19,6 +19,7 @@ from agent.metrics import AgentCollector
 from agent.server import SocketInUse, SocketKeeper, TelemetryHub, build_server
 from chopper.proto.chopper.v1 import agent_pb2 as pb
 from chopper.proto.chopper.v1 import agent_pb2_grpc
+from tests.conftest import HazardOutcome
 
 
 class Running:
@@ -197,3 +198,25 @@ def test_log_budget_lets_a_burst_through_per_period_and_counts_the_rest() -> Non
     now[0] = 61.0
     assert budget.take() == 2  # the first line of the next period tells how many were held back
     assert budget.take() == 0
+
+
+@pytest.mark.hazard(item=1, input="a regular file put at socket_path while the agent runs (its socket removed)",
+                    promise="the agent serving its socket again never removes what is not a stale socket")
+def test_keeper_leaves_a_file_put_at_the_socket_path(tmp_path: Path, caplog: pytest.LogCaptureFixture,
+                                                     hazard: HazardOutcome) -> None:
+    r = Running(tmp_path)
+    keeper = SocketKeeper(r.server, r.agent)
+    sock = Path(r.settings.socket_path)
+    try:
+        sock.unlink()
+        sock.write_bytes(b"x" * 4096)  # someone's file, where the socket was
+        assert keeper.check() is False and keeper.check() is False
+        assert sock.read_bytes() == b"x" * 4096
+        warnings = [rec.getMessage() for rec in caplog.records if "event=socket_not_recreated" in rec.getMessage()]
+        assert len(warnings) == 1 and "is a regular file of 4096 bytes, not a socket" in warnings[0]
+        sock.unlink()  # the operator moves it away: served again
+        assert keeper.check() is True and stat.S_ISSOCK(os.lstat(sock).st_mode)
+        hazard.outcome = ("file of 4,096 bytes kept byte for byte over 2 checks, 1 warning naming it; once moved "
+                          "away the socket was served again")
+    finally:
+        r.stop()
