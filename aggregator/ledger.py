@@ -29,6 +29,12 @@ Protocol (``chopper/proto/chopper/v1/aggregator.proto``, agent side in ``agent/d
 5. A batch with no summaries is a handshake: it returns the current acknowledgement, so an agent
    that reconnects learns at once what was taken in before the cut. Servicers must answer it.
 
+The ledger recognises resends within one incarnation, and its acknowledgements are exact. A step
+that reaches the replica again another way (a new incarnation summarizing the same markers, a
+forgotten incarnation, a second agent name) is new here; the job table's step index
+(``aggregator/stepindex.py``) recognises it by ``(job, rank, step)`` and content, so it is still
+taken in, and acknowledged, once.
+
 Memory is bounded: one small record per incarnation, at most ``max_incarnations_per_agent`` per
 agent name (an agent that restarts gets a new incarnation; the oldest is forgotten) and
 ``max_incarnations`` in all (least recently used forgotten). A forgotten incarnation's declared
