@@ -10,7 +10,8 @@ old line. A presented token is compared with every accepted token by ``hmac.comp
 the time taken does not reveal how much of a guess was right.
 
 Whoever can write the file can let themselves in, so the file is trusted only when nobody but
-the daemon's user and root can write it (``trust_problem``). It is checked at start (a failure
+the daemon's user and root can write it (``trust_problem``; ``read_trusted`` reads any such file,
+e.g. TLS keys and CA bundles). It is checked at start (a failure
 is a start-up error) and on every reload. Algorithm, on each protected call (they are rare):
 
 1. ``stat`` the path (symlinks followed: Kubernetes mounts Secrets as links). Unchanged inode,
@@ -92,15 +93,18 @@ def _fix(path: Path) -> str:
     return f"chown root {path} && chmod 0640 {path} (or 0600), and keep its directory writable by its owner only"
 
 
-def _read_tokens(path: Path, what: str, *, trusted: bool) -> tuple[tuple[bytes, ...], os.stat_result]:
-    """The non-empty lines of ``path`` and the status of what was read.
+def read_trusted(path: Path, what: str, *, max_bytes: int, trusted: bool = True) -> tuple[bytes, os.stat_result]:
+    """The content of ``path`` and the status of what was read, for a file that holds secrets or trust.
+
+    Opened without blocking (a FIFO cannot hang the caller), checked through the opened file (no
+    race with a rename over the path), and read only when it is a regular file of at most
+    ``max_bytes``; with ``trusted``, it must also pass ``trust_problem``.
 
     Raises:
         UntrustedFile: ``trusted`` and the file fails ``trust_problem``.
-        TokenError: The file cannot be read, is not a regular file, is too large or holds no token.
+        TokenError: The file cannot be read, is not a regular file or is over ``max_bytes``.
     """
     try:
-        # O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer, forever.
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except OSError as exc:
         raise TokenError(f"{what} {path}: cannot be read ({exc.strerror}); check the path and its "
@@ -109,19 +113,27 @@ def _read_tokens(path: Path, what: str, *, trusted: bool) -> tuple[tuple[bytes, 
         st = os.fstat(fd)  # what was opened, not what the path names a moment later
         problem = trust_problem(st) if trusted else (None if stat.S_ISREG(st.st_mode) else "is not a regular file")
         if problem is not None:
-            raise UntrustedFile(f"{what} {path}: {problem}, so another user could add a token of their own; "
-                                f"{_fix(path)}", st)
-        if st.st_size > MAX_TOKEN_FILE_BYTES:
-            raise TokenError(f"{what} {path}: is {st.st_size} bytes, over {MAX_TOKEN_FILE_BYTES}; a token file holds "
-                             "one token per line")
+            raise UntrustedFile(f"{what} {path}: {problem}, so another user could put their own secret or trust "
+                                f"in it; {_fix(path)}", st)
+        if st.st_size > max_bytes:
+            raise TokenError(f"{what} {path}: is {st.st_size} bytes, over {max_bytes}; check that it is the right file")
         data = b""
-        while len(data) <= MAX_TOKEN_FILE_BYTES and (chunk := os.read(fd, MAX_TOKEN_FILE_BYTES + 1)):
+        while len(data) <= max_bytes and (chunk := os.read(fd, max_bytes + 1)):
             data += chunk
     finally:
         os.close(fd)
-    if len(data) > MAX_TOKEN_FILE_BYTES:
-        raise TokenError(f"{what} {path}: grew over {MAX_TOKEN_FILE_BYTES} bytes while it was read; a token file "
-                         "holds one token per line")
+    if len(data) > max_bytes:
+        raise TokenError(f"{what} {path}: grew over {max_bytes} bytes while it was read")
+    return data, st
+
+
+def _read_tokens(path: Path, what: str, *, trusted: bool) -> tuple[tuple[bytes, ...], os.stat_result]:
+    """The non-empty lines of ``path`` (``read_trusted``) and the status of what was read.
+
+    Raises:
+        TokenError: As ``read_trusted``, or the file is not text or holds no token.
+    """
+    data, st = read_trusted(path, what, max_bytes=MAX_TOKEN_FILE_BYTES, trusted=trusted)
     try:
         text = data.decode()
     except UnicodeDecodeError:
