@@ -44,6 +44,7 @@ def run(window: ProfilerWindow, steps: int, clock: Clock, step_s: float) -> str:
     raise AssertionError("the window never ended")
 
 
+@pytest.mark.slow  # the first torch.profiler start of a process loads Kineto: seconds on a loaded machine
 @pytest.mark.hazard(item=3, input="a capture command whose steps never end in time (agent gone quiet, no stop)",
                     promise="the job stops its profiler after MAX_SECONDS whatever the agent said")
 def test_the_profiler_stops_at_the_jobs_own_deadline(tmp_path: Path, hazard) -> None:
@@ -61,6 +62,7 @@ def test_the_profiler_stops_at_the_jobs_own_deadline(tmp_path: Path, hazard) -> 
                       f"bound; trace of {window.done} ProfilerStep# written; error {error!r}")
 
 
+@pytest.mark.slow
 def test_steps_over_the_maximum_are_clamped_and_said() -> None:
     clock = Clock()
     window = ProfilerWindow("c2", 10**9, "/nonexistent", clock=clock)
@@ -75,6 +77,7 @@ def test_steps_over_the_maximum_are_clamped_and_said() -> None:
     assert ProfilerWindow("c3", 3, "/x").note == ""
 
 
+@pytest.mark.slow
 def test_a_stop_from_another_thread_ends_the_window_at_the_next_step(tmp_path: Path) -> None:
     clock = Clock()
     window = ProfilerWindow("c4", 50, str(tmp_path), clock=clock)
@@ -91,6 +94,7 @@ def test_a_stop_from_another_thread_ends_the_window_at_the_next_step(tmp_path: P
     assert not profiling()
 
 
+@pytest.mark.slow
 def test_a_trace_that_cannot_be_written_is_an_error_not_an_exception(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")
