@@ -268,17 +268,17 @@ def stored_keys(root: Path, budget: int) -> StoredKeys:
             if rows < budget:
                 table = pq.read_table(path, columns=[c for c in ("step", "rank", "digest")
                                                      if c in pq.read_schema(path).names])
-                steps = table.column("step").to_numpy()
-                ranks = table.column("rank").to_numpy()
-                digests = (table.column("digest").to_numpy() if "digest" in table.column_names
-                           else np.zeros(len(steps), dtype=np.int64))
+                steps = np.asarray(table.column("step").to_numpy(), dtype=np.int64)
+                ranks = np.asarray(table.column("rank").to_numpy(), dtype=np.int64)
+                digests = (np.asarray(table.column("digest").to_numpy(), dtype=np.int64)
+                           if "digest" in table.column_names else np.zeros(len(steps), dtype=np.int64))
                 out.loaded.append((job, steps, ranks, digests))
                 rows += len(steps)
             else:
                 top = _max_step(path)
                 if top is not None:
                     out.beyond[job] = max(out.beyond.get(job, top), top)
-        except (OSError, ValueError, KeyError, pa.ArrowException) as exc:
+        except (OSError, ValueError, TypeError, KeyError, pa.ArrowException) as exc:
             out.unreadable += 1
             log.warning("event=store_file_unreadable path=%s error=%r note='its keys are not in the step index'",
                         path, str(exc))

@@ -162,3 +162,21 @@ def test_redelivery_to_a_real_aggregator_is_stored_once(tmp_path: Path, hazard: 
                       f"chopper attribute counted {attributed} rank-steps; duplicates counted {before:.0f} before the "
                       f"restart and {after:.0f} after (index rebuilt: {index_keys:.0f} keys), {conflicts:.0f} "
                       f"conflicting copies counted and kept in _conflicts ({len(aside)} rows)")
+
+
+def test_store_files_the_index_cannot_read_do_not_stop_the_start(tmp_path: Path) -> None:
+    clock = Clock()
+    core = life(tmp_path, clock)
+    core.deliver(apb.SummaryBatch(agent="node0", incarnation="i0", seq=[1, 2], summaries=_steps("d", 2, range(1))))
+    core.close()
+    part = tmp_path / "job=d" / "date=2026-01-01"
+    part.mkdir(parents=True)
+    (part / "part-0.parquet").write_bytes(b"not parquet")
+    pd.DataFrame({"step": ["seven"], "rank": ["x"]}).to_parquet(part / "part-1.parquet")
+    (part / "part-2.parquet").mkdir()
+    core = life(tmp_path, clock)  # recover() reads the store back into the step index
+    assert core.index_unreadable_files_total >= 2 and core.jobs.index.keys == 2
+    assert core.deliver(apb.SummaryBatch(agent="node9", incarnation="i9", seq=[1, 2],
+                                         summaries=_steps("d", 2, range(1)))) == 2
+    assert core.jobs.rejected["duplicate_rank_step"] == 2
+    core.close()
