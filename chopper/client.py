@@ -155,8 +155,6 @@ def _said(field: str, given: object, used: _T, problem: str | None, fix: str, le
     return used
 
 
-
-
 class _NoOp:
     """The context manager returned before ``init``: does nothing, counts nothing."""
 
@@ -269,6 +267,9 @@ class _Capture:
 class Client:
     """Marker queue plus the background sender for one training process.
 
+    Identity arguments the wire or the agent cannot take are replaced, with a warning (module
+    docstring); ``job``, ``rank``, ``gpu``, ``device_uuid``, ``target`` and ``pid`` hold what is sent.
+
     Args:
         job: Job id carried in every batch.
         rank: Global rank of this process.
@@ -327,10 +328,10 @@ class Client:
         self.target = _said("agent", given_target, _socket_target(given_target),
                             "the socket path holds bytes that are not UTF-8",
                             "none needed: gRPC decodes %XX in a unix socket path", level=logging.INFO)
-        given_pid = os.getpid() if pid is None else _integer(pid)
-        self.pid = _said("pid", pid if pid is not None else given_pid,
-                         given_pid if given_pid is not None and -_INT64_MAX <= given_pid <= _INT64_MAX else os.getpid(),
-                         "a pid is an integer of int64", "pass no pid: the client reads its own")
+        given_pid = os.getpid() if pid is None else pid
+        wire_pid = _integer(given_pid)
+        self.pid = _said("pid", given_pid, wire_pid if wire_pid is not None and abs(wire_pid) <= _INT64_MAX
+                         else os.getpid(), "a pid is an integer of int64", "pass no pid: the client reads its own")
         self._q: deque[Item] = deque()
         self._cap = max(0, int(queue_size))
         self._max_batch = min(max(1, int(max_batch)), MAX_MARKERS_PER_BATCH)  # larger batches are refused
