@@ -386,6 +386,13 @@ class Wal:
         found: list[_Segment] = []
         if os.path.lexists(self.directory) and not self.directory.is_dir():
             self._set_aside_log_path()
+        quarantine = self.directory / QUARANTINE
+        if os.path.lexists(quarantine) and (quarantine.is_symlink() or not quarantine.is_dir()):
+            # Something else holds the quarantine's name: renamed, it is set aside like any stray entry.
+            try:
+                os.replace(quarantine, quarantine.with_name(f"{QUARANTINE}.not-a-directory"))
+            except OSError as exc:
+                log.error("event=wal_set_aside_failed path=%s error=%r", quarantine, str(exc))
         entries = sorted(self.directory.iterdir()) if self.directory.is_dir() else []
         for p in entries:
             if p.name == QUARANTINE and p.is_dir() and not p.is_symlink():

@@ -106,13 +106,16 @@ def _strays(wal_dir: Path) -> dict[str, str]:
     (wal_dir / f"segment-{10**12 + 3:020d}.log").write_bytes(file_header(3) + b"a record of a future format")
     (wal_dir / "segment-7.log").write_bytes(b"not named as the log names segments")
     os.mkfifo(wal_dir / f"segment-{10**12 + 4:020d}.log")  # reading it would block the start forever
+    (wal_dir / QUARANTINE).write_bytes(b"a file where the quarantine directory goes")
     return {f"segment-{10**12:020d}.log": "not_a_file", f"segment-{10**12 + 1:020d}.log": "empty",
             f"segment-{10**12 + 2:020d}.log": "truncated_header", f"segment-{10**12 + 3:020d}.log": "newer_version",
-            "segment-7.log": "name", f"segment-{10**12 + 4:020d}.log": "not_a_file"}
+            "segment-7.log": "name", f"segment-{10**12 + 4:020d}.log": "not_a_file",
+            f"{QUARANTINE}.not-a-directory": "name"}
 
 
 @pytest.mark.hazard(item=8, input="log directory holding a directory and a FIFO named like segments, a zero-length "
-                                  "segment, a cut header, a newer version's segment, a wrongly named file",
+                                  "segment, a cut header, a newer version's segment, wrongly named files, a file "
+                                  "named like the quarantine",
                     promise="recovery never refuses to start: what it cannot read is moved to quarantine/, counted "
                             "by reason, and every acknowledged summary is still stored once")
 def test_recovery_sets_aside_what_it_cannot_read(tmp_path: Path, hazard: HazardOutcome) -> None:
