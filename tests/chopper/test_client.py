@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -98,7 +99,7 @@ def as_rows(markers: list[agent_pb2.Marker]) -> list[tuple]:
 
 
 def fast_client(sock: Path, **kw) -> Client:
-    defaults = dict(
+    defaults: dict[str, Any] = dict(
         job="j1", rank=3, gpu=1, agent=f"unix://{sock}", flush_interval_s=0.01,
         initial_backoff_s=0.02, max_backoff_s=0.2,
     )
