@@ -22,6 +22,7 @@ from agent.host import HostSampler
 from agent.metrics import AgentCollector
 from agent.server import SocketInUse, SocketKeeper, TelemetryHub, build_server
 from chopper import logs, sdnotify
+from chopper.listen_check import check_listen
 from chopper.stopsignals import StopSignals
 
 log = logging.getLogger("agent")
@@ -70,9 +71,10 @@ def _serve(settings: AgentSettings, stop: StopSignals) -> int:
     registry.register(AgentCollector(agent))
     host, _, port = settings.metrics_listen.rpartition(":")
     try:
+        check_listen("metrics_listen", settings.metrics_listen)
         httpd, metrics_thread = start_http_server(int(port), addr=host.strip("[]"), registry=registry)
     except OSError as exc:
-        print(f"chopper-agent: metrics_listen: cannot bind {settings.metrics_listen}: {exc.strerror}", file=sys.stderr)
+        print(f"chopper-agent: {exc}", file=sys.stderr)
         agent.stop()
         return 2
     try:

@@ -33,6 +33,7 @@ from aggregator.service import Aggregator
 from aggregator.store import Store
 from aggregator.wal import Wal
 from chopper import logs, sdnotify
+from chopper.listen_check import check_listen
 from chopper.stopsignals import StopSignals
 
 log = logging.getLogger("aggregator")
@@ -97,10 +98,10 @@ def _serve(settings: AggregatorSettings, stop: StopSignals) -> int:
     registry.register(AggregatorCollector(core, settings.rank_series_top_k))
     host, _, mport = settings.metrics_listen.rpartition(":")
     try:
+        check_listen("metrics_listen", settings.metrics_listen)
         httpd, metrics_thread = start_http_server(int(mport), addr=host.strip("[]"), registry=registry)
     except OSError as exc:
-        print(f"chopper-aggregator: metrics_listen: cannot bind {settings.metrics_listen}: {exc.strerror}",
-              file=sys.stderr)
+        print(f"chopper-aggregator: {exc}", file=sys.stderr)
         server.stop(0)
         return 2
     ticks = [0]

@@ -31,6 +31,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from chopper.access import AccessControl, Refusals
 from chopper.auth import TokenFile
+from chopper.listen_check import check_listen
 from chopper.ratelimit import StreamSlots
 from chopper.settings import ConfigError, is_loopback
 from chopper.tls import ServerTLS
@@ -176,6 +177,7 @@ class SecureServer:
         Raises:
             OSError: The address cannot be bound; the message names the setting ``key``.
         """
+        check_listen(key, address)
         host = address.rpartition(":")[0]
         if tls is None:
             if is_loopback(host):
@@ -191,7 +193,7 @@ class SecureServer:
                     else self.server.add_secure_port(address, tls.credentials()))
         except RuntimeError:
             port = 0
-        if port == 0:
+        if port == 0:  # the address bound a moment ago (check_listen): something took it since
             raise OSError(f"{key}: cannot bind {address}; is the port in use?")
         if tls is not None:
             log.info("event=tls_listen %s=%s port=%d mutual=%s", key, address, port, tls.mutual)

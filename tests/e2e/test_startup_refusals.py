@@ -224,3 +224,38 @@ def test_aggregator_listen_addresses_that_cannot_be_bound(hazard: HazardOutcome)
         assert line.startswith("chopper-aggregator: listen: cannot bind ") and text in line, line
         assert "is the port in use?" not in line  # the old guess, wrong for two of these
     hazard.outcome = "3 of 3 refused with exit 2 in one line naming listen, the real cause and the fix; no gRPC text"
+
+
+@pytest.mark.slow
+@pytest.mark.hazard(item=14, input="the agent's grpc_listen and either daemon's metrics_listen: a port another process "
+                    "holds, a host name that does not resolve",
+                    promise="refused at start naming the setting, the cause and the fix, as listen is")
+def test_every_tcp_listener_names_why_it_cannot_bind(tmp_path: Path, hazard: HazardOutcome) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen(1)
+        busy = holder.getsockname()[1]
+        results = run_all({
+            "agent grpc_listen in use": lambda: [*agent_argv(tmp_path / "a.sock"), "--grpc-listen",
+                                                 f"127.0.0.1:{busy}"],
+            "agent grpc_listen no such host": lambda: [*agent_argv(tmp_path / "b.sock"), "--grpc-listen",
+                                                       f"no-such-host.invalid:{free_port()}"],
+            "agent metrics_listen in use": lambda: [*agent_argv(tmp_path / "c.sock"), "--metrics-listen",
+                                                    f"127.0.0.1:{busy}"],
+            "aggregator metrics_listen in use": lambda: [*aggregator_argv(f"127.0.0.1:{free_port()}"),
+                                                         "--metrics-listen", f"127.0.0.1:{busy}"],
+        })
+    expected = {
+        "agent grpc_listen in use": ("chopper-agent", "grpc_listen: cannot bind", f"port {busy} is in use"),
+        "agent grpc_listen no such host": ("chopper-agent", "grpc_listen: cannot bind", "does not resolve"),
+        "agent metrics_listen in use": ("chopper-agent", "metrics_listen: cannot bind", f"port {busy} is in use"),
+        "aggregator metrics_listen in use": ("chopper-aggregator", "metrics_listen: cannot bind",
+                                             f"port {busy} is in use"),
+    }
+    for name, (daemon, setting, cause) in expected.items():
+        rc, err = results[name]
+        assert rc == 2, (name, rc, err)
+        line = refusal(err, daemon)
+        assert setting in line and cause in line and "is the port in use?" not in line, (name, line)
+    hazard.outcome = (f"{len(expected)} of {len(expected)} refused with exit 2 in one line naming the setting, the "
+                      "real cause and the fix (before: grpc_listen said 'is the port in use?' for any cause)")
