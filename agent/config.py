@@ -102,8 +102,9 @@ class AgentSettings:
                                  "sent a marker for this long (not while it has a step open), s"}
     )
     max_ranks: int = field(
-        default=1024, metadata={"help": "(job, rank)s tracked at most; beyond it the one silent longest is "
-                                "forgotten"}
+        default=1024, metadata={"help": "(job, rank)s tracked at most; a new one takes the place of one without "
+                                "an open step (or silent for rank_idle_s), else its markers are refused as "
+                                "too_many_ranks"}
     )
 
 
