@@ -19,8 +19,9 @@ numpy; callers map the results back to rows with the names' inverse indices. The
 """
 from __future__ import annotations
 
-import functools
 import re
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -73,16 +74,46 @@ def _compile(pattern: str) -> tuple[bool, re.Pattern[str]]:
 
 
 _COMPILED = tuple((cls, typ, *_compile(pat)) for cls, typ, pat in KERNEL_TABLE)
-# Names classified once each, whichever analysis asks first (the hierarchy, temporal breakdown and
-# top kernels all class the same names). Bounded: at most CACHE_NAMES names of at most
-# CACHE_NAME_CHARS characters (16 MiB); a longer name is classified again when asked again.
+# Names classified once each, whichever analysis asks first (the hierarchy, the temporal breakdown
+# of each analysis and top kernels all class the same names). Bounded by names and by characters
+# held, so a process that analyses many traces keeps at most ~16 MiB of names alive.
 CACHE_NAMES = 1 << 14
-CACHE_NAME_CHARS = 1024
+CACHE_CHARS = 1 << 24
 
 
-@functools.lru_cache(maxsize=CACHE_NAMES)
-def _classify_cached(name: str) -> tuple[str, str]:
-    return _classify(name)
+class _NameCache:
+    """Least-recently-used ``name -> (class, type)``, within ``CACHE_NAMES`` and ``CACHE_CHARS``."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._items: OrderedDict[str, tuple[str, str]] = OrderedDict()
+        self._chars = 0
+
+    def get(self, name: str) -> tuple[str, str] | None:
+        with self._lock:
+            found = self._items.get(name)
+            if found is not None:
+                self._items.move_to_end(name)
+            return found
+
+    def put(self, name: str, value: tuple[str, str]) -> None:
+        if len(name) > CACHE_CHARS:
+            return
+        with self._lock:
+            if name not in self._items:
+                self._chars += len(name)
+            self._items[name] = value
+            while len(self._items) > CACHE_NAMES or self._chars > CACHE_CHARS:
+                old, _ = self._items.popitem(last=False)
+                self._chars -= len(old)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+            self._chars = 0
+
+
+_CACHE = _NameCache()
 
 
 def _classify(name: str) -> tuple[str, str]:
@@ -102,7 +133,11 @@ def classify_name(name: str) -> tuple[str, str]:
     Returns:
         The HTA class (COMMUNICATION, MEMORY, OTHER or COMPUTATION) and the finer type.
     """
-    return _classify_cached(name) if len(name) <= CACHE_NAME_CHARS else _classify(name)
+    found = _CACHE.get(name)
+    if found is None:
+        found = _classify(name)
+        _CACHE.put(name, found)
+    return found
 
 
 def classify_unique(names: Sequence[str] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
