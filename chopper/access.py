@@ -42,6 +42,7 @@ import grpc
 
 from chopper.auth import TokenFile, presented
 from chopper.ratelimit import RateLimiter, StreamSlots
+from chopper.schema import PID_METADATA
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +55,6 @@ REFUSAL_REASONS = {
     "streams_per_client": "the client (on the unix socket: the process named by chopper-pid) already held its most "
                           "open streams",
 }
-# Invocation metadata in which a local client states its process id (see step 4 of the docstring).
-PID_METADATA = "chopper-pid"
 LOG_INTERVAL_S = 10.0
 
 
@@ -67,25 +66,20 @@ class TooLarge:
 
 
 class Refusals:
-    """Refused RPCs by (rpc, reason) and refused connections by reason; safe from any thread."""
+    """Refused RPCs by (rpc, reason); safe from any thread."""
 
     def __init__(self) -> None:
         self._rpcs: Counter[tuple[str, str]] = Counter()
-        self._connections: Counter[str] = Counter()
         self._lock = threading.Lock()
 
     def rpc(self, rpc: str, reason: str) -> None:
         with self._lock:
             self._rpcs[(rpc, reason)] += 1
 
-    def connection(self, reason: str) -> None:
+    def snapshot(self) -> dict[tuple[str, str], int]:
+        """A copy of the counts by (rpc, reason), for a scrape."""
         with self._lock:
-            self._connections[reason] += 1
-
-    def snapshot(self) -> tuple[dict[tuple[str, str], int], dict[str, int]]:
-        """Copies of the RPC and connection counts, for a scrape."""
-        with self._lock:
-            return dict(self._rpcs), dict(self._connections)
+            return dict(self._rpcs)
 
 
 def client_identity(context: grpc.ServicerContext) -> str:

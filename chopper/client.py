@@ -70,9 +70,10 @@ from chopper.jobname import (
     usable_job_name,
 )
 from chopper.launcher_identity import MAX_INDEX
-from chopper.schema import MAX_MARKERS_PER_BATCH, ClockSource, MarkerKind
+from chopper.schema import MAX_MARKERS_PER_BATCH, PID_METADATA, ClockSource, MarkerKind
 
 if TYPE_CHECKING:
+    from chopper.capture import ProfilerWindow
     from chopper.proto.chopper.v1 import agent_pb2
 
 logger = logging.getLogger("chopper.client")
@@ -247,23 +248,6 @@ class _Stream:
         self.confirmed = 0  # batches confirmed written on this stream
 
 
-class _Capture:
-    """One running on-demand capture (docs/CAPTURE.md): the profiler and the steps it covered."""
-
-    __slots__ = ("abort", "begin_ns", "capture_id", "done", "end_ns", "prof", "range", "steps", "trace_dir")
-
-    def __init__(self, capture_id: str, steps: int, trace_dir: str, prof: Any) -> None:
-        self.capture_id = capture_id
-        self.steps = steps
-        self.trace_dir = trace_dir
-        self.prof = prof
-        self.range: Any = None  # the open ProfilerStep#N record_function
-        self.done = 0
-        self.begin_ns = 0
-        self.end_ns = 0
-        self.abort = ""  # why to stop early, set by the control thread
-
-
 class Client:
     """Marker queue plus the background sender for one training process.
 
@@ -332,6 +316,9 @@ class Client:
         wire_pid = _integer(given_pid)
         self.pid = _said("pid", given_pid, wire_pid if wire_pid is not None and abs(wire_pid) <= _INT64_MAX
                          else os.getpid(), "a pid is an integer of int64", "pass no pid: the client reads its own")
+        # Every local process reaches the agent as the same unix peer: saying which one it is
+        # gives it a stream budget of its own (chopper/access.py).
+        self._peer_metadata = ((PID_METADATA, str(os.getpid())),)
         self._q: deque[Item] = deque()
         self._cap = max(0, int(queue_size))
         self._max_batch = min(max(1, int(max_batch)), MAX_MARKERS_PER_BATCH)  # larger batches are refused
@@ -373,7 +360,7 @@ class Client:
         self._control_call: Any = None
         self._capturing = False  # a command is pending or a capture runs: the hot path's only check
         self._capture_cmd: Any = None
-        self._capture: _Capture | None = None
+        self._capture: ProfilerWindow | None = None
         self._capture_lock = threading.Lock()
         self.capture_results: list[dict[str, Any]] = []
         if start:
@@ -499,61 +486,47 @@ class Client:
         """Training thread, at a step entry: start a pending capture, open this step's range."""
         try:
             cap = self._capture
-            if cap is not None and cap.abort:
-                self._capture_finish(cap.abort)
-                return
             if cap is None:
-                with self._capture_lock:
-                    cmd, self._capture_cmd = self._capture_cmd, None
-                if cmd is None:
-                    self._capturing = False
-                    return
-                cap = self._capture_start(cmd)
+                cap = self._capture_start()
                 if cap is None:
                     return
-            import torch
-
-            # Our own ProfilerStep#N ranges, not prof.step(): they span exactly the marked step,
-            # so the trace's iterations and the recorded markers agree step for step.
-            cap.range = torch.profiler.record_function(f"ProfilerStep#{step}")
-            cap.range.__enter__()
-            if not cap.begin_ns:
-                cap.begin_ns = time.time_ns()
+            ending = cap.begin_step(step)
+            if ending:
+                self._capture_finish(ending)
         except Exception as e:
             self._capture_failed(f"{type(e).__name__}: {e}")
 
-    def _capture_start(self, cmd: Any) -> _Capture | None:
-        """Start ``torch.profiler`` for a capture command; None (and a report) when it cannot."""
-        try:
-            import torch
-            from torch.profiler import ProfilerActivity, profile
+    def _capture_start(self) -> ProfilerWindow | None:
+        """Start ``torch.profiler`` for the pending command; None when there is none or it cannot start."""
+        from chopper.capture import ProfilerWindow
 
-            activities = [ProfilerActivity.CPU]
-            if torch.cuda.is_available():  # also true on ROCm builds, where Kineto traces HIP
-                activities.append(ProfilerActivity.CUDA)
-            prof = profile(activities=activities, record_shapes=False)
-            prof.start()
+        with self._capture_lock:  # taken and installed at once, so that a stop finds one or the other
+            cmd, self._capture_cmd = self._capture_cmd, None
+            if cmd is None:
+                self._capturing = False
+                return None
+            cap = self._capture = ProfilerWindow(cmd.capture_id, cmd.steps, cmd.trace_dir)
+        try:
+            cap.start()
         except Exception as e:
-            self._capturing = False
+            self._capture = None
+            self._capturing = self._capture_cmd is not None
             self._report(cmd.capture_id, "", 0, f"cannot start torch.profiler: {type(e).__name__}: {e}", 0, 0)
             return None
-        cap = _Capture(cmd.capture_id, max(1, cmd.steps), cmd.trace_dir, prof)
-        self._capture = cap
         logger.info("event=capture_started id=%s steps=%d trace_dir=%s", cap.capture_id, cap.steps, cap.trace_dir)
+        if cap.note:
+            logger.warning("event=capture_clamped id=%s note=%r", cap.capture_id, cap.note)
         return cap
 
     def _capture_step_end(self) -> None:
-        """Training thread, at a step exit: close the step's range; finish after the last step."""
+        """Training thread, at a step exit: close the step's range; finish after the window's last step."""
         try:
             cap = self._capture
-            if cap is None or cap.range is None:
+            if cap is None:
                 return
-            cap.range.__exit__(None, None, None)
-            cap.range = None
-            cap.done += 1
-            cap.end_ns = time.time_ns()
-            if cap.done >= cap.steps:
-                self._capture_finish("")
+            ending = cap.end_step()
+            if ending is not None:
+                self._capture_finish(ending)
         except Exception as e:
             self._capture_failed(f"{type(e).__name__}: {e}")
 
@@ -564,19 +537,7 @@ class Client:
             return
         self._capture = None
         self._capturing = self._capture_cmd is not None
-        path = ""
-        try:
-            if cap.range is not None:
-                cap.range.__exit__(None, None, None)
-                cap.range = None
-            cap.prof.stop()
-            out = os.path.join(cap.trace_dir, f"rank{self.rank}.pt.trace.json.gz")
-            os.makedirs(cap.trace_dir, exist_ok=True)
-            cap.prof.export_chrome_trace(out)
-            path = out
-        except Exception as e:
-            error = f"{error}; " if error else ""
-            error += f"could not write the trace: {type(e).__name__}: {e}"
+        path, error = cap.finish(self.rank, error)
         logger.info("event=capture_done id=%s steps=%d path=%s error=%r", cap.capture_id, cap.done, path, error)
         self._report(cap.capture_id, path, cap.done, error, cap.begin_ns, cap.end_ns)
 
@@ -631,7 +592,7 @@ class Client:
             hello = agent_pb2.ControlHello(job=self.job, rank=self.rank, pid=self.pid)
             while not self._stop_event.is_set():
                 try:
-                    call = stub.Control(hello, wait_for_ready=False)
+                    call = stub.Control(hello, wait_for_ready=False, metadata=self._peer_metadata)
                     self._control_call = call
                     if self._stop_event.is_set():
                         call.cancel()
@@ -651,6 +612,11 @@ class Client:
             channel.close()
 
     def _on_capture_command(self, cmd: Any) -> None:
+        from chopper.capture import STOP_STEPS
+
+        if cmd.steps <= STOP_STEPS:
+            self._capture_stop(cmd.capture_id, "the agent's timeout passed")
+            return
         with self._capture_lock:
             if self._capture is not None or self._capture_cmd is not None:
                 busy = True
@@ -661,14 +627,24 @@ class Client:
         if busy:
             self._report(cmd.capture_id, "", 0, "this process is already capturing", 0, 0)
 
+    def _capture_stop(self, capture_id: str, why: str) -> None:
+        """End capture ``capture_id`` at the next step boundary, or drop it if it has not started."""
+        with self._capture_lock:
+            cmd = self._capture_cmd
+            if cmd is not None and cmd.capture_id == capture_id:
+                self._capture_cmd = None
+            cap = self._capture
+        if cap is not None and cap.capture_id == capture_id:
+            cap.stop(f"{why} after {cap.done} of {cap.steps} steps; trace is partial")
+
     def _control_lost(self) -> None:
         """The agent went away: drop a pending command, end a running capture at the next step."""
         with self._capture_lock:
             self._capture_cmd = None
         cap = self._capture
-        if cap is not None and not cap.abort:
-            cap.abort = f"the agent went away after {cap.done} of {cap.steps} steps; trace is partial"
-        elif cap is None:
+        if cap is not None:
+            cap.stop(f"the agent went away after {cap.done} of {cap.steps} steps; trace is partial")
+        else:
             self._capturing = False
 
     # ------------------------------------------------------------------------------ sender
@@ -795,7 +771,8 @@ class Client:
             stream = _Stream()
             self._stream = stream
             done = threading.Event()
-            call = stub.PushMarkers.future(self._requests(stream, agent_pb2), wait_for_ready=False)
+            call = stub.PushMarkers.future(self._requests(stream, agent_pb2), wait_for_ready=False,
+                                           metadata=self._peer_metadata)
             stream.call = call
             call.add_done_callback(lambda _f, done=done: done.set())
             self._connected = True

@@ -17,6 +17,9 @@ NAN = math.nan
 # for ~20 ms, so a broken client's huge batches cannot delay the other ranks' markers for long. The
 # client sends at most this many (512 by default).
 MAX_MARKERS_PER_BATCH = 4096
+# Invocation metadata in which a local client states its process id: every process on the agent's
+# unix socket is the same gRPC peer, and this gives each its own stream budget (chopper/access.py).
+PID_METADATA = "chopper-pid"
 
 
 class MarkerKind(enum.IntEnum):

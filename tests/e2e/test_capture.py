@@ -100,7 +100,7 @@ def test_capture_refusals_and_agent_killed_mid_capture(agent_process: AgentProce
     training = start_training(agent_process.target, ranks=2, duration_s=TRAINING_S)
     try:
         wait_for_steps(agent_process)
-        long = capture(agent_process.target, "--job", "e2e", "--steps", "100000", "--out", str(tmp_path / "long"))
+        long = capture(agent_process.target, "--job", "e2e", "--steps", "100", "--out", str(tmp_path / "long"))
         # The agent raises its sample rate once the capture runs: only then is a second one sure to collide.
         assert wait_until(lambda: metric_sum(agent_process.metrics(), "chopper_agent_sample_rate_hertz") >= 100,
                           timeout_s=60), "the long capture never started"

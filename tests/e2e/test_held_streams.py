@@ -22,6 +22,7 @@ import pytest
 import chopper
 from chopper.proto.chopper.v1 import agent_pb2 as pb
 from chopper.proto.chopper.v1 import agent_pb2_grpc
+from chopper.schema import PID_METADATA
 from tests.conftest import HazardOutcome
 from tests.e2e.conftest import AgentProcess, metric_sum, wait_until
 
@@ -30,11 +31,10 @@ STEPS = 20
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def hold(target: str, streams: int, state_pid: bool = True) -> None:
+def hold(target: str, streams: int) -> None:
     """Open ``streams`` empty PushMarkers streams, print how they stand once settled, hold them until stdin closes.
 
-    ``state_pid``: send ``chopper-pid`` as the job-side client does; without it the streams count
-    under the key that every local caller stating no process shares.
+    The streams state this process's id (``chopper-pid``) as the job-side client's do.
     """
     release = threading.Event()
 
@@ -43,7 +43,7 @@ def hold(target: str, streams: int, state_pid: bool = True) -> None:
         yield from ()
 
     channels = [grpc.insecure_channel(target) for _ in range(4)]
-    metadata = (("chopper-pid", str(os.getpid())),) if state_pid else ()
+    metadata = ((PID_METADATA, str(os.getpid())),)
     calls = [agent_pb2_grpc.AgentStub(channels[i % 4]).PushMarkers.future(requests(), metadata=metadata)
              for i in range(streams)]
     time.sleep(3.0)  # the agent admits or refuses each at once; held ones stay pending
@@ -106,23 +106,25 @@ def test_one_process_holding_300_streams_starves_neither_trainers_nor_getinfo(tm
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-@pytest.mark.hazard(item=7, input="300 held streams from local callers that state no process, then a trainer that "
-                    "states none either (a job-side client older than chopper-pid)",
+@pytest.mark.hazard(item=7, input="two local processes hold every stream slot of the agent, then a trainer connects",
                     promise="a refused stream is counted on both sides: the agent by reason, the client as "
-                    "dropped, never as sent")
+                    "dropped, never as sent; GetInfo still answers")
 def test_a_refused_trainer_counts_its_markers_dropped_and_the_agent_counts_the_refusal(
         tmp_path: Path, hazard: HazardOutcome) -> None:
     agent = AgentProcess(tmp_path).start()
-    holder = subprocess.Popen(
-        [sys.executable, "-c",
-         f"from tests.e2e.test_held_streams import hold; hold({agent.target!r}, {HELD}, state_pid=False)"],
+    # Each holder may take three quarters of the slots: two of them take them all.
+    holders = [subprocess.Popen(
+        [sys.executable, "-c", f"from tests.e2e.test_held_streams import hold; hold({agent.target!r}, {HELD})"],
         cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-    )
+    ) for _ in range(2)]
     try:
-        assert holder.stdout is not None
-        codes = json.loads(holder.stdout.readline())
+        codes: dict[str, int] = {}
+        for holder in holders:
+            assert holder.stdout is not None
+            for name, n in json.loads(holder.stdout.readline()).items():
+                codes[name] = codes.get(name, 0) + n
         before = metric_sum(agent.metrics(), "chopper_agent_rpc_refused_total", rpc="PushMarkers",
-                            reason="streams_per_client")
+                            reason="too_many_streams")
         client = chopper.Client("refused", 0, 0, agent.target)
         for i in range(STEPS):
             with client.step(i):
@@ -132,17 +134,18 @@ def test_a_refused_trainer_counts_its_markers_dropped_and_the_agent_counts_the_r
         text = agent.metrics()
         received = metric_sum(text, "chopper_rank_markers_received_total", job="refused")
         refusals = metric_sum(text, "chopper_agent_rpc_refused_total", rpc="PushMarkers",
-                              reason="streams_per_client") - before
+                              reason="too_many_streams") - before
         assert received == 0 and stats["sent"] == 0, (received, stats)
         assert stats["queued"] == stats["dropped"] == 2 * STEPS and "RESOURCE_EXHAUSTED" in stats["last_error"], stats
         assert refusals >= 1, text  # each of the trainer's attempts is one
         with grpc.insecure_channel(agent.target) as channel:
             assert agent_pb2_grpc.AgentStub(channel).GetInfo(pb.GetInfoRequest(), timeout=5.0).node == "e2e-node"
-        hazard.outcome = (f"holder: {codes.get('HELD', 0)} held, {codes.get('RESOURCE_EXHAUSTED', 0)} refused; the "
+        hazard.outcome = (f"holders: {codes.get('HELD', 0)} held, {codes.get('RESOURCE_EXHAUSTED', 0)} refused; the "
                           f"trainer's {stats['queued']} markers: {stats['sent']} counted sent, {stats['dropped']} "
                           f"dropped, {received:g} reached the agent; the agent counted its {refusals:g} attempts as "
-                          "PushMarkers streams_per_client refusals; GetInfo answered")
+                          "PushMarkers too_many_streams refusals; GetInfo answered")
     finally:
-        holder.kill()
-        holder.wait()
+        for holder in holders:
+            holder.kill()
+            holder.wait()
         agent.terminate()
