@@ -39,5 +39,11 @@ FLAGS: dict[str, str] = {
     "comm_capped": "exposed communication was capped so that idle + exposed <= step time",
     "cpu_clock": "markers were stamped with the CPU clock, not device events: windows lead the GPU work by the "
     "launch queue (live summaries only; recorded runs do not carry the clock source)",
+    "unknown_device": "the rank's GPU could not be placed on its node (a UUID it lacks, an index beyond its GPUs, "
+    "or the client's unresolved: report): no GPU's samples were joined (live summaries only; docs/IDENTITY.md)",
+    "bad_flops": "the step_end's flops was negative or not finite and was dropped, so the step counts as no_flops "
+    "(live summaries only)",
+    "bad_tokens": "the step_end's tokens was negative and was dropped (0) (live summaries only)",
+    "bad_bytes": "a collective of the step carried negative bytes, dropped (0) (live summaries only)",
     "slowest_rank": "this rank had the largest compute time of its job at this step (job level)",
 }

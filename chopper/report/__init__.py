@@ -300,11 +300,13 @@ def summary_blocks(result: Attribution) -> list[Any]:
             "(cause none: the clock was not low, look at the host, data loader or kernels)",
             cols, rows, frozenset(cols[5:9])))
     blocks += phase_blocks(steps)
-    seen = sorted({f for flags in steps["flags"] for f in flags}, key=list(FLAGS).index)
+    # Catalogued flags in their order, then any a newer agent raised, by name.
+    order = {f: i for i, f in enumerate(FLAGS)}
+    seen = sorted({f for flags in steps["flags"] for f in flags}, key=lambda f: (order.get(f, len(order)), f))
     if seen:
         counts = {f: int(steps["flags"].map(lambda fl, f=f: f in fl).sum()) for f in seen}
         blocks.append(TableBlock("Step flags", ["flag", "rank-steps", "meaning"],
-                                 [[f, str(counts[f]), FLAGS[f]] for f in seen], frozenset({"rank-steps"})))
+                                 [[f, str(counts[f]), FLAGS.get(f, "raised by a newer agent")] for f in seen], frozenset({"rank-steps"})))
     if result.problems:
         blocks.append(TextBlock("Markers not used:", list(result.problems)))
     else:

@@ -265,3 +265,19 @@ def test_phase_table_shows_the_phase_that_grew(report: Path) -> None:
     rows = [re.findall(r"<td[^>]*>(.*?)</td>", row) for row in re.findall(r"<tr>(.*?)</tr>", table)[1:]]
     ranks = read_run(report.parent / "run").markers["rank"].nunique()
     assert len(rows) == 3 * ranks and {r[2] for r in rows} == {"forward", "backward", "optimizer"}
+
+
+def test_flags_raised_live_or_by_a_newer_agent_are_tabled(run_dir: Path) -> None:
+    """Steps may carry flags the offline model never raises (live ones, or a newer agent's): listed, not a crash."""
+    from chopper.attribution import attribute_run
+    from chopper.report import summary_blocks
+
+    result = attribute_run(run_dir)
+    raised = ("unknown_device", "bad_flops", "flag_of_a_newer_agent")
+    result.steps["flags"] = [tuple(raised) if i % 3 == 0 else tuple(f) for i, f in enumerate(result.steps["flags"])]
+    table = next(b for b in summary_blocks(result) if isinstance(b, TableBlock) and b.caption == "Step flags")
+    rows = {row[0]: row for row in table.rows}
+    assert set(raised) <= set(rows)
+    assert [r[0] for r in table.rows].index("flag_of_a_newer_agent") == len(table.rows) - 1
+    assert rows["bad_flops"][1] == str(len(range(0, len(result.steps), 3)))
+    assert "newer agent" in rows["flag_of_a_newer_agent"][2] and "GPU" in rows["unknown_device"][2]
