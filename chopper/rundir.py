@@ -378,8 +378,9 @@ def _check_bounds(table: str, frame: pd.DataFrame, source: str) -> None:
             count = int(bad.sum())
             raise RunDirError(
                 f"{source}: column {col} must be {what}{empty}; row {row} has {value!r} ({count} "
-                f"row{'s' if count > 1 else ''} outside that range). Fix that row or re-export the {table} table; a column holding another "
-                f"column's values means the two were swapped (see chopper.schema for the order)")
+                f"row{'s' if count > 1 else ''} outside that range). Fix that row or re-export the {table} "
+                "table; a column holding another column's values means the two were swapped (see chopper.schema "
+                "for the order)")
 
 
 def _check_one_row_per_device(devices: pd.DataFrame, source: str) -> None:

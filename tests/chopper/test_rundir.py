@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from chopper.attribution import AttributionError, attribute
-from chopper.rundir import RunDirError, read_run, write_run
+from chopper.rundir import _INT_COLUMNS, BOUNDS, RunDirError, read_run, write_run
 from chopper.schema import DEVICE_COLUMNS, MARKER_COLUMNS, SAMPLE_COLUMNS, DeviceInfo, MarkerKind, Sample
 
 T0 = 1_700_000_000_123_456_789  # above 2**53: must survive without a float round trip
@@ -167,3 +167,44 @@ def test_empty_markers_table_is_fine(tmp_path: Path) -> None:
 def test_samples_sorted_by_time(tmp_path: Path) -> None:
     run = read_run(write_run(tmp_path / "r", _devices(), list(reversed(_samples())), []))
     assert run.samples["ts_ns"].is_monotonic_increasing
+
+
+def _out_of_range(table: str, column: str) -> list[float]:
+    """Values just outside the column's bounds, and infinity for float columns."""
+    lo, hi, _ = BOUNDS[table][column]
+    values = [v for v in (lo - 1 if lo > -np.inf else None, hi + 1 if hi < np.inf else None) if v is not None]
+    if column not in _INT_COLUMNS[table]:
+        values = [lo - 0.5 if lo > -np.inf else -np.inf, np.inf]
+    return [v for v in values if column not in _INT_COLUMNS[table] or -(2**63) <= v < 2**63]
+
+
+_BOUNDED = [(t, c, v) for t in BOUNDS for c in BOUNDS[t] for v in _out_of_range(t, c)]
+
+
+@pytest.mark.parametrize(("table", "column", "value"), _BOUNDED)
+def test_every_column_out_of_range_is_named(tmp_path: Path, table: str, column: str, value: float) -> None:
+    """Every bounded column of every table, just outside its range or infinite: file, column, row and fix."""
+    run = write_run(tmp_path / "run", _devices(), _samples(), _markers())
+    path = run / f"{table}.parquet"
+    frame = pd.read_parquet(path)
+    frame[column] = frame[column].astype(np.int64 if isinstance(value, int) else np.float64)
+    frame.loc[1, column] = value
+    frame.to_parquet(path, index=False)
+    with pytest.raises(RunDirError) as err:
+        read_run(run)
+    message = str(err.value)
+    assert message.startswith(f"{path}: column {column} must be ") and "row 1 has" in message and "Fix" in message
+
+
+def test_a_gpu_listed_twice_in_devices_is_refused(tmp_path: Path) -> None:
+    devices = _devices()
+    run = write_run(tmp_path / "run", [*devices, devices[1]], _samples(), _markers())
+    with pytest.raises(RunDirError, match=r"devices\.parquet: node=n1 gpu=1 is listed in rows 1, 2 .*remove the dup"):
+        read_run(run)
+
+
+def test_ratios_a_rounding_error_above_one_are_kept(tmp_path: Path) -> None:
+    samples = _samples()
+    samples[0].busy_ratio = 1.0000000000000002  # a time-weighted average of ones
+    run = read_run(write_run(tmp_path / "run", _devices(), samples, _markers()))
+    assert run.samples["busy_ratio"].max() == 1.0000000000000002
