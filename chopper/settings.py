@@ -53,7 +53,7 @@ FORMS = {
     "int": "a whole number in 64-bit range, decimal without leading zeros (or 0x.., 0o.., 0b..)",
     "float": "a finite number, e.g. 2.5 or 1e-3",
     "tuple[int, ...]": "whole numbers, comma-separated or as a YAML list",
-    "str": "text without NUL characters",
+    "str": "UTF-8 text without NUL characters",
     "mode": "octal permission bits up to 0777, e.g. 0660, 660 or 0o660",
 }
 SECONDS = "a number of seconds, e.g. 30 or 0.5 (no unit suffix, no h:m:s)"
@@ -158,6 +158,12 @@ def _mode(text: str) -> str:
 def _text(text: str) -> str:
     if "\0" in text:
         raise ValueError
+    try:
+        # Bytes that are not UTF-8 (an environment variable or argument; Python keeps them as
+        # surrogates) reach no gRPC target, log line or Prometheus label intact.
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise _Unclear("holds bytes that are not UTF-8") from None
     return text
 
 
@@ -182,8 +188,9 @@ def _kind(field: dataclasses.Field[Any]) -> str:
 def _parse(field: dataclasses.Field[Any], raw: Any, source: str) -> Any:
     """Convert one raw value (text from any source; None, a list or a mapping from YAML) to the field's kind.
 
-    Integers must be whole and fit in 64 bits, floats must be finite, and text must not hold NUL
-    (no path, name or address can): each daemon's range checks then see only ordinary values.
+    Integers must be whole and fit in 64 bits, floats must be finite, and text must be UTF-8
+    without NUL (no path, name or address can hold one): each daemon's range checks then see only
+    ordinary values.
     """
     kind = _kind(field)
     try:

@@ -157,3 +157,20 @@ def test_yaml_implicit_types_never_change_a_value(tmp_path: Path, hazard: Hazard
     hazard.outcome = (f"{len(kept)} retypable texts kept as written (node: no stayed 'no', 0123 stayed '0123'); "
                       f"4 empty/null values read as empty, not 'None'; {len(refused)} ambiguous numbers, "
                       "durations and a repeated key refused naming the key")
+
+
+@pytest.mark.hazard(item=6, input="daemon text settings holding bytes that are not UTF-8 (socket_path=$'/tmp/x\\xff', "
+                    "node from the environment)", promise="refused at start naming the setting and its source; "
+                    "never a UnicodeEncodeError traceback later")
+def test_text_that_is_not_utf8_is_refused_naming_the_setting(tmp_path: Path, hazard: HazardOutcome) -> None:
+    # How Python hands over an argument or variable holding byte 0xff: as a surrogate escape.
+    raw = b"/tmp/x\xff/a.sock".decode("utf-8", "surrogateescape")
+    said = []
+    for argv, env, key in ((["--socket-path", raw], {}, "socket_path"),
+                           ([], {"CHOPPER_AGENT_NODE": "n\udcfe"}, "node"),
+                           ([], {"CHOPPER_AGENT_TOKEN_FILE": raw}, "token_file")):
+        with pytest.raises(ConfigError) as err:
+            load_settings(argv, env=env)
+        said.append(str(err.value))
+        assert said[-1].startswith(f"{key}: ") and "not UTF-8" in said[-1], said[-1]
+    hazard.outcome = f"{len(said)} of 3 refused at load, e.g. {said[0]!r}"
