@@ -48,6 +48,8 @@ MAX_CLOCK_SKEW_NS = 24 * 3600 * 10**9
 MAX_ERRORS_REPORTED = 8
 # The ClosedStep flag of a rank whose GPU could not be resolved (docs/ATTRIBUTION.md, docs/IDENTITY.md).
 UNKNOWN_DEVICE = "unknown_device"
+# Sender processes remembered per (job, rank) for gap detection and client drop counts.
+MAX_SENDERS_PER_RANK = 64
 
 # Every reason a marker can be rejected for: the ``reason`` label of
 # ``chopper_agent_markers_rejected_total``, documented in docs/METRICS.md.
@@ -129,8 +131,9 @@ class RankState:
     open_collectives: dict[str, deque[tuple[int, int]]] = field(default_factory=dict)
     open_intervals: int = 0  # entries of both, bounded by MAX_OPEN_INTERVALS
     received: Counter[MarkerKind] = field(default_factory=Counter)
-    last_seq: dict[int, int] = field(default_factory=dict)  # by sender pid
+    last_seq: dict[int, int] = field(default_factory=dict)  # by sender pid, the most recent last
     client_dropped: dict[int, int] = field(default_factory=dict)  # by sender pid, cumulative
+    client_dropped_retired: int = 0  # what senders forgotten past MAX_SENDERS_PER_RANK had dropped
     batches_lost: int = 0
     steps_abandoned: int = 0
     last_step: int = -1
@@ -138,7 +141,7 @@ class RankState:
 
     @property
     def client_dropped_total(self) -> int:
-        return sum(self.client_dropped.values())
+        return self.client_dropped_retired + sum(self.client_dropped.values())
 
 
 @dataclass(slots=True)
@@ -280,8 +283,15 @@ class MarkerIngest:
         last = state.last_seq.get(batch.pid)
         if last is not None and batch.seq > last + 1:
             state.batches_lost += batch.seq - last - 1
+        state.last_seq.pop(batch.pid, None)  # re-inserted last: the dicts are ordered by last batch
         state.last_seq[batch.pid] = max(batch.seq, last or 0)
         state.client_dropped[batch.pid] = batch.client_dropped_total
+        while len(state.last_seq) > MAX_SENDERS_PER_RANK:
+            # A rank restarted many times (or a client inventing pids) must not grow these without
+            # bound; the counter keeps what a forgotten sender dropped, so it never goes down.
+            oldest = next(iter(state.last_seq))
+            del state.last_seq[oldest]
+            state.client_dropped_retired += state.client_dropped.pop(oldest, 0)
 
     @staticmethod
     def _check_marker(m: pb.Marker, now_ns: int) -> tuple[str, str] | None:

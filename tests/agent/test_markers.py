@@ -161,6 +161,21 @@ def test_seq_gaps_and_client_drops_are_tracked_per_sender() -> None:
     assert state.client_dropped_total == 15
 
 
+def test_senders_of_a_rank_are_bounded_and_their_drops_never_uncounted() -> None:
+    """A rank restarted thousands of times (or a client inventing pids) keeps a bounded table."""
+    from agent.markers import MAX_SENDERS_PER_RANK
+
+    ingest = MarkerIngest("n1", 1)
+    senders = 10 * MAX_SENDERS_PER_RANK
+    for pid in range(1, senders + 1):
+        ingest.ingest(batch(seq=1, pid=pid, dropped=1), NOW)
+    ingest.ingest(batch(seq=3, pid=senders, dropped=2), NOW)  # the newest sender: its gap is still seen
+    state = ingest.ranks[("j", 0)]
+    assert len(state.last_seq) == len(state.client_dropped) == MAX_SENDERS_PER_RANK
+    assert state.client_dropped_total == senders + 1  # every sender's drops, the forgotten ones too
+    assert state.batches_lost == 1
+
+
 def test_new_step_while_open_abandons_the_old_one() -> None:
     ingest = MarkerIngest("n1", 1)
     result = ingest.ingest(
