@@ -171,6 +171,7 @@ class Agent:
         # Attribution totals per (job, rank), guarded by the state lock.
         self.rank_figures: dict[tuple[str, int], RankFigures] = {}
         self.rejected: Counter[str] = Counter()
+        self.fields_dropped: Counter[str] = Counter()  # marker fields cleared, the markers kept, by field
         self.undecodable: Counter[str] = Counter()
         # Calls and connections refused by the access checks (chopper.access), for the metrics.
         self.refusals = Refusals()
@@ -355,6 +356,7 @@ class Agent:
                 return result
             result = self._ingest.ingest(batch, now_ns)
             self.rejected.update(result.rejected)
+            self.fields_dropped.update(result.dropped_fields)
             state = self._ingest.ranks.get(key)
             if state is not None:  # a batch whose header was refused made no state
                 self._activity.seen(key, now_ns, state.open_step is not None)

@@ -105,6 +105,7 @@ class AgentServicer:
         self.agent = agent
         self.hub = hub
         self._last_rejection_log = 0.0
+        self._last_field_log = 0.0
         self._device_log = LogBudget(DEVICE_WARNINGS_PER_PERIOD, DEVICE_WARNING_PERIOD_S)
 
     def PushMarkers(self, requests: Iterator[Any], context: grpc.ServicerContext) -> pb.PushMarkersResponse:
@@ -132,6 +133,8 @@ class AgentServicer:
                     room = 8 - len(response.errors)
                     response.errors.extend(result.errors[: max(0, room)])
                     self._log_rejections(result.errors)
+                if result.field_problems:
+                    self._log_field_problems(result.field_problems)
         finally:
             agent.count(agent.open_streams, "PushMarkers", -1)
         return response
@@ -141,6 +144,12 @@ class AgentServicer:
         if errors and now - self._last_rejection_log >= REJECTION_LOG_INTERVAL_S:
             self._last_rejection_log = now
             log.warning("event=markers_rejected first=%r", errors[0])
+
+    def _log_field_problems(self, problems: list[str]) -> None:
+        now = time.monotonic()
+        if now - self._last_field_log >= REJECTION_LOG_INTERVAL_S:
+            self._last_field_log = now
+            log.warning("event=marker_fields_dropped first=%r note='the markers were kept'", problems[0])
 
     def GetInfo(self, request: Any, context: grpc.ServicerContext) -> pb.AgentInfo:
         return self.agent.info()
