@@ -137,10 +137,17 @@ METRICS: tuple[MetricSpec, ...] = (
         "RPCs refused by the access checks, by RPC and reason (see docs/METRICS.md, docs/SECURITY.md).",
         (*NODE, "rpc", "reason"),
     ),
-    MetricSpec(
-        "chopper_agent_connections_refused_total", "counter",
-        "TCP connections refused before any RPC (TLS handshake, connection cap), by reason.", (*NODE, "reason"),
-    ),
+    MetricSpec("chopper_agent_token_file_reloads_total", "counter",
+               "Changes of token_file taken up while running (its new tokens in force); with token_file set.", NODE),
+    MetricSpec("chopper_agent_token_file_reloads_refused_total", "counter",
+               "Changes of token_file refused, by reason (see below): the previous tokens stay in force.",
+               (*NODE, "reason")),
+    MetricSpec("chopper_agent_tls_reloads_total", "counter",
+               "Changed TLS file sets taken up while running: files=tls (tls_*, the gRPC listener) or "
+               "aggregator_tls (aggregator_tls_*, delivery); with those set.", (*NODE, "files")),
+    MetricSpec("chopper_agent_tls_reloads_refused_total", "counter",
+               "Changed TLS file sets refused, by reason (see below): the previous certificates stay in use.",
+               (*NODE, "files", "reason")),
     MetricSpec("chopper_agent_socket_recreated_total", "counter",
                "Times the trainers' unix socket was served again after its file was removed.", NODE),
     MetricSpec("chopper_agent_marker_streams", "gauge", "Open PushMarkers streams from trainers.", NODE),
@@ -235,14 +242,27 @@ def markdown() -> str:
     return "\n".join(lines) + "\n"
 
 
-def refusal_tables(prefix: str) -> list[str]:
-    """The reason table of ``<prefix>_rpc_refused_total``."""
+def refusal_tables(prefix: str, token_file: bool = True) -> list[str]:
+    """The reason tables of ``<prefix>_rpc_refused_total`` and of the refused reloads (``token_file``: it has one)."""
+    from chopper import auth, tls
     from chopper.access import REFUSAL_REASONS
 
     lines = ["", f"## Refusal reasons (`{prefix}_rpc_refused_total{{reason}}`)", "",
              "| reason | meaning |", "|---|---|"]
     lines += [f"| `{reason}` | {meaning} |" for reason, meaning in REFUSAL_REASONS.items()]
     lines += ["", "A series appears with its first refusal. docs/SECURITY.md says what each check guards."]
+    names = [f"`{prefix}_token_file_reloads_refused_total`"] if token_file else []
+    names.append(f"`{prefix}_tls_reloads_refused_total`")
+    lines += ["", f"## Refused reloads ({' and '.join(names)}, `reason`)", "",
+              "A file that holds secrets or trust is re-read when it changes (the token file at the next protected",
+              "call, TLS files at the next connection, and all of them on SIGHUP). A change that is refused leaves",
+              "what was in force before; it is logged (`event=token_file_refused`, `event=tls_reload_failed`) and",
+              "counted once per broken state. Each series is 0 from start while its files are set.", "",
+              "| reason | meaning |", "|---|---|"]
+    for reason, meaning in tls.REFUSAL_REASONS.items():
+        if reason == "unusable" and token_file:
+            meaning = f"token file: {auth.REFUSAL_REASONS[reason]}; TLS files: {meaning}"
+        lines.append(f"| `{reason}` | {meaning} |")
     return lines
 
 

@@ -1,8 +1,9 @@
 """``chopper-agent``: the per-node daemon. Runs until SIGTERM, SIGINT, SIGQUIT or SIGXCPU, then stops cleanly.
 
-SIGHUP re-checks the token file and the TLS files (the server takes replaced files by itself, at
-their next use; this reports a bad one at once); other signals are logged and ignored, and faults
-dump every thread's traceback (``chopper/stopsignals.py``). Other settings take a restart.
+SIGHUP makes the running agent take its token file and TLS files now, as it would at their next
+use, and reports a refused one at once (what was in force stays; ``chopper.auth.recheck``); other
+signals are logged and ignored, and faults dump every thread's traceback (``chopper/stopsignals.py``).
+Other settings take a restart.
 """
 from __future__ import annotations
 
@@ -22,7 +23,9 @@ from agent.host import HostSampler
 from agent.metrics import AgentCollector
 from agent.server import SocketInUse, SocketKeeper, TelemetryHub, build_server
 from chopper import logs, sdnotify
+from chopper.auth import Reloaded, recheck
 from chopper.listen_check import check_listen
+from chopper.serving import SecureServer
 from chopper.stopsignals import StopSignals
 
 log = logging.getLogger("agent")
@@ -46,7 +49,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _recheck_files(settings: AgentSettings) -> str:
-    """SIGHUP: check the files the running agent takes up by itself; raises ConfigError naming a bad one."""
+    """SIGHUP before the agent serves: check the files it will take up; raises ConfigError naming a bad one."""
     files = [key for key in ("token_file", "tls_cert", "tls_key", "tls_client_ca", "aggregator_tls_ca",
                              "aggregator_tls_cert", "aggregator_tls_key") if getattr(settings, key)]
     if not files:
@@ -68,7 +71,8 @@ def _serve(settings: AgentSettings, stop: StopSignals) -> int:
         return 2
     # /metrics first: an agent that cannot bind it exits before any trainer or consumer reached its socket.
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(AgentCollector(agent))
+    collector = AgentCollector(agent)
+    registry.register(collector)
     host, _, port = settings.metrics_listen.rpartition(":")
     try:
         check_listen("metrics_listen", settings.metrics_listen)
@@ -100,7 +104,9 @@ def _serve(settings: AgentSettings, stop: StopSignals) -> int:
         f"serving node={settings.node} backend={backend.name} gpus={len(agent.devices)}",
     )
     supervision.start()
-    stop.reload = lambda: supervision.reload(lambda: _recheck_files(settings))
+    files = _running_files(server, agent)
+    collector.files.update(files)
+    stop.reload = lambda: supervision.reload(lambda: f"{recheck(files)}; other settings take a restart")
     keeper = SocketKeeper(server, agent).start()
     stop.wait()
     log.info("event=stopping signal=%s", stop.received or "-")
@@ -112,6 +118,23 @@ def _serve(settings: AgentSettings, stop: StopSignals) -> int:
     _remove_socket(settings.socket_path)
     log.info("event=stopped")
     return 0
+
+
+def _running_files(server: SecureServer, agent: Agent) -> dict[str, Reloaded]:
+    """The file sets the running agent re-reads, by name: the objects in use, so their own state answers.
+
+    A fresh read would not know what they learned while running (a token file once writable by
+    others stays refused, ``chopper.auth``).
+    """
+    files: dict[str, Reloaded] = {}
+    if server.access.tokens is not None:
+        files["token_file"] = server.access.tokens
+    tls = getattr(server, "tls", None)
+    if tls is not None:
+        files["tls"] = tls.files
+    if agent.delivery is not None and agent.delivery.tls is not None:
+        files["aggregator_tls"] = agent.delivery.tls.files
+    return files
 
 
 def _remove_socket(path: str) -> None:

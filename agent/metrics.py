@@ -15,6 +15,7 @@ from prometheus_client.registry import Collector
 from agent import __version__
 from agent.catalog import BY_NAME
 from agent.daemon import Agent
+from chopper.auth import Reloaded
 from chopper.proto.chopper.v1 import agent_pb2 as pb
 from chopper.schema import THROTTLE_CAUSES, MarkerKind
 
@@ -48,10 +49,17 @@ class Families:
 
 
 class AgentCollector(Collector):
-    """Exports GPU, host, rank and self metrics of one ``Agent``."""
+    """Exports GPU, host, rank and self metrics of one ``Agent``.
+
+    Attributes:
+        files: The file sets the running agent re-reads, by name: ``token_file``, ``tls`` (its gRPC
+            listener's) and ``aggregator_tls`` (delivery's), those that are set; filled in once the
+            agent serves (``agent/main.py``; /metrics starts first). Their reloads are counted there.
+    """
 
     def __init__(self, agent: Agent) -> None:
         self.agent = agent
+        self.files: dict[str, Reloaded] = {}
 
     def collect(self) -> Iterator[Metric]:
         fam = Families()
@@ -169,11 +177,9 @@ class AgentCollector(Collector):
             fam.add("chopper_agent_markers_rejected_total", (node, reason), float(count))
         for method in AGENT_METHODS:
             fam.add("chopper_agent_messages_undecodable_total", (node, method), float(agent.undecodable.get(method, 0)))
-        refused_rpcs, refused_connections = agent.refusals.snapshot()
-        for (rpc, reason), count in sorted(refused_rpcs.items()):
+        for (rpc, reason), count in sorted(agent.refusals.snapshot().items()):
             fam.add("chopper_agent_rpc_refused_total", (node, rpc, reason), float(count))
-        for reason, count in sorted(refused_connections.items()):
-            fam.add("chopper_agent_connections_refused_total", (node, reason), float(count))
+        self._reloads(fam)
         fam.add("chopper_agent_socket_recreated_total", (node,), float(agent.socket_recreated))
         fam.add("chopper_agent_marker_streams", (node,), float(agent.open_streams["PushMarkers"]))
         fam.add("chopper_agent_subscribers", (node,), float(agent.open_streams["Subscribe"]))
@@ -189,3 +195,15 @@ class AgentCollector(Collector):
                 fam.add("chopper_agent_delivery_lost_total", rl, float(d["lost"]))
                 fam.add("chopper_agent_delivery_connected", rl, d["connected"])
                 fam.add("chopper_agent_delivery_pending_items", rl, float(d["pending"]))
+
+    def _reloads(self, fam: Families) -> None:
+        node = self.agent.settings.node
+        for name, files in sorted(self.files.items()):
+            if name == "token_file":
+                fam.add("chopper_agent_token_file_reloads_total", (node,), float(files.reloads))
+                for reason, count in sorted(files.refused.items()):
+                    fam.add("chopper_agent_token_file_reloads_refused_total", (node, reason), float(count))
+                continue
+            fam.add("chopper_agent_tls_reloads_total", (node, name), float(files.reloads))
+            for reason, count in sorted(files.refused.items()):
+                fam.add("chopper_agent_tls_reloads_refused_total", (node, name, reason), float(count))

@@ -121,8 +121,12 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("chopper_aggregator_rpc_refused_total", "counter",
                "RPCs refused by the access checks, by RPC and reason (see below, docs/SECURITY.md).",
                ("rpc", "reason")),
-    MetricSpec("chopper_aggregator_connections_refused_total", "counter",
-               "TCP connections refused before any RPC (TLS handshake, connection cap), by reason.", ("reason",)),
+    MetricSpec("chopper_aggregator_tls_reloads_total", "counter",
+               "Changed TLS file sets (tls_cert, tls_key, tls_client_ca) taken up while running; with tls_cert set.",
+               ()),
+    MetricSpec("chopper_aggregator_tls_reloads_refused_total", "counter",
+               "Changed TLS file sets refused, by reason (see below): the previous certificates stay in use.",
+               ("reason",)),
 )
 
 BY_NAME: dict[str, MetricSpec] = {m.name: m for m in METRICS}
@@ -157,7 +161,7 @@ def markdown() -> str:
               "whatever the log directory holds. See docs/ARCHITECTURE.md (delivery and durability).", "",
               "| reason | meaning |", "|---|---|"]
     lines += [f"| `{reason}` | {meaning} |" for reason, meaning in SET_ASIDE.items()]
-    lines += refusal_tables("chopper_aggregator")
+    lines += refusal_tables("chopper_aggregator", token_file=False)
     return "\n".join(lines) + "\n"
 
 

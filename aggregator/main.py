@@ -1,8 +1,9 @@
 """``chopper-aggregator``: the cluster service. Runs until SIGTERM, SIGINT, SIGQUIT or SIGXCPU, then stops cleanly.
 
-SIGHUP re-checks the TLS files (the server takes replaced ones by itself at the next connection;
-this reports a bad one at once); other signals are logged and ignored, and faults dump every
-thread's traceback (``chopper/stopsignals.py``). Other settings take a restart.
+SIGHUP makes the running server take its TLS files now, as the next connection would, and reports
+a refused set at once (the certificates in use stay; ``chopper.auth.recheck``); other signals are
+logged and ignored, and faults dump every thread's traceback (``chopper/stopsignals.py``).
+Other settings take a restart.
 
 With ``store_dir``, acknowledgements are durable: accepted summaries go to a write-ahead log in
 ``store_dir/_wal`` and are acknowledged once fsynced; at start the log is replayed (ledger and open
@@ -33,6 +34,7 @@ from aggregator.service import Aggregator
 from aggregator.store import Store
 from aggregator.wal import Wal
 from chopper import logs, sdnotify
+from chopper.auth import Reloaded, recheck
 from chopper.listen_check import check_listen
 from chopper.stopsignals import StopSignals
 
@@ -60,7 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _recheck_files(settings: AggregatorSettings) -> str:
-    """SIGHUP: check the TLS files the running aggregator takes up by itself; raises ConfigError naming a bad one."""
+    """SIGHUP before the aggregator serves: check the TLS files it will take up; raises ConfigError naming a bad one."""
     if not settings.tls_cert:
         return "no TLS files configured; other settings take a restart"
     check_access(settings)
@@ -95,7 +97,9 @@ def _serve(settings: AggregatorSettings, stop: StopSignals) -> int:
         print(f"chopper-aggregator: {exc}", file=sys.stderr)
         return 2
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(AggregatorCollector(core, settings.rank_series_top_k))
+    tls = getattr(server, "tls", None)
+    files: dict[str, Reloaded] = {"tls": tls.files} if tls is not None else {}
+    registry.register(AggregatorCollector(core, settings.rank_series_top_k, tls=files.get("tls")))
     host, _, mport = settings.metrics_listen.rpartition(":")
     try:
         check_listen("metrics_listen", settings.metrics_listen)
@@ -115,7 +119,7 @@ def _serve(settings: AggregatorSettings, stop: StopSignals) -> int:
         f"serving grpc={settings.listen} port={port} store={settings.store_dir or '-'}",
     )
     supervision.start()
-    stop.reload = lambda: supervision.reload(lambda: _recheck_files(settings))
+    stop.reload = lambda: supervision.reload(lambda: f"{recheck(files)}; other settings take a restart")
     stop.wait()
     log.info("event=stopping signal=%s", stop.received or "-")
     supervision.stop()

@@ -20,6 +20,7 @@ from agent import __version__
 from aggregator.catalog import BY_NAME
 from aggregator.jobs import CAUSES, WINDOWS_S, JobState, RankState
 from aggregator.service import Aggregator
+from chopper.auth import Reloaded
 
 WINDOW_NAMES = {60: "1m", 300: "5m"}
 
@@ -60,11 +61,13 @@ class AggregatorCollector(Collector):
     Args:
         core: The aggregator.
         rank_series_top_k: Per-rank series for the k worst ranks of larger jobs; 0: all.
+        tls: The TLS files the running gRPC server re-reads (``ServerTLS.files``); None: plaintext.
     """
 
-    def __init__(self, core: Aggregator, rank_series_top_k: int = 0) -> None:
+    def __init__(self, core: Aggregator, rank_series_top_k: int = 0, tls: Reloaded | None = None) -> None:
         self.core = core
         self.top_k = rank_series_top_k
+        self.tls = tls
 
     def collect(self) -> Iterator[Metric]:
         fam = Families()
@@ -162,8 +165,9 @@ class AggregatorCollector(Collector):
                     float(core.undecodable.get(method, 0)))
         fam.add("chopper_aggregator_batches_invalid_total", (), float(core.invalid_batches_total))
         fam.add("chopper_aggregator_delivery_streams", (), float(core.delivery_streams))
-        refused_rpcs, refused_connections = core.refusals.snapshot()
-        for (rpc, reason), count in sorted(refused_rpcs.items()):
+        for (rpc, reason), count in sorted(core.refusals.snapshot().items()):
             fam.add("chopper_aggregator_rpc_refused_total", (rpc, reason), float(count))
-        for reason, count in sorted(refused_connections.items()):
-            fam.add("chopper_aggregator_connections_refused_total", (reason,), float(count))
+        if self.tls is not None:
+            fam.add("chopper_aggregator_tls_reloads_total", (), float(self.tls.reloads))
+            for reason, count in sorted(self.tls.refused.items()):
+                fam.add("chopper_aggregator_tls_reloads_refused_total", (reason,), float(count))

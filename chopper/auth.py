@@ -20,10 +20,12 @@ is a start-up error) and on every reload. Algorithm, on each protected call (the
    and check that: a regular file of at most ``MAX_TOKEN_FILE_BYTES``, owned by the daemon's
    user or root, not writable by group or others. Then read it; it must hold a token.
 3. A refused reload keeps the last good tokens in force, is counted in ``TokenFile.refused`` by
-   reason and logged (``event=token_file_refused``).
+   reason and logged (``event=token_file_refused``); ``TokenFile.check`` (SIGHUP) names the
+   refusal in force.
 4. Once an inode has been seen writable by others, its content is never trusted again, even
-   after its mode is fixed: another user may have written to it meanwhile. Its owner writes the
-   tokens to a new file and moves it over the path (a new inode), and that is reloaded.
+   after its mode is fixed: another user may have written to it meanwhile (``TrustedReader``,
+   which the TLS files share). Its owner writes the tokens to a new file and moves it over the
+   path (a new inode), and that is reloaded.
 
 The check happens when a protected call comes; a file made writable and fixed again between two
 calls is not seen (docs/SECURITY.md).
@@ -36,8 +38,9 @@ import os
 import stat
 import threading
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Protocol
 
 from chopper.settings import ConfigError
 
@@ -54,6 +57,33 @@ REFUSAL_REASONS = {
     "tainted": "the file was writable by other users earlier; only a new file moved over the path is trusted",
     "unusable": "the file cannot be read, is not text, is too large or holds no token",
 }
+
+
+class Reloaded(Protocol):
+    """A set of files a running daemon re-reads as they change (``TokenFile``, ``chopper.tls.PemFiles``)."""
+
+    reloads: int
+    refused: Counter[str]
+
+    def check(self) -> None:
+        """Take the files now if they changed; raise ``ConfigError`` naming why the files now there are refused."""
+
+
+def recheck(files: Mapping[str, Reloaded]) -> str:
+    """SIGHUP: every file set of a running daemon takes its files now; what is in force, for the log.
+
+    Raises:
+        ConfigError: One or more sets are refused (each named; what was in force before stays).
+    """
+    problems = []
+    for found in files.values():
+        try:
+            found.check()
+        except ConfigError as exc:
+            problems.append(str(exc))
+    if problems:
+        raise ConfigError("; ".join(problems))
+    return f"{', '.join(files)}: the files on disk are in force" if files else "no token_file or TLS files are set"
 
 
 class TokenError(ConfigError):
@@ -127,13 +157,59 @@ def read_trusted(path: Path, what: str, *, max_bytes: int, trusted: bool = True)
     return data, st
 
 
-def _read_tokens(path: Path, what: str, *, trusted: bool) -> tuple[tuple[bytes, ...], os.stat_result]:
-    """The non-empty lines of ``path`` (``read_trusted``) and the status of what was read.
+class TaintedFile(TokenError):
+    """A trusted file now, but the same inode was writable by other users earlier (module docstring, 4)."""
+
+
+def refusal_reason(exc: Exception) -> str:
+    """The ``REFUSAL_REASONS`` key of a refused read of a trusted file (anything but trust: ``unusable``)."""
+    if isinstance(exc, UntrustedFile):
+        return "unsafe"
+    if isinstance(exc, TaintedFile):
+        return "tainted"
+    return "unusable"
+
+
+class TrustedReader:
+    """``read_trusted`` that remembers: an inode once seen writable by others is never trusted again.
+
+    One per daemon's set of files (its token file, its TLS files), for the daemon's life.
+    """
+
+    def __init__(self) -> None:
+        self._tainted: set[tuple[int, int]] = set()  # (device, inode) of files others could write
+
+    def read(self, path: Path, what: str, *, max_bytes: int) -> tuple[bytes, os.stat_result]:
+        """As ``read_trusted(path, what, max_bytes=max_bytes)``, and never from a tainted inode.
+
+        Raises:
+            UntrustedFile: The file fails ``trust_problem`` (a regular file is tainted from then on).
+            TaintedFile: The file passes, but was seen writable by others before.
+            TokenError: As ``read_trusted``.
+        """
+        try:
+            data, st = read_trusted(path, what, max_bytes=max_bytes)
+        except UntrustedFile as exc:
+            if stat.S_ISREG(exc.st.st_mode):  # another user could write it: its content stays suspect
+                self._tainted.add((exc.st.st_dev, exc.st.st_ino))
+            raise
+        if (st.st_dev, st.st_ino) in self._tainted:
+            raise TaintedFile(f"{what} {path}: was writable by other users earlier, so it may hold what they wrote; "
+                              f"write it anew to another file and mv it over {path}")
+        return data, st
+
+
+def _read_tokens(path: Path, what: str, *, trusted: bool,
+                 reader: TrustedReader | None = None) -> tuple[tuple[bytes, ...], os.stat_result]:
+    """The non-empty lines of ``path`` (``read_trusted``, or ``reader`` when given) and the status of what was read.
 
     Raises:
-        TokenError: As ``read_trusted``, or the file is not text or holds no token.
+        TokenError: As ``read_trusted``/``TrustedReader.read``, or the file is not text or holds no token.
     """
-    data, st = read_trusted(path, what, max_bytes=MAX_TOKEN_FILE_BYTES, trusted=trusted)
+    if reader is not None:
+        data, st = reader.read(path, what, max_bytes=MAX_TOKEN_FILE_BYTES)
+    else:
+        data, st = read_trusted(path, what, max_bytes=MAX_TOKEN_FILE_BYTES, trusted=trusted)
     try:
         text = data.decode()
     except UnicodeDecodeError:
@@ -174,6 +250,7 @@ class TokenFile:
     Attributes:
         reloads: Reloads that took effect.
         refused: Reloads refused, by reason (``REFUSAL_REASONS``); the last good tokens stayed.
+        problem: Why the file now at ``path`` is refused, or None when its tokens are the ones in force.
 
     Args:
         path: The token file (the ``token_file`` setting).
@@ -187,8 +264,9 @@ class TokenFile:
         self._lock = threading.Lock()
         self.reloads = 0
         self.refused: Counter[str] = Counter({reason: 0 for reason in REFUSAL_REASONS})
-        self._tainted: set[tuple[int, int]] = set()  # (device, inode) of files others could write
-        self._tokens, st = _read_tokens(self.path, "token_file", trusted=True)
+        self.problem: str | None = None
+        self._reader = TrustedReader()
+        self._tokens, st = _read_tokens(self.path, "token_file", trusted=True, reader=self._reader)
         self._signature = self._signature_of(st)
         if st.st_mode & stat.S_IROTH:
             log.warning("event=token_file_open path=%s note='every user of this host can read it; chmod 0640 and "
@@ -211,34 +289,34 @@ class TokenFile:
             if st is None or self._signature_of(st) == self._signature:
                 return self._tokens
             self._signature = self._signature_of(st)
-            reason = self._reload()
-            if reason:
-                self.refused[reason] += 1
+            self._reload()
             return self._tokens
 
-    def _reload(self) -> str:
-        """Re-read the file (caller holds the lock); the refusal reason, "" when it took effect."""
+    def _reload(self) -> None:
+        """Re-read the file (caller holds the lock): its tokens take effect, or the refusal is counted and logged."""
         try:
-            tokens, st = _read_tokens(self.path, "token_file", trusted=True)
-        except UntrustedFile as exc:
-            if stat.S_ISREG(exc.st.st_mode):  # another user could write it: its content stays suspect
-                self._tainted.add((exc.st.st_dev, exc.st.st_ino))
-            log.warning("event=token_file_refused reason=unsafe error=%r note='the previous tokens stay in force'",
-                        str(exc))
-            return "unsafe"
+            tokens, _ = _read_tokens(self.path, "token_file", trusted=True, reader=self._reader)
         except TokenError as exc:
-            log.warning("event=token_file_refused reason=unusable error=%r note='the previous tokens stay in force'",
-                        str(exc))
-            return "unusable"
-        if (st.st_dev, st.st_ino) in self._tainted:
-            log.warning("event=token_file_refused reason=tainted path=%s note='the file was writable by other users, "
-                        "so it may hold their tokens; the previous tokens stay in force. Write the tokens to a new "
-                        "file and mv it over %s'", self.path, self.path)
-            return "tainted"
+            reason = refusal_reason(exc)
+            self.refused[reason] += 1
+            self.problem = str(exc)
+            log.warning("event=token_file_refused reason=%s error=%r note='the previous tokens stay in force'",
+                        reason, self.problem)
+            return
         self._tokens = tokens
+        self.problem = None
         self.reloads += 1
         log.info("event=token_file_reloaded path=%s tokens=%d", self.path, len(tokens))
-        return ""
+
+    def check(self) -> None:
+        """Take the file now if it changed (as a protected call would), for SIGHUP.
+
+        Raises:
+            TokenError: The file at ``path`` is refused (``problem``); the previous tokens stay in force.
+        """
+        self._refresh()
+        if self.problem is not None:
+            raise TokenError(f"{self.problem} (the previous tokens stay in force)")
 
     def accepts(self, token: bytes) -> bool:
         """Whether ``token`` is one of the file's tokens (constant time in the token's content)."""

@@ -33,7 +33,7 @@ CAPTURE = pb.CaptureRequest(job="nobody", steps=1, out_dir="/tmp/chopper-test-ca
 
 
 def refused(running: Running, rpc: str, reason: str) -> int:
-    return running.agent.refusals.snapshot()[0].get((rpc, reason), 0)
+    return running.agent.refusals.snapshot().get((rpc, reason), 0)
 
 
 @pytest.fixture
@@ -91,7 +91,7 @@ def test_a_client_over_its_rate_limit_is_refused_and_counted_while_others_are_se
         assert codes == [grpc.StatusCode.OK] + [grpc.StatusCode.RESOURCE_EXHAUSTED] * 5, codes
         # Another client (its own certificate, so its own bucket) is served meanwhile.
         assert served.query(ClientTLS(pki.ca, pki.client_b.cert, pki.client_b.key)) == grpc.StatusCode.OK
-        rpcs, _ = served.core.refusals.snapshot()
+        rpcs = served.core.refusals.snapshot()
         assert rpcs == {("QuerySteps", "rate_limited"): codes.count(grpc.StatusCode.RESOURCE_EXHAUSTED)}
         assert 'chopper_aggregator_rpc_refused_total{reason="rate_limited",rpc="QuerySteps"}' in served.scrape()
     finally:
@@ -171,7 +171,7 @@ def test_tcp_listeners_bind_loopback_unless_told_otherwise(caplog: pytest.LogCap
     (["--tls-cert", "{cert}", "--tls-key", "{key}"], "tls_cert: TLS applies to grpc_listen, which is empty"),
     (["--grpc-listen", "127.0.0.1:1", "--tls-cert", "{cert}"], "tls_cert and tls_key go together"),
     (["--grpc-listen", "127.0.0.1:1", "--tls-cert", "{missing}", "--tls-key", "{key}"],
-     "tls_cert: {missing} cannot be read"),
+     "tls_cert {missing}: cannot be read"),
     (["--grpc-listen", "127.0.0.1:1", "--tls-cert", "{token}", "--tls-key", "{key}"], "is not a PEM file"),
     (["--grpc-listen", "127.0.0.1:1", "--tls-cert", "{cert}", "--tls-key", "{other_key}"],
      "are not a certificate chain and its private key"),
@@ -256,7 +256,7 @@ def test_stream_slots_refuse_beyond_the_bound_keep_unary_calls_and_come_back_whe
             next(streams.open(pid=3))
         assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert streams.ping() == b"pong"  # every stream slot held: the reserve still serves unary calls
-        assert streams.refusals.snapshot()[0] == {("Ticks", "streams_per_client"): 1, ("Ticks", "too_many_streams"): 1}
+        assert streams.refusals.snapshot() == {("Ticks", "streams_per_client"): 1, ("Ticks", "too_many_streams"): 1}
         # Streams the clients cancel give their slots back.
         for call in held + others:
             call.cancel()

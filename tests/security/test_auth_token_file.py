@@ -5,6 +5,7 @@ import contextlib
 import os
 import pwd
 import shutil
+import signal
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -13,10 +14,18 @@ from pathlib import Path
 import grpc
 import pytest
 
-from chopper.auth import MAX_TOKEN_FILE_BYTES, TokenError, TokenFile, UntrustedFile, read_client_token
+from chopper.auth import (
+    MAX_TOKEN_FILE_BYTES,
+    REFUSAL_REASONS,
+    TokenError,
+    TokenFile,
+    UntrustedFile,
+    read_client_token,
+)
 from chopper.proto.chopper.v1 import agent_pb2 as pb
 from chopper.proto.chopper.v1 import agent_pb2_grpc
-from tests.e2e.conftest import AgentProcess
+from tests.conftest import HazardOutcome
+from tests.e2e.conftest import AgentProcess, metric_sum, wait_until
 from tests.security.conftest import write_token
 
 CAPTURE = pb.CaptureRequest(job="nobody", steps=1, out_dir="/tmp/chopper-test-capture")
@@ -58,6 +67,14 @@ def code_for(stub: agent_pb2_grpc.AgentStub, token: str) -> grpc.StatusCode:
     return grpc.StatusCode.OK
 
 
+def scraped(agent: AgentProcess) -> dict[str, float]:
+    """The agent's token-file reload counts from its /metrics: refused by reason, and ``reloads``."""
+    text = agent.metrics()
+    counts = {reason: metric_sum(text, "chopper_agent_token_file_reloads_refused_total", reason=reason)
+              for reason in REFUSAL_REASONS}
+    return {**counts, "reloads": metric_sum(text, "chopper_agent_token_file_reloads_total")}
+
+
 @needs_root
 @pytest.mark.hazard(item=4, input="chmod 666 on the token file at run time; another user appends a token",
                     promise="every reload checks the file; a file others can write is refused, the last good "
@@ -91,12 +108,14 @@ def test_a_token_appended_by_another_user_after_a_chmod_is_never_accepted(tmp_pa
                 fresh.rename(token_file)
                 after_mv = code_for(stub, "operator-two")
                 assert after_mv == grpc.StatusCode.NOT_FOUND
+                counted = scraped(agent)
         finally:
             agent.terminate()
         log = agent.log()
         unsafe = log.count("event=token_file_refused reason=unsafe")
         tainted = log.count("event=token_file_refused reason=tainted")
         assert unsafe >= 1 and tainted >= 1, log[-3000:]
+        assert counted == {"unsafe": unsafe, "tainted": tainted, "unusable": 0, "reloads": 1}, counted
         assert "is writable by every user (mode 0666)" in log and "mv it over" in log
         assert log.count("event=token_file_reloaded") == 1
         hazard.outcome = (f"intruder's token refused (UNAUTHENTICATED) after chmod 666 and after chmod 600 back; "
@@ -166,3 +185,48 @@ def test_a_token_file_that_is_no_token_file_is_refused_at_once(tmp_path: Path, m
     for read in (lambda: TokenFile(str(path)), lambda: read_client_token(str(path))):
         with pytest.raises(TokenError, match=str(path)):
             read()
+
+
+@pytest.mark.hazard(item=4, input="token file made writable by every user, then chmod 600 again; SIGHUP after each",
+                    promise="SIGHUP reports the running agent's own verdict on the file (refused while writable and "
+                            "after the fix, until a new file is moved in), never a fresh read's")
+def test_sighup_reports_what_the_running_agent_refuses(tmp_path: Path, hazard: HazardOutcome) -> None:
+    token_file = tmp_path / "agent.token"
+    write_token(token_file, OPERATOR)
+    agent = AgentProcess(tmp_path, "--token-file", str(token_file)).start()
+    assert agent.proc is not None
+    proc = agent.proc
+
+    def sighup(outcome: str) -> str:
+        """Send SIGHUP; the log line it gives (``outcome``: reloaded or reload_failed)."""
+        seen = agent.log().count("signal=SIGHUP")
+        proc.send_signal(signal.SIGHUP)
+        assert wait_until(lambda: agent.log().count("signal=SIGHUP") > seen), agent.log()[-2000:]
+        line = agent.log().split("signal=SIGHUP")[seen + 1].splitlines()[0]
+        assert agent.log().split("signal=SIGHUP")[seen].endswith(f"event={outcome} "), (outcome, line)
+        return line
+
+    try:
+        token_file.chmod(0o666)
+        writable = sighup("reload_failed")
+        token_file.chmod(0o600)  # a fresh read would find this file fine; the agent knows better
+        fixed = sighup("reload_failed")
+        with grpc.insecure_channel(agent.target) as channel:
+            still = code_for(agent_pb2_grpc.AgentStub(channel), OPERATOR)
+        counted = scraped(agent)
+        fresh = tmp_path / "agent.token.new"
+        write_token(fresh, "operator-two")
+        fresh.rename(token_file)
+        moved = sighup("reloaded")
+        reloads = scraped(agent)["reloads"]
+    finally:
+        agent.terminate()
+    assert "is writable by every user (mode 0666)" in writable, writable
+    assert "was writable by other users earlier" in fixed and "mv it over" in fixed, fixed
+    assert still == grpc.StatusCode.NOT_FOUND  # the operator's token stayed in force throughout
+    assert counted == {"unsafe": 1, "tainted": 1, "unusable": 0, "reloads": 0}, counted
+    assert "token_file: the files on disk are in force" in moved and reloads == 1, moved
+    hazard.outcome = (f"SIGHUP while 0666: reload_failed (unsafe); after chmod 600: reload_failed (tainted), where a "
+                      f"fresh read said the file loads; operator token accepted throughout; counted unsafe="
+                      f"{counted['unsafe']:g}, tainted={counted['tainted']:g}; a new file mv'd over the path: "
+                      f"reloaded ({reloads:g} reload)")
