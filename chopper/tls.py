@@ -96,7 +96,7 @@ class PemFiles:
     def __init__(self, named: Sequence[tuple[str, str]], pairs: Sequence[tuple[str, str]] = (),
                  cas: Sequence[str] = ()) -> None:
         self.named = {key: path for key, path in named if path}
-        self.pairs = [(chain, key) for chain, key in pairs if chain in self.named]
+        self.pairs = [(chain, key) for chain, key in pairs if chain in self.named and key in self.named]
         self.cas = [ca for ca in cas if ca in self.named]
         self.reloads = 0
         self.refused: Counter[str] = Counter({reason: 0 for reason in REFUSAL_REASONS})

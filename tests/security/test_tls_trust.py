@@ -19,10 +19,11 @@ import pytest
 
 from chopper.proto.chopper.v1 import aggregator_pb2 as apb
 from chopper.proto.chopper.v1 import aggregator_pb2_grpc
-from chopper.tls import ClientTLS
+from chopper.tls import ClientTLS, ServerTLS
 from tests.conftest import HazardOutcome
 from tests.e2e.conftest import AgentProcess, AggregatorProcess, wait_until
 from tests.security.conftest import Pki
+from tests.security.pki import Authority
 
 OK, REFUSED = grpc.StatusCode.OK, grpc.StatusCode.UNAVAILABLE
 
@@ -141,3 +142,17 @@ def test_a_client_ca_bundle_made_writable_keeps_the_one_in_use_and_counts_it(tmp
     assert tls.files.material["aggregator_tls_ca"] == in_use
     assert tls.files.refused["unsafe"] == 1 and caplog.text.count("event=tls_reload_failed") == 1, caplog.text
     assert "aggregator_tls_ca" in caplog.text
+
+
+def test_a_set_taken_on_sighup_is_still_handed_to_grpc_at_the_next_handshake(tmp_path: Path, pki: Pki) -> None:
+    cert, key, _ = server_files(tmp_path / "etc", pki)
+    tls = ServerTLS(str(cert), str(key))
+    assert tls.fetch() is None  # nothing changed since start
+    renewed = Authority(tmp_path, "renewed-ca").issue("chopper-server", server=True)
+    for source, target in ((renewed.key, key), (renewed.cert, cert)):
+        fresh = target.with_suffix(".new")
+        shutil.copy(source, fresh)
+        fresh.rename(target)
+    tls.files.check()  # SIGHUP takes the new set first
+    assert tls.files.reloads == 1 and tls.files.material["tls_cert"] == Path(renewed.cert).read_bytes()
+    assert tls.fetch() is not None and tls.fetch() is None  # handed over once, then unchanged
