@@ -197,6 +197,8 @@ class ServerTLS:
         self.cert = cert
         self.key = key
         self.client_ca = client_ca
+        if not (cert and key):
+            raise TlsError("tls_cert and tls_key go together: give the server's certificate chain and its key")
         self.files = PemFiles((("tls_cert", cert), ("tls_key", key), ("tls_client_ca", client_ca)),
                               pairs=(("tls_cert", "tls_key"),), cas=("tls_client_ca",))
         self._lock = threading.Lock()
