@@ -129,6 +129,11 @@ METRICS: tuple[MetricSpec, ...] = (
         (*NODE, "reason"),
     ),
     MetricSpec(
+        "chopper_agent_marker_fields_dropped_total", "counter",
+        "Marker fields dropped (negative or non-finite flops, tokens or bytes; a bad name), the marker kept, by "
+        "field.", (*NODE, "field"),
+    ),
+    MetricSpec(
         "chopper_agent_messages_undecodable_total", "counter", "gRPC messages that were not valid protobuf.",
         (*NODE, "method"),
     ),

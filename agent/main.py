@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 
 from agent.backends.base import BackendUnavailable
 from agent.backends.select import select_backend
+from agent.capture import log_access
 from agent.config import AgentSettings, ConfigError, check_access, load_settings
 from agent.daemon import Agent
 from agent.host import HostSampler
@@ -98,6 +99,7 @@ def _serve(settings: AgentSettings, stop: StopSignals) -> int:
         settings.node, backend.name, len(agent.devices), settings.socket_path, settings.grpc_listen or "-",
         settings.metrics_listen, settings.sample_hz,
     )
+    log_access(settings)
     supervision = sdnotify.Supervision(
         [sdnotify.ProgressCheck("sampler", lambda: agent.ticker.ticks_total, SAMPLER_STALE_S),
          sdnotify.thread_check("metrics", metrics_thread)],
@@ -129,7 +131,7 @@ def _running_files(server: SecureServer, agent: Agent) -> dict[str, Reloaded]:
     files: dict[str, Reloaded] = {}
     if server.access.tokens is not None:
         files["token_file"] = server.access.tokens
-    tls = getattr(server, "tls", None)
+    tls = server.tls
     if tls is not None:
         files["tls"] = tls.files
     if agent.delivery is not None and agent.delivery.tls is not None:

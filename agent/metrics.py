@@ -175,6 +175,8 @@ class AgentCollector(Collector):
             fam.add("chopper_agent_buffer_overwritten_total", (node, name), float(buf.overwritten_total))
         for reason, count in sorted(agent.rejected.items()):
             fam.add("chopper_agent_markers_rejected_total", (node, reason), float(count))
+        for name, count in sorted(agent.fields_dropped.items()):
+            fam.add("chopper_agent_marker_fields_dropped_total", (node, name), float(count))
         for method in AGENT_METHODS:
             fam.add("chopper_agent_messages_undecodable_total", (node, method), float(agent.undecodable.get(method, 0)))
         for (rpc, reason), count in sorted(agent.refusals.snapshot().items()):

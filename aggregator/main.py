@@ -97,7 +97,7 @@ def _serve(settings: AggregatorSettings, stop: StopSignals) -> int:
         print(f"chopper-aggregator: {exc}", file=sys.stderr)
         return 2
     registry = CollectorRegistry(auto_describe=False)
-    tls = getattr(server, "tls", None)
+    tls = server.tls
     files: dict[str, Reloaded] = {"tls": tls.files} if tls is not None else {}
     registry.register(AggregatorCollector(core, settings.rank_series_top_k, tls=files.get("tls")))
     host, _, mport = settings.metrics_listen.rpartition(":")

@@ -113,6 +113,7 @@ class SecureServer:
                  max_workers: int, max_message_bytes: int, max_send_bytes: int, calls_per_s: float,
                  messages_per_s: float, token_file: str = "", token_rpcs: frozenset[str] = frozenset()) -> None:
         self.refusals = refusals
+        self.tls: ServerTLS | None = None  # the TCP listener's TLS files, which it re-reads (add_tcp)
         self.streams = StreamSlots(max_workers, max(1, int(max_workers * STREAM_SHARE)))
         self.access = AccessControl(
             refusals, max_message_bytes=max_message_bytes, calls_per_s=calls_per_s, messages_per_s=messages_per_s,
@@ -196,6 +197,7 @@ class SecureServer:
         if port == 0:  # the address bound a moment ago (check_listen): something took it since
             raise OSError(f"{key}: cannot bind {address}; is the port in use?")
         if tls is not None:
+            self.tls = tls
             log.info("event=tls_listen %s=%s port=%d mutual=%s", key, address, port, tls.mutual)
         return int(port)
 

@@ -306,7 +306,8 @@ def summary_blocks(result: Attribution) -> list[Any]:
     if seen:
         counts = {f: int(steps["flags"].map(lambda fl, f=f: f in fl).sum()) for f in seen}
         blocks.append(TableBlock("Step flags", ["flag", "rank-steps", "meaning"],
-                                 [[f, str(counts[f]), FLAGS.get(f, "raised by a newer agent")] for f in seen], frozenset({"rank-steps"})))
+                                 [[f, str(counts[f]), FLAGS.get(f, "raised by a newer agent")] for f in seen],
+                                 frozenset({"rank-steps"})))
     if result.problems:
         blocks.append(TextBlock("Markers not used:", list(result.problems)))
     else:

@@ -148,6 +148,8 @@ def test_an_oversized_marker_costs_only_itself_and_bad_flops_only_the_field(tmp_
         assert wait_until(lambda: metric_sum(agent.metrics(), "chopper_rank_flagged_steps_total", job="clumsy",
                                              flag="bad_flops") == 1, timeout_s=15), flagged
         rejected = metric_sum(agent.metrics(), "chopper_agent_markers_rejected_total")
+        assert metric_sum(agent.metrics(), "chopper_agent_marker_fields_dropped_total", field="flops") == 1
+        assert "event=marker_fields_dropped" in agent.log()
         assert "agent_unreachable" not in agent.log()
         hazard.outcome = (f"client queued {s['queued']}, sent {s['sent']} in {s['batches_sent']} batch, refused 2 "
                           f"(bad_name: the 5 MB name's begin and end), stream unbroken; agent received "
