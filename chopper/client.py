@@ -513,7 +513,7 @@ class Client:
             self._capturing = self._capture_cmd is not None
             self._report(cmd.capture_id, "", 0, f"cannot start torch.profiler: {type(e).__name__}: {e}", 0, 0)
             return None
-        logger.info("event=capture_started id=%s steps=%d trace_dir=%s", cap.capture_id, cap.steps, cap.trace_dir)
+        logger.info("event=capture_started id=%s steps=%d trace_dir=%r", cap.capture_id, cap.steps, cap.trace_dir)
         if cap.note:
             logger.warning("event=capture_clamped id=%s note=%r", cap.capture_id, cap.note)
         return cap
@@ -538,7 +538,7 @@ class Client:
         self._capture = None
         self._capturing = self._capture_cmd is not None
         path, error = cap.finish(self.rank, error)
-        logger.info("event=capture_done id=%s steps=%d path=%s error=%r", cap.capture_id, cap.done, path, error)
+        logger.info("event=capture_done id=%s steps=%d path=%r error=%r", cap.capture_id, cap.done, path, error)
         self._report(cap.capture_id, path, cap.done, error, cap.begin_ns, cap.end_ns)
 
     def _capture_failed(self, error: str) -> None:
@@ -574,7 +574,7 @@ class Client:
         try:
             self._control_serve()
         except BaseException as e:
-            logger.warning("event=control_failed target=%s error=%r note='chopper capture cannot profile this "
+            logger.warning("event=control_failed target=%r error=%r note='chopper capture cannot profile this "
                            "process; markers are unaffected'", self.target, f"{type(e).__name__}: {e}")
 
     def _control_serve(self) -> None:
@@ -703,7 +703,7 @@ class Client:
         self._last_error = error
         if "sender_failed" not in self._warned_problems:
             self._warned_problems.add("sender_failed")
-            logger.warning("event=sender_failed target=%s error=%r note='retried every %.1f s at most; markers wait in "
+            logger.warning("event=sender_failed target=%r error=%r note='retried every %.1f s at most; markers wait in "
                            "the bounded queue, overflow is dropped and counted'", self.target, error, self._max_backoff)
 
     def _close_stream(self, lock_timeout: float = -1) -> None:
@@ -730,7 +730,7 @@ class Client:
         if not self._warned:
             self._warned = True
             logger.warning(
-                "event=agent_unreachable target=%s error=%r pending=%d dropped=%d "
+                "event=agent_unreachable target=%r error=%r pending=%d dropped=%d "
                 "note=markers wait in a bounded queue; overflow is dropped and counted",
                 self.target, reason, len(self._q), self._dropped_total(),
             )
@@ -785,7 +785,7 @@ class Client:
                 response = call.result(timeout=0)
                 if response.rejected:
                     logger.warning(
-                        "event=markers_rejected target=%s rejected=%d errors=%r",
+                        "event=markers_rejected target=%r rejected=%d errors=%r",
                         self.target, response.rejected, list(response.errors)[:3],
                     )
                 if self._stopping:
@@ -826,7 +826,7 @@ class Client:
             return
         else:
             problem = f"GPU {self.gpu} is not a GPU of node {info.node!r} ({len(info.devices)} GPUs)"
-        logger.warning("event=unknown_device job=%s rank=%d problem=%r source=%r note='its steps are flagged "
+        logger.warning("event=unknown_device job=%r rank=%d problem=%r source=%r note='its steps are flagged "
                        "unknown_device; fix the variable named in source, or set CHOPPER_GPU to the agent index "
                        "or UUID'", self.job, self.rank, problem, self.device_source)
 
@@ -872,7 +872,7 @@ class Client:
                     stream.confirmed += 1
                     if self._warned:
                         self._warned = False
-                        logger.info("event=agent_connected target=%s", self.target)
+                        logger.info("event=agent_connected target=%r", self.target)
                 call = stream.call
                 if call is not None and call.done():
                     return

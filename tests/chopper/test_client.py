@@ -207,7 +207,7 @@ def test_agent_absent_never_raises_bounded_time_one_warning(sock: Path, caplog: 
     assert s["last_error"]
     warnings = [r for r in caplog.records if "agent_unreachable" in r.getMessage()]
     assert len(warnings) == 1
-    assert "target=unix://" in warnings[0].getMessage()
+    assert "target='unix://" in warnings[0].getMessage()
 
 
 def test_agent_restart_flow_resumes_in_order(sock: Path, caplog: pytest.LogCaptureFixture) -> None:
