@@ -42,7 +42,7 @@ import grpc
 
 from chopper.auth import TokenFile, presented
 from chopper.ratelimit import RateLimiter, StreamSlots
-from chopper.schema import PID_METADATA
+from chopper.schema import PID_METADATA, UNREAD_METADATA
 
 log = logging.getLogger(__name__)
 
@@ -223,11 +223,11 @@ class AccessControl(grpc.ServerInterceptor):
         if reason == "too_many_streams":
             self._refuse(context, rpc, reason, key, grpc.StatusCode.RESOURCE_EXHAUSTED,
                          f"{rpc}: the server already holds its most open streams ({streams.total}); retry later "
-                         "(calls that are not streams are still served)")
+                         "(calls that are not streams are still served)", unread=True)
         elif reason:
             self._refuse(context, rpc, reason, key, grpc.StatusCode.RESOURCE_EXHAUSTED,
                          f"{rpc}: this client ({key}) already holds {streams.per_client} open streams, the most one "
-                         "client may; close the streams it no longer needs")
+                         "client may; close the streams it no longer needs", unread=True)
         return lambda: streams.release(key)
 
     def _admit(self, rpc: str, token: bytes | None, context: grpc.ServicerContext) -> None:
@@ -235,18 +235,18 @@ class AccessControl(grpc.ServerInterceptor):
         if not self.calls.admit((client, rpc)):
             self._refuse(context, rpc, "rate_limited", client, grpc.StatusCode.RESOURCE_EXHAUSTED,
                          f"{rpc}: rate limit: more than {self.calls.rate:g} calls/s from this client ({client}); "
-                         "call less often, or raise rate_limit_calls_per_s on the server")
+                         "call less often, or raise rate_limit_calls_per_s on the server", unread=True)
         if rpc not in self.token_rpcs:
             return
         assert self.tokens is not None
         if token is None:
             self._refuse(context, rpc, "no_token", client, grpc.StatusCode.UNAUTHENTICATED,
                          f"{rpc} needs a bearer token: pass --token-file FILE (or set CHOPPER_TOKEN_FILE) naming a "
-                         "file that holds a token of the server's token_file")
+                         "file that holds a token of the server's token_file", unread=True)
         elif not self.tokens.accepts(token):
             self._refuse(context, rpc, "wrong_token", client, grpc.StatusCode.UNAUTHENTICATED,
                          f"{rpc}: the bearer token is not accepted; --token-file must hold a token listed in the "
-                         "server's token_file")
+                         "server's token_file", unread=True)
 
     def _metered(self, rpc: str, requests: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:
         bucket = self.messages.stream_bucket()
@@ -267,10 +267,17 @@ class AccessControl(grpc.ServerInterceptor):
                      f"({self.max_message_bytes}); send smaller batches")
 
     def _refuse(self, context: grpc.ServicerContext, rpc: str, reason: str, client: str, code: grpc.StatusCode,
-                message: str) -> None:
+                message: str, *, unread: bool = False) -> None:
+        """Count, log (at most every LOG_INTERVAL_S per RPC and reason) and end the call with ``code``.
+
+        ``unread``: refused before any of the call's messages was read, which the trailing
+        metadata ``UNREAD_METADATA`` tells the client (what it wrote was not taken in).
+        """
         self.refusals.rpc(rpc, reason)
         now = self.clock()
         if now - self._last_log.get((rpc, reason), -LOG_INTERVAL_S) >= LOG_INTERVAL_S:
             self._last_log[(rpc, reason)] = now
             log.warning("event=rpc_refused rpc=%s reason=%s client=%s", rpc, reason, client)
+        if unread:
+            context.set_trailing_metadata(((UNREAD_METADATA, "1"),))
         context.abort(code, message)

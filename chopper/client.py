@@ -70,7 +70,7 @@ from chopper.jobname import (
     usable_job_name,
 )
 from chopper.launcher_identity import MAX_INDEX
-from chopper.schema import MAX_MARKERS_PER_BATCH, PID_METADATA, ClockSource, MarkerKind
+from chopper.schema import MAX_MARKERS_PER_BATCH, PID_METADATA, UNREAD_METADATA, ClockSource, MarkerKind
 
 if TYPE_CHECKING:
     from chopper.capture import ProfilerWindow
@@ -238,7 +238,7 @@ class _Collective:
 class _Stream:
     """Book-keeping of one ``PushMarkers`` call, shared by the generator and the sender thread."""
 
-    __slots__ = ("call", "closed", "confirmed", "inflight", "lock")
+    __slots__ = ("call", "closed", "confirmed", "inflight", "lock", "written")
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -246,6 +246,7 @@ class _Stream:
         self.closed = False
         self.inflight = 0  # markers in the batch yielded to gRPC but not yet confirmed written
         self.confirmed = 0  # batches confirmed written on this stream
+        self.written = 0  # markers of those batches, counted as sent
 
 
 class Client:
@@ -791,6 +792,7 @@ class Client:
                 if self._stopping:
                     return
             except Exception as e:
+                self._unsend_if_unread(stream, call)
                 code = getattr(e, "code", None)
                 details = getattr(e, "details", None)
                 reason = (
@@ -804,6 +806,22 @@ class Client:
                 # Streams that end before carrying anything must not spin.
                 self._abort_event.wait(backoff)
                 backoff = min(backoff * 2, self._max_backoff)
+
+    def _unsend_if_unread(self, stream: _Stream, call: Any) -> None:
+        """A stream the agent refused before reading it: what was written on it is dropped, not sent.
+
+        A write completes once gRPC has buffered it, which can be before the agent's refusal
+        arrives; the refusal's trailing metadata says that nothing of the stream was taken in.
+        """
+        try:
+            unread = any(key == UNREAD_METADATA for key, _ in call.trailing_metadata() or ())
+        except Exception:
+            return
+        if unread:
+            with stream.lock:
+                self._sent -= stream.written
+                self._dropped_inflight += stream.written
+                stream.written = 0
 
     def _check_device(self, stub: Any, pb2: Any) -> None:
         """Once per client: warn, naming what chose the device, when the agent has no such device.
@@ -867,6 +885,7 @@ class Client:
                 if stream.inflight:
                     # gRPC asks for the next message only after the previous write completed.
                     self._sent += stream.inflight
+                    stream.written += stream.inflight
                     self._batches_sent += 1
                     stream.inflight = 0
                     stream.confirmed += 1

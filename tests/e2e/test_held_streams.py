@@ -111,7 +111,8 @@ def test_one_process_holding_300_streams_starves_neither_trainers_nor_getinfo(tm
                     "dropped, never as sent; GetInfo still answers")
 def test_a_refused_trainer_counts_its_markers_dropped_and_the_agent_counts_the_refusal(
         tmp_path: Path, hazard: HazardOutcome) -> None:
-    agent = AgentProcess(tmp_path).start()
+    # Unlimited call rate: the holders open their streams in a burst, and only the slots may refuse them.
+    agent = AgentProcess(tmp_path, "--rate-limit-calls-per-s", "0").start()
     # Each holder may take three quarters of the slots: two of them take them all.
     holders = [subprocess.Popen(
         [sys.executable, "-c", f"from tests.e2e.test_held_streams import hold; hold({agent.target!r}, {HELD})"],
@@ -123,6 +124,13 @@ def test_a_refused_trainer_counts_its_markers_dropped_and_the_agent_counts_the_r
             assert holder.stdout is not None
             for name, n in json.loads(holder.stdout.readline()).items():
                 codes[name] = codes.get(name, 0) + n
+        # On a loaded machine the holders' streams may still be connecting when they report: wait
+        # until the agent has held or refused every one of them.
+        def settled() -> bool:
+            text = agent.metrics()
+            return (metric_sum(text, "chopper_agent_marker_streams")
+                    + metric_sum(text, "chopper_agent_rpc_refused_total", rpc="PushMarkers")) >= 2 * HELD
+        assert wait_until(settled, timeout_s=60), agent.metrics()
         before = metric_sum(agent.metrics(), "chopper_agent_rpc_refused_total", rpc="PushMarkers",
                             reason="too_many_streams")
         client = chopper.Client("refused", 0, 0, agent.target)
@@ -135,7 +143,7 @@ def test_a_refused_trainer_counts_its_markers_dropped_and_the_agent_counts_the_r
         received = metric_sum(text, "chopper_rank_markers_received_total", job="refused")
         refusals = metric_sum(text, "chopper_agent_rpc_refused_total", rpc="PushMarkers",
                               reason="too_many_streams") - before
-        assert received == 0 and stats["sent"] == 0, (received, stats)
+        assert received == 0 and stats["sent"] == 0, (received, stats, refusals)
         assert stats["queued"] == stats["dropped"] == 2 * STEPS and "RESOURCE_EXHAUSTED" in stats["last_error"], stats
         assert refusals >= 1, text  # each of the trainer's attempts is one
         with grpc.insecure_channel(agent.target) as channel:
