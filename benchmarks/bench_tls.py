@@ -30,7 +30,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -40,7 +39,7 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 
 import grpc
 
-from benchmarks.bench_aggregator import BATCH, DELIVER, _scrape, _summary, _wait_up
+from benchmarks.bench_aggregator import BATCH, _scrape, _summary, _wait_up, deliver_on
 from chopper.demo.run import free_port
 from chopper.proto.chopper.v1 import aggregator_pb2 as apb
 from chopper.tls import ClientTLS
@@ -78,38 +77,13 @@ def deliver(address: str, load: list[list[bytes]], tls: ClientTLS | None) -> flo
     options = [("grpc.max_send_message_length", 64 << 20)]
     channels = [grpc.secure_channel(address, tls.credentials(), options=options) if tls is not None
                 else grpc.insecure_channel(address, options=options) for _ in load]
-    for channel in channels:  # connect (and handshake) before the clock starts
-        grpc.channel_ready_future(channel).result(timeout=30)
-    errors: list[str] = []
-    barrier = threading.Barrier(len(load) + 1)
-
-    def one(channel: grpc.Channel, batches: list[bytes]) -> None:
-        call = channel.stream_stream(DELIVER, request_serializer=lambda b: b,
-                                     response_deserializer=apb.DeliveryAck.FromString)
-        expected = apb.SummaryBatch.FromString(batches[-1]).seq[-1]
-        barrier.wait()
-        try:
-            last = 0
-            for ack in call(iter(batches), timeout=300):
-                last = ack.acked_seq
-            if last != expected:
-                errors.append(f"acked {last} of {expected}")
-        except grpc.RpcError as exc:
-            errors.append(str(exc))
-
-    threads = [threading.Thread(target=one, args=pair) for pair in zip(channels, load, strict=True)]
-    for t in threads:
-        t.start()
-    barrier.wait()
-    started = time.perf_counter()
-    for t in threads:
-        t.join()
-    elapsed = time.perf_counter() - started
-    for channel in channels:
-        channel.close()
-    if errors:
-        raise RuntimeError("; ".join(errors[:3]))
-    return elapsed
+    try:
+        for channel in channels:  # connect (and handshake) before the clock starts
+            grpc.channel_ready_future(channel).result(timeout=30)
+        return deliver_on(channels, load)
+    finally:
+        for channel in channels:
+            channel.close()
 
 
 def _aggregator(workdir: str, name: str, *extra: str) -> tuple[subprocess.Popen[bytes], str]:
