@@ -56,6 +56,14 @@ def hold(target: str, streams: int) -> None:
     release.set()
 
 
+def start_holder(target: str) -> subprocess.Popen[str]:
+    """A process of its own that runs ``hold(target, HELD)``: its first stdout line is its codes."""
+    return subprocess.Popen(
+        [sys.executable, "-c", f"from tests.e2e.test_held_streams import hold; hold({target!r}, {HELD})"],
+        cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.hazard(item=7, input="one local process opens 300 PushMarkers streams and holds them, sending nothing",
@@ -64,10 +72,7 @@ def hold(target: str, streams: int) -> None:
 def test_one_process_holding_300_streams_starves_neither_trainers_nor_getinfo(tmp_path: Path,
                                                                               hazard: HazardOutcome) -> None:
     agent = AgentProcess(tmp_path).start()
-    holder = subprocess.Popen(
-        [sys.executable, "-c", f"from tests.e2e.test_held_streams import hold; hold({agent.target!r}, {HELD})"],
-        cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-    )
+    holder = start_holder(agent.target)
     try:
         assert holder.stdout is not None
         codes = json.loads(holder.stdout.readline())
@@ -114,10 +119,7 @@ def test_a_refused_trainer_counts_its_markers_dropped_and_the_agent_counts_the_r
     # Unlimited call rate: the holders open their streams in a burst, and only the slots may refuse them.
     agent = AgentProcess(tmp_path, "--rate-limit-calls-per-s", "0").start()
     # Each holder may take three quarters of the slots: two of them take them all.
-    holders = [subprocess.Popen(
-        [sys.executable, "-c", f"from tests.e2e.test_held_streams import hold; hold({agent.target!r}, {HELD})"],
-        cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-    ) for _ in range(2)]
+    holders = [start_holder(agent.target) for _ in range(2)]
     try:
         codes: dict[str, int] = {}
         for holder in holders:
