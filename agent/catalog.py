@@ -249,8 +249,8 @@ def markdown() -> str:
 
 def refusal_tables(prefix: str, token_file: bool = True) -> list[str]:
     """The reason tables of ``<prefix>_rpc_refused_total`` and of the refused reloads (``token_file``: it has one)."""
-    from chopper import auth, tls
-    from chopper.access import REFUSAL_REASONS
+    from chopper.daemon import auth, tls
+    from chopper.daemon.access import REFUSAL_REASONS
 
     lines = ["", f"## Refusal reasons (`{prefix}_rpc_refused_total{{reason}}`)", "",
              "| reason | meaning |", "|---|---|"]

@@ -12,9 +12,9 @@ import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from chopper import settings as _settings
-from chopper.serving import access_field, check_server_access
-from chopper.settings import MAX_MESSAGE_BYTES, ConfigError, is_host_port
+from chopper.daemon import settings as _settings
+from chopper.daemon.serving import access_field, check_server_access
+from chopper.daemon.settings import MAX_MESSAGE_BYTES, ConfigError, is_host_port
 
 BACKENDS = ("auto", "amd", "nvidia", "simulated", "replay")
 ENV_PREFIX = "CHOPPER_AGENT_"
@@ -133,7 +133,7 @@ def _check(s: AgentSettings) -> None:
     if not s.metrics_listen:
         raise bad("metrics_listen", "is empty; Prometheus needs an address to scrape")
     # Upper bounds: a buffer past 100 M items is tens of GB on its own; gRPC takes message limits as
-    # int32 and the servers accept up to twice max_message_bytes (chopper/serving.py).
+    # int32 and the servers accept up to twice max_message_bytes (chopper/daemon/serving.py).
     for key, low, high in (("sample_buffer", 1000, 100_000_000), ("marker_buffer", 1000, 100_000_000),
                            ("summary_buffer", 1000, 100_000_000), ("max_message_bytes", 64 * 1024, MAX_MESSAGE_BYTES)):
         if not low <= getattr(s, key) <= high:
@@ -185,8 +185,8 @@ def check_access(s: AgentSettings) -> None:
     Raises:
         ConfigError: A file is unreadable or does not load, or a pair is incomplete.
     """
-    from chopper.auth import TokenFile
-    from chopper.tls import ClientTLS
+    from chopper.daemon.auth import TokenFile
+    from chopper.daemon.tls import ClientTLS
 
     check_server_access(s, "grpc_listen")
     if s.token_file:

@@ -45,7 +45,7 @@ from agent.podresources import device_ids
 from agent.sampler import FixedRateTicker
 from agent.steps import RankFigures, RankFiguresNow, SummaryQueue, summarize
 from agent.workload import PciAddressed, build_tracker
-from chopper.access import Refusals
+from chopper.daemon.access import Refusals
 from chopper.proto.chopper.v1 import agent_pb2 as pb
 from chopper.schema import DeviceInfo, MarkerKind, Sample
 
@@ -173,7 +173,7 @@ class Agent:
         self.rejected: Counter[str] = Counter()
         self.fields_dropped: Counter[str] = Counter()  # marker fields cleared, the markers kept, by field
         self.undecodable: Counter[str] = Counter()
-        # Calls and connections refused by the access checks (chopper.access), for the metrics.
+        # Calls and connections refused by the access checks (chopper.daemon.access), for the metrics.
         self.refusals = Refusals()
         self.summaries_total = 0
         # Times the trainers' socket was served again after its file was removed (agent.server.SocketKeeper).

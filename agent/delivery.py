@@ -52,11 +52,11 @@ from typing import Any
 import grpc
 
 from agent.buffers import RingBuffer
+from chopper.daemon.settings import is_loopback
+from chopper.daemon.tls import ClientTLS
 from chopper.proto.chopper.v1 import agent_pb2 as pb
 from chopper.proto.chopper.v1 import aggregator_pb2 as apb
 from chopper.proto.chopper.v1 import aggregator_pb2_grpc as apb_grpc
-from chopper.settings import is_loopback
-from chopper.tls import ClientTLS
 
 log = logging.getLogger(__name__)
 

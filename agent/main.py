@@ -1,8 +1,8 @@
 """``chopper-agent``: the per-node daemon. Runs until SIGTERM, SIGINT, SIGQUIT or SIGXCPU, then stops cleanly.
 
 SIGHUP makes the running agent take its token file and TLS files now, as it would at their next
-use, and reports a refused one at once (what was in force stays; ``chopper.auth.recheck``); other
-signals are logged and ignored, and faults dump every thread's traceback (``chopper/stopsignals.py``).
+use, and reports a refused one at once (what was in force stays; ``chopper.daemon.auth.recheck``); other
+signals are logged and ignored, and faults dump every thread's traceback (``chopper/daemon/stopsignals.py``).
 Other settings take a restart.
 """
 from __future__ import annotations
@@ -23,11 +23,11 @@ from agent.daemon import Agent
 from agent.host import HostSampler
 from agent.metrics import AgentCollector
 from agent.server import SocketInUse, SocketKeeper, TelemetryHub, build_server
-from chopper import logs, sdnotify
-from chopper.auth import Reloaded, recheck
-from chopper.listen_check import check_listen
-from chopper.serving import SecureServer
-from chopper.stopsignals import StopSignals
+from chopper.daemon import logs, sdnotify
+from chopper.daemon.auth import Reloaded, recheck
+from chopper.daemon.listen_check import check_listen
+from chopper.daemon.serving import SecureServer
+from chopper.daemon.stopsignals import StopSignals
 
 log = logging.getLogger("agent")
 # The sampler counts as hung (systemd's watchdog then restarts the agent) after this long without a
@@ -126,7 +126,7 @@ def _running_files(server: SecureServer, agent: Agent) -> dict[str, Reloaded]:
     """The file sets the running agent re-reads, by name: the objects in use, so their own state answers.
 
     A fresh read would not know what they learned while running (a token file once writable by
-    others stays refused, ``chopper.auth``).
+    others stays refused, ``chopper.daemon.auth``).
     """
     files: dict[str, Reloaded] = {}
     if server.access.tokens is not None:

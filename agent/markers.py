@@ -14,7 +14,7 @@ Each check refuses the smallest unit that holds the problem, with a counted, nam
    ``unknown_device`` (never another GPU), with one warning per rank and problem in
    ``IngestResult.warnings``.
 2. Per marker, check kind, step, timestamp plausibility and, for phases and collectives, the
-   name (``chopper.jobname``): what places the marker; a bad one rejects that marker
+   name (``chopper.identity.jobname``): what places the marker; a bad one rejects that marker
    (``REJECTION_REASONS``). A payload that is negative or not finite (``flops``, ``tokens``,
    ``bytes``), or a bad name on a step marker (which needs none), is a bad *field*: it is
    cleared from the stored marker, which is kept, counted in ``IngestResult.dropped_fields``,
@@ -35,8 +35,8 @@ import math
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
-from chopper.device_identity import UNRESOLVED, canonical_uuid, match_uuid
-from chopper.jobname import job_name_problem, marker_name_problem
+from chopper.identity.device import UNRESOLVED, canonical_uuid, match_uuid
+from chopper.identity.jobname import job_name_problem, marker_name_problem
 from chopper.proto.chopper.v1 import agent_pb2 as pb
 from chopper.schema import MAX_MARKERS_PER_BATCH, MarkerKind
 
@@ -54,13 +54,13 @@ MAX_SENDERS_PER_RANK = 64
 # Every reason a marker can be rejected for: the ``reason`` label of
 # ``chopper_agent_markers_rejected_total``, documented in docs/METRICS.md.
 REJECTION_REASONS: dict[str, str] = {
-    "bad_job": "the batch names no job, or an unprintable or over-long one (chopper/jobname.py; whole batch)",
+    "bad_job": "the batch names no job, or an unprintable or over-long one (chopper/identity/jobname.py; whole batch)",
     "bad_rank": "the batch names a negative rank (whole batch)",
     "batch_too_large": f"the batch holds more than {MAX_MARKERS_PER_BATCH} markers (whole batch)",
     "bad_kind": "unknown marker kind (client newer than the agent)",
     "bad_step": "negative step number",
     "bad_timestamp": "timestamp more than a day from the agent's clock, or a step ending before it began",
-    "bad_name": "phase or collective without a name, or an unprintable or over-long name (chopper/jobname.py)",
+    "bad_name": "phase or collective without a name, or an unprintable or over-long name (chopper/identity/jobname.py)",
     "step_never_began": "step_end for a step that has no step_begin on that rank",
     "end_without_begin": "phase_end or collective_end without its begin",
     "too_many_open": f"phase_begin or collective_begin while the rank has {MAX_OPEN_INTERVALS} begun and not ended",

@@ -15,7 +15,7 @@ from prometheus_client.registry import Collector
 from agent import __version__
 from agent.catalog import BY_NAME
 from agent.daemon import Agent
-from chopper.auth import Reloaded
+from chopper.daemon.auth import Reloaded
 from chopper.proto.chopper.v1 import agent_pb2 as pb
 from chopper.schema import THROTTLE_CAUSES, MarkerKind
 

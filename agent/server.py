@@ -4,7 +4,7 @@ Servicers only decode and encode; logic lives in ``Agent``. Messages are decoded
 deserializers so that a garbled message is counted and answered with a clear
 ``INVALID_ARGUMENT`` instead of gRPC's generic internal error. The server listens on a unix
 socket (for trainers; permission bits and group from the settings) and optionally on TCP, over
-TLS or mutual TLS when configured. Every RPC passes ``chopper.access``: size and per-client rate
+TLS or mutual TLS when configured. Every RPC passes ``chopper.daemon.access``: size and per-client rate
 limits, and a bearer token for ``RequestCapture`` when ``token_file`` is set (docs/SECURITY.md).
 """
 from __future__ import annotations
@@ -28,9 +28,9 @@ import grpc
 from agent.capture import CaptureBusy, CaptureError, CaptureInvalid, CaptureNotFound
 from agent.config import AgentSettings, ConfigError
 from agent.daemon import Agent
-from chopper.grpc_decode import Garbled, decoder
+from chopper.daemon.grpc_decode import Garbled, decoder
+from chopper.daemon.serving import SecureServer, server_tls
 from chopper.proto.chopper.v1 import agent_pb2 as pb
-from chopper.serving import SecureServer, server_tls
 
 log = logging.getLogger(__name__)
 
@@ -284,7 +284,7 @@ class SocketPathError(ConfigError):
 
 
 # gRPC refuses a unix socket path of more than 107 bytes (sockaddr_un.sun_path holds 108 with its NUL).
-# SocketKeeper binds a spare beside the path, at "<path>.spare-<n>" (chopper.serving), so the path
+# SocketKeeper binds a spare beside the path, at "<path>.spare-<n>" (chopper.daemon.serving), so the path
 # keeps room for that suffix: n below a million.
 UNIX_PATH_MAX_BYTES = 107
 SPARE_SUFFIX_BYTES = len(".spare-999999")
@@ -490,7 +490,7 @@ class SocketKeeper:
     listening on a socket no new trainer can reach (its file is gone; open streams are unaffected).
     Every ``period_s`` the keeper compares the path's (device, inode) with the socket it made; when
     they differ it recreates the directory, serves the path from a spare gRPC server
-    (:meth:`chopper.serving.SecureServer.serve_unix_again`) with the same mode and group, and
+    (:meth:`chopper.daemon.serving.SecureServer.serve_unix_again`) with the same mode and group, and
     counts it in ``agent.socket_recreated`` (its only writer; on ``/metrics``). A path another live
     agent now serves is left to it (logged once).
 

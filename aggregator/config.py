@@ -12,9 +12,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from chopper import settings as _settings
-from chopper.serving import access_field, check_server_access
-from chopper.settings import MAX_MESSAGE_BYTES, ConfigError, is_host_port
+from chopper.daemon import settings as _settings
+from chopper.daemon.serving import access_field, check_server_access
+from chopper.daemon.settings import MAX_MESSAGE_BYTES, ConfigError, is_host_port
 
 ENV_PREFIX = "CHOPPER_AGGREGATOR_"
 LOG_LEVELS = ("debug", "info", "warning", "error")

@@ -7,7 +7,7 @@ nodes, so a node whose clock is off by ±30 s changes nothing here.
 
 Algorithm (``JobTable.add`` and ``JobTable.expire``):
 
-1. A summary is validated (a job name that ``chopper.jobname`` accepts, rank ≥ 0, step ≥ 0,
+1. A summary is validated (a job name that ``chopper.identity.jobname`` accepts, rank ≥ 0, step ≥ 0,
    a finite step time ≥ 0, each cause's seconds NaN or within it, energy NaN or finite ≥ 0;
    otherwise rejected as ``invalid``). A summary for a job not seen yet opens a new job, unless
    ``max_jobs`` jobs are live (rejected as ``job_limit``).
@@ -70,7 +70,7 @@ import pandas as pd
 from aggregator.stepindex import UNKNOWN_DIGEST, Seen, StepIndex, digest
 from chopper.attribution import straggler
 from chopper.attribution.columns import DVFS_CAUSES, STEP_COLUMNS
-from chopper.jobname import job_name_problem
+from chopper.identity.jobname import job_name_problem
 from chopper.proto.chopper.v1 import agent_pb2 as pb
 
 NS = 1_000_000_000
@@ -90,7 +90,8 @@ JOB_COLUMNS: tuple[str, ...] = (
 )
 ROW_COLUMNS: tuple[str, ...] = (*STEP_COLUMNS, *JOB_COLUMNS)
 REJECTION_REASONS: dict[str, str] = {
-    "invalid": "a job name chopper/jobname.py refuses (empty, unprintable, too long for the store), a negative rank "
+    "invalid": "a job name chopper/identity/jobname.py refuses (empty, unprintable, too long for the store), "
+               "a negative rank "
                "or step, a step time that is negative or not finite, seconds by cause outside [0, step time], or "
                "energy that is negative or infinite",
     "job_limit": "a new job while max_jobs jobs are live",

@@ -1,8 +1,8 @@
 """``chopper-aggregator``: the cluster service. Runs until SIGTERM, SIGINT, SIGQUIT or SIGXCPU, then stops cleanly.
 
 SIGHUP makes the running server take its TLS files now, as the next connection would, and reports
-a refused set at once (the certificates in use stay; ``chopper.auth.recheck``); other signals are
-logged and ignored, and faults dump every thread's traceback (``chopper/stopsignals.py``).
+a refused set at once (the certificates in use stay; ``chopper.daemon.auth.recheck``); other signals are
+logged and ignored, and faults dump every thread's traceback (``chopper/daemon/stopsignals.py``).
 Other settings take a restart.
 
 With ``store_dir``, acknowledgements are durable: accepted summaries go to a write-ahead log in
@@ -33,10 +33,10 @@ from aggregator.server import build_server
 from aggregator.service import Aggregator
 from aggregator.store import Store
 from aggregator.wal import Wal
-from chopper import logs, sdnotify
-from chopper.auth import Reloaded, recheck
-from chopper.listen_check import check_listen
-from chopper.stopsignals import StopSignals
+from chopper.daemon import logs, sdnotify
+from chopper.daemon.auth import Reloaded, recheck
+from chopper.daemon.listen_check import check_listen
+from chopper.daemon.stopsignals import StopSignals
 
 log = logging.getLogger("aggregator")
 TICK_S = 1.0

@@ -20,7 +20,7 @@ from agent import __version__
 from aggregator.catalog import BY_NAME
 from aggregator.jobs import CAUSES, WINDOWS_S, JobState, RankState
 from aggregator.service import Aggregator
-from chopper.auth import Reloaded
+from chopper.daemon.auth import Reloaded
 
 WINDOW_NAMES = {60: "1m", 300: "5m"}
 

@@ -12,9 +12,9 @@ acknowledgement is yielded after the commit; the stream's worker thread waits, n
 (one group commit releases every waiting stream). A log that cannot write ends the stream with
 ``UNAVAILABLE``: the agent keeps the batch and resends it after reconnecting.
 
-Every RPC passes ``chopper.access`` (size and per-client rate limits); ``listen`` speaks TLS, or
+Every RPC passes ``chopper.daemon.access`` (size and per-client rate limits); ``listen`` speaks TLS, or
 mutual TLS with ``tls_client_ca``, when ``tls_cert`` is set (docs/SECURITY.md). ``listen`` is
-bound once with a plain socket before gRPC binds it (``chopper.listen_check``), so that a port in use, an
+bound once with a plain socket before gRPC binds it (``chopper.daemon.listen_check``), so that a port in use, an
 address of another machine or a name that does not resolve is refused in words naming the
 setting and the fix, not in gRPC's text.
 """
@@ -28,9 +28,9 @@ import grpc
 from aggregator.config import AggregatorSettings
 from aggregator.service import Aggregator
 from aggregator.wal import WalError
-from chopper.grpc_decode import Garbled, decoder
+from chopper.daemon.grpc_decode import Garbled, decoder
+from chopper.daemon.serving import SecureServer, server_tls
 from chopper.proto.chopper.v1 import aggregator_pb2 as apb
-from chopper.serving import SecureServer, server_tls
 
 SERVICE = "chopper.v1.Aggregator"
 # Every agent (and replica) holds one Deliver stream, and each stream holds a worker thread.

@@ -72,7 +72,7 @@ from aggregator.jobs import Finalized, JobTable
 from aggregator.stepindex import StepIndex
 from aggregator.store import ASIDE_DIR, Store, stored_keys
 from aggregator.wal import BATCH, FILES, ID_BITS, LEDGER, Record, Wal, WalError, summary_id
-from chopper.access import Refusals
+from chopper.daemon.access import Refusals
 from chopper.proto.chopper.v1 import aggregator_pb2 as apb
 
 log = logging.getLogger(__name__)
@@ -124,7 +124,7 @@ class Aggregator:
         self.lock = threading.Lock()
         self.recent: dict[str, deque[apb.JobStep]] = {}
         self.undecodable: dict[str, int] = {}
-        # Calls and connections refused by the access checks (chopper.access), for the metrics.
+        # Calls and connections refused by the access checks (chopper.daemon.access), for the metrics.
         self.refusals = Refusals()
         self.invalid_batches_total = 0
         self.delivery_streams = 0

@@ -80,7 +80,7 @@ BENCHES = (
     ),
     Bench(
         "instrument_overhead", bench_instrument_overhead.run,
-        "training step time with `chopper.torch.instrument` vs without (CPU, one rank)",
+        "training step time with `chopper.pytorch.instrument` vs without (CPU, one rank)",
         lambda r: (f"ratio {r['ratio_instrumented_vs_plain']:.4f} ({r['steps_per_s']['instrumented']:g} vs "
                    f"{r['steps_per_s']['plain']:g} steps/s), {r['markers_per_step']:g} markers/step, "
                    f"flops {r['flops_source']}"),

@@ -199,9 +199,9 @@ def run(measure_s: float = 20.0, warmup_s: float = 3.0) -> dict[str, Any]:
 
 def _load(target: str, metrics_url: str, duration_s: float) -> dict[str, int]:
     """The agent's clients, in their own process: a subscriber, a scraper and a marker feed."""
-    from chopper import consumer
     from chopper.client import Client
     from chopper.proto.chopper.v1 import agent_pb2 as pb
+    from chopper.runs import consumer
 
     consumer.wait_for_info(target, timeout_s=30)
     got = {"samples": 0, "step_summaries": 0, "scrapes": 0, "steps_marked": 0}

@@ -12,7 +12,7 @@ Method (``tests/e2e/exposed_truth_harness.py`` in full): one real agent process 
 backend, two GPUs) receives the markers over its unix socket; each configuration is one 2-rank
 gloo job (``tests/e2e/exposed_truth_train.py``: 6 ``Linear(384, 384)`` layers, 0.89 M parameters,
 3.5 MB of fp32 gradients, 160 rows per rank per step, one CPU thread per rank, instrumented with
-``chopper.torch.instrument`` or ``chopper.hf.ChopperCallback``) whose ranks run in their own
+``chopper.pytorch.instrument`` or ``chopper.hf.ChopperCallback``) whose ranks run in their own
 network namespaces joined by a veth pair with a ``tc`` rate limit (``tests/netns.py``). Blocks of
 interleaved synchronised / unsynchronised steps (and, for DDP, steps where rank 1 sleeps
 ``SLOW_MS`` in its forward) alternate between 1 Gbit/s and 250 Mbit/s in ABBA order. After each

@@ -1,4 +1,4 @@
-"""Steps/s of a small model with and without ``chopper.torch.instrument``, in the same run.
+"""Steps/s of a small model with and without ``chopper.pytorch.instrument``, in the same run.
 
 Goal: at steady state on the CPU, the instrumented training loop is less than 1 % slower than the
 same loop without instrumentation (``median instrumented step / median plain step < 1.01``).
@@ -10,7 +10,7 @@ torch.distributed (so no CPU contention between ranks), ``torch.set_num_threads(
 batch 8 × 128 tokens) with AdamW, a plain loop (forward, cross-entropy, ``backward``,
 ``optimizer.step``, ``zero_grad``) that knows nothing of the telemetry. ``chopper.init`` is called
 once; the loop then alternates ``CYCLES`` times between a segment of ``SEGMENT_STEPS`` steps
-instrumented (``chopper.torch.instrument(model, optimizer, ...)`` before it, ``.remove()`` after
+instrumented (``chopper.pytorch.instrument(model, optimizer, ...)`` before it, ``.remove()`` after
 it) and a segment of as many steps not instrumented, flipping which of the two comes first in each
 cycle (ABBA order), so slow drifts of a shared machine fall on both alike. The first
 ``SKIP_STEPS`` steps of each segment are left out (hook (un)installation transients). A warm-up
@@ -60,7 +60,7 @@ def _train(target: str) -> dict[str, Any]:
     from torch import nn
 
     import chopper
-    import chopper.torch as ctorch
+    import chopper.pytorch as ctorch
     from chopper.demo.train import BATCH, SEQ, VOCAB, TinyDecoder
 
     warnings.filterwarnings("ignore", message="enable_nested_tensor")  # the demo model's, harmless

@@ -40,9 +40,9 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 import grpc
 
 from benchmarks.bench_aggregator import BATCH, _scrape, _summary, _wait_up, deliver_on
+from chopper.daemon.tls import ClientTLS
 from chopper.demo.run import free_port
 from chopper.proto.chopper.v1 import aggregator_pb2 as apb
-from chopper.tls import ClientTLS
 from tests.security.pki import Authority
 
 STREAM_COUNTS = (1, 8)

@@ -39,8 +39,9 @@ import time
 from types import FrameType
 from typing import Any
 
-from chopper import _device_clock, _identity
+from chopper import _device_clock
 from chopper.client import NOOP, Client, _Collective, _NoOp, _Phase, _Step
+from chopper.identity import process as _identity
 
 __all__ = ["Client", "collective", "init", "phase", "shutdown", "stats", "step"]
 

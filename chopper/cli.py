@@ -9,8 +9,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from chopper import connect
-from chopper.settings import ConfigError
+from chopper.daemon.settings import ConfigError
+from chopper.runs import connect
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -98,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "attribute":
         return _attribute(args)
     if args.command == "capture":
-        from chopper.capture import main_capture
+        from chopper.runs.capture import main_capture
 
         return main_capture(args.agent, args.job, int(args.steps), args.ranks, args.out, args.sample_hz or 0.0,
                             args.timeout, security)
@@ -111,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return run_demo(DemoOptions(args.duration, args.ranks, args.model, sample_hz=args.sample_hz,
                                     backend=args.backend))
-    from chopper import consumer
+    from chopper.runs import consumer
 
     try:
         if args.command == "info":
@@ -134,7 +134,7 @@ def _attribute(args: argparse.Namespace) -> int:
     from chopper.attribution import AttributionError, attribute_run
     from chopper.attribution.report import format_table, to_json
     from chopper.attribution.store_reader import is_step_store, read_step_store
-    from chopper.rundir import RunDirError
+    from chopper.runs.rundir import RunDirError
 
     try:
         reader = read_step_store if is_step_store(args.run_dir) else attribute_run  # aggregator store or run
@@ -152,13 +152,13 @@ def _attribute(args: argparse.Namespace) -> int:
     if args.json:
         out = to_json(result)
         if joined is not None:
-            from chopper.capture_join import to_records
+            from chopper.runs.capture_join import to_records
             out["capture"] = to_records(joined)
         print(json.dumps(out, indent=1))
     else:
         print(format_table(result))
         if joined is not None:
-            from chopper.capture_join import format_join
+            from chopper.runs.capture_join import format_join
             print("\n" + format_join(joined))
     return 0
 
@@ -166,7 +166,7 @@ def _attribute(args: argparse.Namespace) -> int:
 def _capture_join(run_dir: str, steps: pd.DataFrame) -> pd.DataFrame | None:
     """A capture directory's per-step join of counters and kernels, or None; a bad trace is warned
     about on stderr and skipped, so the counter-level account is still printed."""
-    from chopper.capture_join import join_capture
+    from chopper.runs.capture_join import join_capture
     from chopper.trace import TraceError
 
     try:
@@ -179,7 +179,7 @@ def _capture_join(run_dir: str, steps: pd.DataFrame) -> pd.DataFrame | None:
 def _report(args: argparse.Namespace) -> int:
     from chopper.attribution import AttributionError
     from chopper.report import ReportError, build_report, terminal_progress
-    from chopper.rundir import RunDirError
+    from chopper.runs.rundir import RunDirError
     from chopper.trace import TraceError
 
     try:
@@ -229,10 +229,10 @@ def _record(args: argparse.Namespace, security: connect.ClientSecurity) -> int:
     import time
     from pathlib import Path
 
-    from chopper import consumer
-    from chopper.record import OutputNotEmpty, RecordError, check_output, record
-    from chopper.rundir import RunDirError
-    from chopper.stopsignals import StopSignals
+    from chopper.daemon.stopsignals import StopSignals
+    from chopper.runs import consumer
+    from chopper.runs.record import OutputNotEmpty, RecordError, check_output, record
+    from chopper.runs.rundir import RunDirError
 
     try:
         # Checked here as well as in record() so that the refusal comes before the banner.
@@ -277,8 +277,8 @@ def _record(args: argparse.Namespace, security: connect.ClientSecurity) -> int:
 def _follow_steps(target: str, security: connect.ClientSecurity) -> int:
     import grpc
 
-    from chopper import consumer, steptable
     from chopper.proto.chopper.v1 import agent_pb2 as pb
+    from chopper.runs import consumer, steptable
 
     consumer.wait_for_info(target, timeout_s=5.0, security=security)
     channel, stream = consumer.subscribe(target, pb.SubscribeRequest(step_summaries=True), security)

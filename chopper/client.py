@@ -19,7 +19,7 @@ Two halves that share only a bounded queue:
      most ``max_batch`` markers when the queue holds a full batch or ``flush_interval_s`` has
      passed (device timestamps are resolved here, in order; packing stops at the first event the
      GPU has not reached). ``seq`` increases from 1 over the client's life, across streams.
-     Packing checks each marker against what the wire and the agent take (``chopper.jobname``),
+     Packing checks each marker against what the wire and the agent take (``chopper.identity.jobname``),
      so that one bad marker never costs its batch: a phase or collective name over 256
      characters, or a step that is not an integer, drops that marker (counted, with its reason);
      an unprintable name is escaped and sent; a ``flops``/``tokens``/``bytes`` value that is not
@@ -44,7 +44,7 @@ error, invalid, in flight at a break, abandoned at shutdown), so the agent can r
 
 Identity is checked once, when the client is made: text that no protobuf string holds (a
 ``CHOPPER_JOB`` that is not UTF-8 reads as surrogate escapes) or that the agent refuses is
-replaced by the nearest text it accepts (``chopper.jobname.usable_job_name``), and a rank or GPU
+replaced by the nearest text it accepts (``chopper.identity.jobname.usable_job_name``), and a rank or GPU
 outside int32 by 0 or -1, each with a warning naming the value used and the fix; non-UTF-8 bytes
 of a unix socket path are percent-encoded, which gRPC decodes back. So every batch encodes.
 """
@@ -61,20 +61,20 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from chopper._device_clock import DeviceClock
-from chopper.device_identity import UNRESOLVED, canonical_uuid, match_uuid
-from chopper.jobname import (
+from chopper.identity.device import UNRESOLVED, canonical_uuid, match_uuid
+from chopper.identity.jobname import (
     MAX_MARKER_NAME_CHARS,
     escape_unprintable,
     job_name_problem,
     marker_name_problem,
     usable_job_name,
 )
-from chopper.launcher_identity import MAX_INDEX
+from chopper.identity.launcher import MAX_INDEX
 from chopper.schema import MAX_MARKERS_PER_BATCH, PID_METADATA, UNREAD_METADATA, ClockSource, MarkerKind
 
 if TYPE_CHECKING:
-    from chopper.capture import ProfilerWindow
     from chopper.proto.chopper.v1 import agent_pb2
+    from chopper.runs.capture import ProfilerWindow
 
 logger = logging.getLogger("chopper.client")
 
@@ -97,7 +97,7 @@ _INT64_MAX = 2**63 - 1
 # a name counts 4 bytes a character, the most UTF-8 takes.
 _MARKER_BYTES = 64
 # Most marker bytes in one batch: under the smallest message an agent accepts (twice its
-# max_message_bytes, which is at least 64 KiB: agent/config.py, chopper/serving.py), less the
+# max_message_bytes, which is at least 64 KiB: agent/config.py, chopper/daemon/serving.py), less the
 # batch's header (a job name and a device UUID, at most ~1.3 KiB).
 _BATCH_BYTES = 64 * 1024
 # grpc's connectivity poller (behind channel_ready_future) outlives its future by up to 0.2 s and
@@ -318,7 +318,7 @@ class Client:
         self.pid = _said("pid", given_pid, wire_pid if wire_pid is not None and abs(wire_pid) <= _INT64_MAX
                          else os.getpid(), "a pid is an integer of int64", "pass no pid: the client reads its own")
         # Every local process reaches the agent as the same unix peer: saying which one it is
-        # gives it a stream budget of its own (chopper/access.py).
+        # gives it a stream budget of its own (chopper/daemon/access.py).
         self._peer_metadata = ((PID_METADATA, str(os.getpid())),)
         self._q: deque[Item] = deque()
         self._cap = max(0, int(queue_size))
@@ -499,7 +499,7 @@ class Client:
 
     def _capture_start(self) -> ProfilerWindow | None:
         """Start ``torch.profiler`` for the pending command; None when there is none or it cannot start."""
-        from chopper.capture import ProfilerWindow
+        from chopper.runs.capture import ProfilerWindow
 
         with self._capture_lock:  # taken and installed at once, so that a stop finds one or the other
             cmd, self._capture_cmd = self._capture_cmd, None
@@ -613,7 +613,7 @@ class Client:
             channel.close()
 
     def _on_capture_command(self, cmd: Any) -> None:
-        from chopper.capture import STOP_STEPS
+        from chopper.runs.capture import STOP_STEPS
 
         if cmd.steps <= STOP_STEPS:
             self._capture_stop(cmd.capture_id, "the agent's timeout passed")

@@ -1,4 +1,4 @@
-"""Hugging Face ``Trainer`` integration: the markers of ``chopper.torch.instrument`` from one callback.
+"""Hugging Face ``Trainer`` integration: the markers of ``chopper.pytorch.instrument`` from one callback.
 
 ::
 
@@ -7,17 +7,17 @@
 
 On the first training step (when the Trainer has built its optimizer) the callback calls
 ``chopper.init()`` unless a client is already running (job: ``CHOPPER_JOB``/launcher variables, else
-``TrainingArguments.run_name``), then ``chopper.torch.instrument(model, optimizer, ...)`` with steps
+``TrainingArguments.run_name``), then ``chopper.pytorch.instrument(model, optimizer, ...)`` with steps
 numbered from ``state.global_step``. On train end the hooks are removed and the markers flushed (the
 client is shut down if the callback started it). Evaluation runs under ``no_grad`` and is not marked.
 
 Collectives: those issued from ``torch.distributed`` Python functions (FSDP, DeepSpeed) are marked by
-the wrappers of ``chopper.torch``. The DDP gradient all-reduce comes from DDP's C++ reducer, and the
+the wrappers of ``chopper.pytorch``. The DDP gradient all-reduce comes from DDP's C++ reducer, and the
 Trainer hands callbacks the unwrapped model, so the callback finds the DDP wrapper once, at the first
-step, with ``chopper.torch.ddp_wrapper_of``, and marks the all-reduce through its comm hook.
+step, with ``chopper.pytorch.ddp_wrapper_of``, and marks the all-reduce through its comm hook.
 Tokens per step are unknown to callbacks: pass ``tokens_per_step=`` when the batch shape is fixed.
 
-Phases are those of ``chopper.torch.instrument`` on the model the Trainer calls: the backward phase
+Phases are those of ``chopper.pytorch.instrument`` on the model the Trainer calls: the backward phase
 ends when the backward computation ends (an autograd final callback queued from the model output's
 gradient hook, before DDP's), so the all-reduce tail the Trainer waits for before its optimizer step
 is exposed communication. Gradient accumulation: each micro-batch's forward and backward is a phase,
@@ -42,7 +42,7 @@ except ImportError as e:  # pragma: no cover - exercised in environments without
     ) from e
 
 import chopper
-from chopper import _identity
+from chopper.identity import process as _identity
 
 logger = logging.getLogger("chopper.hf")
 
@@ -60,7 +60,7 @@ class ChopperCallback(TrainerCallback):  # type: ignore[misc]
         client: Marker client; default the process-wide one (started here if needed).
 
     Attributes:
-        instrumentation: The active ``chopper.torch.Instrumentation`` during training, else None.
+        instrumentation: The active ``chopper.pytorch.Instrumentation`` during training, else None.
     """
 
     def __init__(self, job: str | None = None, flops_per_step: float | None = None,
@@ -75,7 +75,7 @@ class ChopperCallback(TrainerCallback):  # type: ignore[misc]
     def _start(self, args: Any, state: Any, model: Any, optimizer: Any) -> None:
         import torch
 
-        import chopper.torch as ctorch
+        import chopper.pytorch as ctorch
 
         if self.instrumentation is not None or model is None or optimizer is None:
             return

@@ -1,4 +1,4 @@
-"""Lightning integration: the markers of ``chopper.torch.instrument`` from one callback.
+"""Lightning integration: the markers of ``chopper.pytorch.instrument`` from one callback.
 
 ::
 
@@ -9,7 +9,7 @@
 older package is installed; with both installed, ``PLChopperCallback`` is the ``pytorch_lightning`` one).
 
 Lightning runs forward and backward inside ``optimizer.step(closure)``, so the optimizer's step hooks
-that ``chopper.torch.instrument`` relies on would put the whole step in the optimizer phase. The
+that ``chopper.pytorch.instrument`` relies on would put the whole step in the optimizer phase. The
 callback marks from Lightning's own hooks instead, giving the same markers:
 
 * **step** ``trainer.global_step``: from the batch start of the first micro-batch to the end of
@@ -17,12 +17,12 @@ callback marks from Lightning's own hooks instead, giving the same markers:
 * **forward**: batch start → ``on_before_backward`` (``training_step``, loss included);
 * **backward**: ``on_before_backward`` → the end of the backward computation: a gradient hook on the
   loss (the first tensor backward reaches) queues an autograd final callback
-  (``chopper.torch.queue_backward_end``) ahead of the ones DDP and FSDP queue to wait for gradient
+  (``chopper.pytorch.queue_backward_end``) ahead of the ones DDP and FSDP queue to wait for gradient
   synchronisation, so that wait is exposed communication, not backward (one phase per micro-batch);
 * **optimizer**: ``on_before_optimizer_step`` → end of ``optimizer.step``;
 * **collectives** and the **DDP** gradient all-reduce: the ``torch.distributed`` wrappers and comm hook
-  of ``chopper.torch`` (on ``trainer.strategy.model``, seen through ``torch.compile``); a synchronous
-  collective on CPU tensors pauses the phase it blocks, as in ``chopper.torch``;
+  of ``chopper.pytorch`` (on ``trainer.strategy.model``, seen through ``torch.compile``); a synchronous
+  collective on CPU tensors pauses the phase it blocks, as in ``chopper.pytorch``;
 * **FLOPs**: ``flops_per_step`` if given, else counted with ``FlopCounterMode`` over the first
   ``training_step`` (×3), else 6·N·T when tokens are known. Tokens per step: ``tokens_per_step`` if
   given, else the ``numel`` of the batch's token tensor (a tensor batch, its first element, or its
@@ -55,7 +55,7 @@ except ImportError:  # pragma: no cover - pytorch_lightning-only environments
 import torch
 
 import chopper
-from chopper import _identity
+from chopper.identity import process as _identity
 
 logger = logging.getLogger("chopper.lightning")
 
@@ -79,7 +79,7 @@ class _ChopperHooks:
 
     def __init__(self, job: str | None = None, flops_per_step: float | None = None,
                  tokens_per_step: int | None = None, client: chopper.Client | None = None) -> None:
-        """Args: like ``chopper.torch.instrument``; ``job`` is for ``chopper.init`` when started here."""
+        """Args: like ``chopper.pytorch.instrument``; ``job`` is for ``chopper.init`` when started here."""
         self.job = job
         self.flops_per_step = flops_per_step
         self.flops_source = "given" if flops_per_step is not None else "none"
@@ -88,7 +88,7 @@ class _ChopperHooks:
         self.steps = 0
         self.errors: Counter[str] = Counter()
         self._marks: Any = None
-        self._inst: Any = None  # chopper.torch.Instrumentation: collectives and the open phase
+        self._inst: Any = None  # chopper.pytorch.Instrumentation: collectives and the open phase
         self._handles: list[Any] = []
         self._started_client = False
         self._step: int | None = None
@@ -145,7 +145,7 @@ class _ChopperHooks:
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         """Start the client if needed, wrap ``torch.distributed`` and hook the optimizers' steps."""
-        import chopper.torch as ctorch
+        import chopper.pytorch as ctorch
 
         if self.client is None and chopper._client is None:
             job = self.job
@@ -195,7 +195,7 @@ class _ChopperHooks:
         self._guard("backward", go)
 
     def _loss_grad(self, grad: torch.Tensor) -> None:
-        import chopper.torch as ctorch
+        import chopper.pytorch as ctorch
 
         self._guard("backward", ctorch.queue_backward_end, self._backward_end)
 

@@ -18,7 +18,7 @@ NAN = math.nan
 # client sends at most this many (512 by default).
 MAX_MARKERS_PER_BATCH = 4096
 # Invocation metadata in which a local client states its process id: every process on the agent's
-# unix socket is the same gRPC peer, and this gives each its own stream budget (chopper/access.py).
+# unix socket is the same gRPC peer, and this gives each its own stream budget (chopper/daemon/access.py).
 PID_METADATA = "chopper-pid"
 # Trailing metadata of a call refused before the server read any of its messages: a client that
 # wrote batches on such a stream counts them dropped, not sent.

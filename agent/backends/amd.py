@@ -40,8 +40,8 @@ from types import ModuleType
 from typing import Any, TypeVar
 
 from agent.backends.base import BackendError, BackendUnavailable, DeviceLost
+from agent.backends.specs import find_spec
 from chopper.schema import NAN, DeviceInfo, Sample
-from chopper.specs import find_spec
 
 log = logging.getLogger(__name__)
 

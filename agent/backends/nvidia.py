@@ -48,8 +48,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent.backends.base import BackendError, BackendUnavailable, DeviceLost
+from agent.backends.specs import find_spec
 from chopper.schema import NAN, DeviceInfo, Sample
-from chopper.specs import find_spec
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +148,7 @@ class NvidiaBackend:
 
         Returns:
             One row per GPU: max SM clock (MHz), memory (bytes), enforced power limit (W) and
-            ``peak_flops`` from ``chopper.specs`` (NaN for a model it does not know).
+            ``peak_flops`` from ``agent.backends.specs`` (NaN for a model it does not know).
 
         Raises:
             BackendUnavailable: pynvml or the driver is missing, or there is no GPU.

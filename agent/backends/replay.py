@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from agent.backends.base import BackendError, BackendUnavailable
-from chopper.rundir import RunDirError, read_run
+from chopper.runs.rundir import RunDirError, read_run
 from chopper.schema import SAMPLE_COLUMNS, DeviceInfo, Sample
 
 # Cumulative sample columns; everything after gpu that is not listed here is an interval mean.
@@ -43,7 +43,7 @@ MAX_SPAN_NS = 100 * 365 * 24 * 3600 * 10**9
 
 
 class ReplayBackend:
-    """Replays ``samples`` of a recorded run directory (see ``chopper.rundir``).
+    """Replays ``samples`` of a recorded run directory (see ``chopper.runs.rundir``).
 
     Args:
         node: This agent's node name, written into every device row and sample.

@@ -68,8 +68,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from agent.backends.base import BackendError
+from agent.backends.specs import SPECS
 from chopper.schema import DeviceInfo, MarkerKind, Sample
-from chopper.specs import SPECS
 
 NOMINAL_FIRST_DT_S = 0.1
 MAX_SUBSTEP_S = 1.0
@@ -173,7 +173,7 @@ class SimulatedBackend:
 
     Args:
         node: Node name written into every row.
-        model: A model of ``chopper.specs.SPECS`` (``MI300X``, ``H100``, ``H200`` ...).
+        model: A model of ``agent.backends.specs.SPECS`` (``MI300X``, ``H100``, ``H200`` ...).
         gpus: Number of GPUs.
         seed: Seeds per-GPU variation, noise and UUIDs.
         hot_gpus: Indices of GPUs with poor cooling (thermal throttling under load).

@@ -10,9 +10,9 @@ One run, a few minutes, nothing changed on the device (``provenance.NOT_CHANGED`
    until it answers ``GetInfo``.
 3. Build the job (``workload``) on the device, count its FLOPs per step with ``FlopCounterMode``,
    then ``chopper.init`` (after CUDA/HIP is initialised, so that markers carry device-event
-   timestamps, ``chopper._device_clock``) and ``chopper.torch.instrument`` with those FLOPs. Warm
+   timestamps, ``chopper._device_clock``) and ``chopper.pytorch.instrument`` with those FLOPs. Warm
    up for ``--warmup`` seconds.
-4. Start recording the agent (``chopper.record.record`` from now on) and following its live step
+4. Start recording the agent (``chopper.runs.record.record`` from now on) and following its live step
    summaries, train for ``--duration`` seconds timed by the loop's own device events, flush the
    markers, wait a few sample periods so that samples cover the last step, stop both.
 5. Attribute the recorded run (``chopper.attribution``), compute the figures (``figures``), check
@@ -77,7 +77,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=None,
                    help="run directory to write (default tests/fixtures/gpu/<vendor>-<model>-<UTC time>)")
     p.add_argument("--peak-flops", type=float, default=0.0,
-                   help="dense BF16 FLOP/s of the GPU when chopper.specs does not know the model (passed to the agent)")
+                   help="dense BF16 FLOP/s of the GPU when agent.backends.specs does not know the model "
+                        "(passed to the agent)")
     args = p.parse_args(argv)
     if args.duration <= 0 or args.warmup < 0:
         p.error("--duration must be > 0 and --warmup >= 0")
@@ -160,8 +161,8 @@ class LiveSummaries:
     """Follows the agent's step summaries of the check's job's steps that begin after ``since_ns``."""
 
     def __init__(self, target: str, since_ns: int) -> None:
-        from chopper import consumer
         from chopper.proto.chopper.v1 import agent_pb2 as pb
+        from chopper.runs import consumer
 
         self._pb = pb
         self._since_ns = since_ns
@@ -234,7 +235,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the check; 0 recorded and attributed, 1 failed on the way, 2 cannot run here."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
-    from chopper import logs
+    from chopper.daemon import logs
 
     logs.configure("info")
     # SIGTERM (from `timeout`) unwinds through the finally blocks, so the agent is stopped too.
@@ -257,7 +258,7 @@ def _check(args: argparse.Namespace, argv: list[str]) -> int:
     backend, devices = preflight(args.backend)
     log.info("event=backend_found backend=%s gpus=%d model=%r", backend, len(devices), devices[0].model)
     out = (args.out or default_out(devices[0], started)).resolve()
-    from chopper.record import RecordError, check_output
+    from chopper.runs.record import RecordError, check_output
 
     try:
         check_output(out)
@@ -314,12 +315,12 @@ def _train_and_record(args: argparse.Namespace, backend: str, device: Any, torch
                       agent: Any) -> dict[str, Any]:
     """Steps 3–5 of the module docstring; returns the run's record."""
     import chopper
-    import chopper.torch as chopper_torch
+    import chopper.pytorch as chopper_torch
     from benchmarks.gpu import figures, workload
-    from chopper import consumer
     from chopper.attribution import attribute
-    from chopper.record import record
-    from chopper.rundir import read_run
+    from chopper.runs import consumer
+    from chopper.runs.record import record
+    from chopper.runs.rundir import read_run
 
     info = consumer.wait_for_info(target, timeout_s=AGENT_START_S)
     shape = workload.GPU_SHAPE if device.type == "cuda" else workload.CPU_SHAPE

@@ -182,7 +182,7 @@ def _markdown(record: dict[str, Any]) -> str:
         f"# GPU check: {record['device']['model']}, {record['backend']} backend, {record['date']}",
         "",
         "Recorded by `make gpu-check` (docs/GPU_CHECK.md). The tables `devices`, `samples` and `markers` are a",
-        "recorded run (chopper.rundir); `check.json` holds this file's facts and figures.",
+        "recorded run (chopper.runs.rundir); `check.json` holds this file's facts and figures.",
         "",
         "## What was run",
         "",
@@ -190,7 +190,7 @@ def _markdown(record: dict[str, Any]) -> str:
         f"- Job: {shape['layers']} × `Linear({shape['width']}, {shape['width']}, bias=False)` with ReLU, batch "
         f"{shape['batch']}, {shape['dtype']}, SGD, one fixed batch; {loop['flops_per_step']:.6g} FLOP per step "
         f"(FlopCounterMode; the shapes give {loop['flops_analytic']:.6g})",
-        f"- Markers: `chopper.torch.instrument` with the counted FLOPs, job `{record['job']}`, rank 0, gpu "
+        f"- Markers: `chopper.pytorch.instrument` with the counted FLOPs, job `{record['job']}`, rank 0, gpu "
         f"{record['device']['gpu']} ({record['identity']})",
         f"- {record['warmup_s']:g} s warm-up, then {loop['steps']} steps in {loop['seconds']:.3f} s "
         f"({loop['timer']}); recorded {record['recorded']}",

@@ -16,8 +16,8 @@ __all__ = ["Attribution", "AttributionError", "attribute", "attribute_run"]
 
 
 def attribute_run(path: str | Path, job: str | None = None) -> Attribution:
-    """Attribute a recorded run directory (Parquet or CSV tables, see ``chopper.rundir``)."""
-    from chopper.rundir import read_run
+    """Attribute a recorded run directory (Parquet or CSV tables, see ``chopper.runs.rundir``)."""
+    from chopper.runs.rundir import read_run
 
     run = read_run(path)
     return attribute(run.devices, run.samples, run.markers, job=job)

@@ -15,7 +15,7 @@ For one rank's step window ``[b, e]``, ``T = e − b``:
 Beside the account, each step's phase times (``phases.py``): per phase name, the union of its
 windows in the step.
 
-Inputs are the DESIGN tables (``chopper.rundir.RecordedRun`` or the agent's buffers) as pandas
+Inputs are the DESIGN tables (``chopper.runs.rundir.RecordedRun`` or the agent's buffers) as pandas
 frames; marker kinds are lower-case labels. Per GPU, every step window on it is evaluated at once
 (``timeline.GpuTimeline``), so a run costs a few numpy calls per GPU, not per step.
 """
@@ -200,7 +200,7 @@ def attribute(
             raise AttributionError(f"job {job!r} has no markers in this run; check --job")
     if markers.empty:
         raise AttributionError("the run has no markers: record while a job marks steps (chopper.step() or "
-                               "chopper.torch.instrument)")
+                               "chopper.pytorch.instrument)")
     tables = marker_tables(markers)
     steps = tables.steps
     base_ns = int(min(markers["ts_ns"].min(), samples["ts_ns"].min() if len(samples) else markers["ts_ns"].min()))

@@ -28,8 +28,8 @@ from typing import Any
 
 import grpc
 
-from chopper import consumer
 from chopper.proto.chopper.v1 import agent_pb2 as pb
+from chopper.runs import consumer
 
 # Samples older than this (before the newest one) no longer set the clock estimate.
 CLOCK_WINDOW_NS = 1_000_000_000

@@ -6,7 +6,7 @@
    the model's TDP, an administrator's limit) and one GPU with failed cooling (``hot_gpu``): the
    scenario that the rest of the demo uncovers from telemetry alone.
 2. Wait until it answers ``GetInfo``; print its devices, the scenario and the ``/metrics`` address.
-3. Record the agent's devices, samples and markers (``chopper.record``, as ``chopper record``).
+3. Record the agent's devices, samples and markers (``chopper.runs.record``, as ``chopper record``).
 4. Run ``chopper.demo.train`` (CPU ranks, gloo) against it, printing every ``TABLE_EVERY``-th step
    summary the agent streams back as a table row. On the simulated node the job runs with
    ``--gpu-time``: each step stands in for a 1.3 B-parameter model's step on its (simulated) GPU,
@@ -35,12 +35,12 @@ from typing import TextIO
 
 import grpc
 
-from chopper import consumer, steptable
+from agent.backends.specs import SPECS
 from chopper.demo.gputime import StandIn
 from chopper.proto.chopper.v1 import agent_pb2 as pb
-from chopper.record import RecordError, RecordStats, record
-from chopper.rundir import RunDirError
-from chopper.specs import SPECS
+from chopper.runs import consumer, steptable
+from chopper.runs.record import RecordError, RecordStats, record
+from chopper.runs.rundir import RunDirError
 
 JOB = "demo"
 # One table row per rank every this many steps: about one a second per rank, readable live; every
@@ -114,7 +114,7 @@ def _print_rows(target: str, out: TextIO, stop: threading.Event) -> None:
 
 
 class _Recording:
-    """``chopper.record.record`` of the agent into ``out`` on a thread, from now until ``stop()``."""
+    """``chopper.runs.record.record`` of the agent into ``out`` on a thread, from now until ``stop()``."""
 
     def __init__(self, target: str, out: Path) -> None:
         self._stop = threading.Event()

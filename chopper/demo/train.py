@@ -35,8 +35,8 @@ import torch.multiprocessing as mp
 from torch import nn
 
 import chopper
-from chopper import consumer
 from chopper.demo.gputime import ClockWatch, GpuTime, StandIn
+from chopper.runs import consumer
 
 VOCAB, DIM, HEADS, LAYERS, SEQ, BATCH = 1024, 256, 4, 2, 128, 8
 # The CPU work of a --gpu-time step: small enough to fit inside the GPU time of every phase even

@@ -14,7 +14,7 @@
 5. add the summary tables (run: per job, per rank, slowest ranks, phase times per rank, problems; traces: per rank HTA
    figures, overlap, memory-transfer share, sync-blocked time, launch overhead, idle split,
    largest straggler leads; a capture, i.e. a run with traces: each profiled step's counters beside
-   its kernels, ``chopper.capture_join``) and write the page (``html.render``).
+   its kernels, ``chopper.runs.capture_join``) and write the page (``html.render``).
 
 This package imports pandas and matplotlib only inside ``build_report``, so ``import
 chopper.report`` (and the CLI's argument parsing) stays light.
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from chopper.attribution import Attribution
     from chopper.report.html import Section
     from chopper.report.traces import TraceSet
-    from chopper.rundir import RecordedRun
+    from chopper.runs.rundir import RecordedRun
     from chopper.trace import Trace
 
 __all__ = ["Progress", "ReportError", "TextProgress", "build_report", "classify_input", "find_inputs",
@@ -100,7 +100,7 @@ def find_inputs(path: str | Path) -> tuple[bool, list[Path]]:
     Raises:
         ReportError: ``path`` does not exist, or holds neither a run nor traces.
     """
-    from chopper.rundir import TABLES, table_files
+    from chopper.runs.rundir import TABLES, table_files
 
     base = Path(path)
     if not base.exists():
@@ -161,7 +161,7 @@ def build_report(path: str | Path, out: str | Path, *, job: str | None = None,
 
     Raises:
         ReportError: ``path`` is neither a run nor traces, or the run has no complete step.
-        chopper.rundir.RunDirError, chopper.attribution.AttributionError: The run is malformed.
+        chopper.runs.rundir.RunDirError, chopper.attribution.AttributionError: The run is malformed.
         chopper.trace.TraceError: A trace is bad (the message names the file), or the traces mix jobs.
         OSError: ``out`` cannot be written.
     """
@@ -180,7 +180,7 @@ def build_report(path: str | Path, out: str | Path, *, job: str | None = None,
     summaries: list[Section] = []
     if is_run:
         from chopper.attribution import attribute
-        from chopper.rundir import read_run
+        from chopper.runs.rundir import read_run
 
         stage("reading run")
         run = read_run(path)
@@ -333,9 +333,9 @@ def phase_blocks(steps: Any) -> list[Any]:
 
 
 def capture_blocks(result: Attribution, loaded: Sequence[Trace]) -> list[Any]:
-    """The capture section: each profiled step's counters beside its kernels (``chopper.capture_join``)."""
-    from chopper.capture_join import CPU_ONLY_NOTE, DISPLAY_COLUMNS, display_rows, join
+    """The capture section: each profiled step's counters beside its kernels (``chopper.runs.capture_join``)."""
     from chopper.report.html import TableBlock, TextBlock
+    from chopper.runs.capture_join import CPU_ONLY_NOTE, DISPLAY_COLUMNS, display_rows, join
 
     joined = join(result.steps, loaded)
     if joined.empty:

@@ -499,7 +499,7 @@ def phase_times_by_step(steps: pd.DataFrame, max_ranks: int = MAX_RANKS_PER_STEP
     long = phase_long(steps)
     fig = new_figure(11, 1.2)
     if long.empty:
-        return no_data(fig, "no phases: mark them with chopper.phase(...) or chopper.torch.instrument")
+        return no_data(fig, "no phases: mark them with chopper.phase(...) or chopper.pytorch.instrument")
     names = top_phases(long, max_phases)
     colours = {name: f"C{i}" for i, name in enumerate(names)}
     chosen, total = pick_ranks(steps, max_ranks)

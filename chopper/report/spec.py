@@ -16,7 +16,7 @@ from matplotlib.figure import Figure
 if TYPE_CHECKING:
     from chopper.attribution import Attribution
     from chopper.report.traces import TraceSet
-    from chopper.rundir import RecordedRun
+    from chopper.runs.rundir import RecordedRun
 
 
 @dataclass(frozen=True)

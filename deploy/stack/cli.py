@@ -24,9 +24,9 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from chopper import consumer
+from chopper.daemon.stopsignals import StopSignals
 from chopper.demo.run import free_port
-from chopper.stopsignals import StopSignals
+from chopper.runs import consumer
 from deploy.stack.config import alertmanager_yaml, prometheus_yaml
 from deploy.stack.services import Service, StackError, wait_ready
 

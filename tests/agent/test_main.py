@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from agent.main import main
-from chopper import consumer
+from chopper.runs import consumer
 from tests.e2e.conftest import free_port
 
 
@@ -75,7 +75,7 @@ def test_auto_without_gpu_says_simulated_plainly(tmp_path: Path) -> None:
 
 def test_agent_process_replays_a_recorded_run(tmp_path: Path) -> None:
     from chopper.proto.chopper.v1 import agent_pb2 as pb
-    from chopper.rundir import write_run
+    from chopper.runs.rundir import write_run
     from chopper.schema import DeviceInfo, Sample
 
     t0 = 1_700_000_000 * 10**9

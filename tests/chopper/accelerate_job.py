@@ -1,4 +1,4 @@
-"""One rank of a Hugging Face ``accelerate`` training job instrumented with ``chopper.torch.instrument``.
+"""One rank of a Hugging Face ``accelerate`` training job instrumented with ``chopper.pytorch.instrument``.
 
 Launched by ``accelerate launch --multi_gpu --num_processes 2`` on a machine without GPUs, which
 starts the ranks through torchrun; ``Accelerator(cpu=True)`` then joins them with gloo
@@ -7,7 +7,7 @@ after ``accelerator.prepare`` (the model comes back wrapped in DDP, and compiled
 asks for a dynamo backend; the optimizer as an ``AcceleratedOptimizer``):
 
     model, opt = accelerator.prepare(model, opt)
-    inst = chopper.torch.instrument(model, opt)
+    inst = chopper.pytorch.instrument(model, opt)
     with accelerator.accumulate(model):
         accelerator.backward(loss_fn(model(x), y)); opt.step(); opt.zero_grad()
 
@@ -28,7 +28,7 @@ from accelerate import Accelerator
 from torch import nn
 
 import chopper
-import chopper.torch as ctorch
+import chopper.pytorch as ctorch
 
 
 def main(argv: Sequence[str] | None = None) -> int:

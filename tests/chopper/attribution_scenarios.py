@@ -72,7 +72,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from chopper.rundir import write_run
+from chopper.runs.rundir import write_run
 from chopper.schema import DEVICE_COLUMNS, MARKER_COLUMNS, SAMPLE_COLUMNS, THROTTLE_CAUSES
 
 FloatArray = npt.NDArray[np.float64]

@@ -1,6 +1,6 @@
 """Two-rank gloo jobs that alternate steps with and without gradient synchronisation.
 
-Each rank is instrumented the way a user does it (``chopper.torch.instrument``, or
+Each rank is instrumented the way a user does it (``chopper.pytorch.instrument``, or
 ``chopper.hf.ChopperCallback`` for the Trainer) and sends its markers over real gRPC to an
 in-process servicer, and it times its own steps with ``time.perf_counter_ns``. The independent
 truth for exposed communication is then the median step time with synchronisation minus the median
@@ -140,7 +140,7 @@ def _worker(rank: int, job: Job, agent: str, port: int, out: str) -> None:
 
 
 def _train_torch(rank: int, job: Job) -> list[tuple[int, bool, float]]:
-    import chopper.torch as ctorch
+    import chopper.pytorch as ctorch
 
     model: Any = _mlp(job)
     if job.kind == "ddp":

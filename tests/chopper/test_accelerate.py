@@ -1,4 +1,4 @@
-"""``chopper.torch.instrument`` after ``accelerator.prepare``: a real 2-process ``accelerate launch`` on gloo."""
+"""``chopper.pytorch.instrument`` after ``accelerator.prepare``: a real 2-process ``accelerate launch`` on gloo."""
 from __future__ import annotations
 
 import json
@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch import nn
 
-import chopper.torch as ctorch
+import chopper.pytorch as ctorch
 from chopper.demo.run import free_port
 from tests.chopper.sync_truth_jobs import exposed_per_step, received
 

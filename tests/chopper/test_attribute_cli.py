@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from chopper.cli import main
-from chopper.rundir import read_run, write_run
+from chopper.runs.rundir import read_run, write_run
 from tests.chopper.attribution_scenarios import ALL_SCENARIOS
 
 

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from chopper.rundir import read_run
+from chopper.runs.rundir import read_run
 from chopper.schema import DEVICE_COLUMNS, MARKER_COLUMNS, SAMPLE_COLUMNS, THROTTLE_CAUSES
 from tests.chopper.attribution_scenarios import (
     ALL_SCENARIOS,

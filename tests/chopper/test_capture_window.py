@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from chopper.capture import MAX_SECONDS, MAX_STEPS, ProfilerWindow, bounds_problem
+from chopper.runs.capture import MAX_SECONDS, MAX_STEPS, ProfilerWindow, bounds_problem
 
 
 class Clock:

@@ -18,9 +18,9 @@ import grpc
 import pytest
 
 import chopper
-from chopper import _identity
 from chopper.client import NOOP, Client
-from chopper.jobname import job_name_problem
+from chopper.identity import process as _identity
+from chopper.identity.jobname import job_name_problem
 from chopper.proto.chopper.v1 import agent_pb2, agent_pb2_grpc
 from chopper.schema import ClockSource, MarkerKind
 from tests.e2e.conftest import wait_until

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from chopper.rundir import read_run
+from chopper.runs.rundir import read_run
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 

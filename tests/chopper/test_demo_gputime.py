@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
+from agent.backends.specs import SPECS
 from chopper.demo.gputime import GpuTime, StandIn
-from chopper.specs import SPECS
 
 
 class Clock:

@@ -156,7 +156,7 @@ def test_capture_with_cpu_only_traces_reports_the_run_and_the_join(tmp_path: Pat
     import gzip
     import json
 
-    from chopper.rundir import read_run
+    from chopper.runs.rundir import read_run
 
     run = ALL_SCENARIOS["hot_straggler"]().write(tmp_path / "capture")
     markers = read_run(run).markers

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from agent.sampler import FixedRateTicker
-from chopper import consumer
-from chopper.sdnotify import Notifier, ProgressCheck, Supervision, thread_check
+from chopper.daemon.sdnotify import Notifier, ProgressCheck, Supervision, thread_check
+from chopper.runs import consumer
 from tests.e2e.conftest import free_port
 
 

@@ -19,11 +19,11 @@ import grpc
 import psutil
 import pytest
 
-from chopper import consumer
 from chopper.demo.run import free_port, metric_sum
 from chopper.proto.chopper.v1 import agent_pb2 as pb
 from chopper.proto.chopper.v1 import aggregator_pb2 as apb
 from chopper.proto.chopper.v1 import aggregator_pb2_grpc as apb_grpc
+from chopper.runs import consumer
 
 
 class Daemon:

@@ -11,7 +11,7 @@ Method (``run_job``, then ``figures``):
 2. The job runs blocks of interleaved steps with and without gradient synchronisation (and, with
    ``slow_ms``, steps where one rank sleeps in its forward). Before each block the link's rate is
    set to that block's rate, in ABBA order over the rates, so both rates see the same machine.
-3. After the job, the agent's buffers are recorded (``chopper.record.record``) and attributed
+3. After the job, the agent's buffers are recorded (``chopper.runs.record.record``) and attributed
    (``chopper.attribution.attribute_run``, what ``chopper attribute`` runs). Every step the job
    timed must have its attributed row, or the run fails.
 4. ``figures``, per rate and rank, from medians over steps:
@@ -172,7 +172,7 @@ def run_job(agent: AgentProcess, workdir: Path, job: Job, name: str, timeout_s: 
         RuntimeError: A rank failed, or a timed step has no attributed row.
     """
     from chopper.attribution import attribute_run
-    from chopper.record import record
+    from chopper.runs.record import record
 
     deadline = time.monotonic() + timeout_s
     since_ns = time.time_ns()

@@ -4,7 +4,7 @@ The independent side of the exposed-communication checks (``tests/e2e/test_expos
 ``benchmarks/bench_exposed_truth.py``): the cost of gradient synchronisation is measured here,
 with ``time.perf_counter``, as the step time with synchronisation minus the step time of the same
 job without it, and never from Chopper's markers. The job is instrumented the way a user does it
-(``chopper.torch.instrument``, or ``chopper.hf.ChopperCallback`` for the Trainer), so the markers
+(``chopper.pytorch.instrument``, or ``chopper.hf.ChopperCallback`` for the Trainer), so the markers
 the agent receives describe exactly the steps timed here.
 
 Model: ``--layers`` ``nn.Linear(width, width)`` layers with ReLU between them, mean-squared error
@@ -188,8 +188,8 @@ def counting(counts: list[int], name: str) -> Iterator[None]:
 
 
 def train_loop(args: argparse.Namespace, schedule: Schedule, rec: Recorder) -> dict[str, Any]:
-    """DDP or FSDP2 in a plain loop instrumented with ``chopper.torch.instrument``."""
-    import chopper.torch as ctorch
+    """DDP or FSDP2 in a plain loop instrumented with ``chopper.pytorch.instrument``."""
+    import chopper.pytorch as ctorch
 
     dist.init_process_group("gloo")
     net = Net(args.width, args.layers)

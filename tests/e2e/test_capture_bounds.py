@@ -19,10 +19,10 @@ from typing import Any
 import grpc
 import pytest
 
-from chopper.capture import MAX_STEPS
 from chopper.demo.run import free_port
 from chopper.proto.chopper.v1 import agent_pb2 as pb
 from chopper.proto.chopper.v1 import agent_pb2_grpc
+from chopper.runs.capture import MAX_STEPS
 from tests.e2e.capture_bound_job import JOB
 from tests.e2e.conftest import AgentProcess, stop_training, wait_until
 from tests.e2e.test_capture import step_events

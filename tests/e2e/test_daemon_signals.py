@@ -3,7 +3,7 @@
 A signal whose default action ends the process (SIGHUP, SIGUSR1, SIGALRM, ...) killed both daemons
 without a log line and left the agent's socket behind. Each test here sends real signals to a real
 daemon process and reads what it did from its exit status, its socket and its log
-(``chopper/stopsignals.py`` says what each signal does): SIGHUP re-checks the files taken up while
+(``chopper/daemon/stopsignals.py`` says what each signal does): SIGHUP re-checks the files taken up while
 running and the daemon keeps serving; signals with no use are logged, with one line per signal per
 poll however many arrive, and ignored; the stop signals stop cleanly and remove the socket; a fault
 leaves every thread's traceback.
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from chopper import consumer
-from chopper.stopsignals import POLL_S, signal_name
+from chopper.daemon.stopsignals import POLL_S, signal_name
+from chopper.runs import consumer
 from tests.conftest import HazardOutcome
 from tests.deploy.test_sdnotify import FakeSystemd
 from tests.e2e.conftest import AgentProcess, AggregatorProcess, Daemon, wait_until

@@ -18,7 +18,7 @@ the fast rate to the slow one within max(5 ms, 20 %) of the wire time the extra 
 take, while the no-sync step time and the forward and backward phases stay within max(5 ms, 25 %);
 with rank 1 sleeping 30 ms in its forward, rank 0's straggler wait within max(5 ms, 20 %) of the
 lead it had at the all-reduce (each rank stamps its last gradient on the shared monotonic clock),
-and rank 1's under 5 ms. Under a ``chopper.torch``
+and rank 1's under 5 ms. Under a ``chopper.pytorch``
 whose backward phase lasts until the optimizer step, exposed time reads ~0 and these fail.
 """
 from __future__ import annotations

@@ -9,10 +9,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from chopper import consumer
 from chopper.attribution import attribute_run
 from chopper.proto.chopper.v1 import agent_pb2 as pb
-from chopper.record import record
+from chopper.runs import consumer
+from chopper.runs.record import record
 from tests.e2e.conftest import (
     AgentProcess,
     finish_training,

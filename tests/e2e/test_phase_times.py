@@ -14,9 +14,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from chopper import consumer
 from chopper.client import Client
 from chopper.proto.chopper.v1 import agent_pb2 as pb
+from chopper.runs import consumer
 from tests.e2e.conftest import AgentProcess, metric_sum, wait_until
 
 torch = pytest.importorskip("torch")

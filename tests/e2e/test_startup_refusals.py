@@ -73,7 +73,7 @@ def serves_socket(path: Path) -> bool:
     A stale socket accepts no connection, so an answer means the agent replaced it (the inode
     number is no evidence: the file system may give the new socket the old one's).
     """
-    from chopper import consumer
+    from chopper.runs import consumer
 
     for _ in range(3):
         proc = start(agent_argv(path))

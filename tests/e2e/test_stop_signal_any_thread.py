@@ -1,7 +1,7 @@
 """Both daemons stop cleanly on a SIGTERM that the kernel hands to one of their other threads.
 
 Linux may deliver a process-directed signal to any thread; CPython acts on it only in the main
-thread (``chopper/stopsignals.py``). The test sends SIGTERM straight to a non-main thread with
+thread (``chopper/daemon/stopsignals.py``). The test sends SIGTERM straight to a non-main thread with
 ``tgkill``, the worst case a ``systemctl stop`` can produce, and expects the clean stop path: exit
 0 and ``event=stopped`` in the log. An untimed wait in the main thread ignored it until killed.
 """

@@ -20,7 +20,7 @@ import pytest
 
 from chopper import cli
 from chopper.demo.run import free_port
-from chopper.record import record
+from chopper.runs.record import record
 from tests.e2e.conftest import AgentProcess, metric_sum, observe_recorder_streams, wait_until
 
 REPO = Path(__file__).resolve().parents[2]

@@ -10,8 +10,8 @@ import subprocess
 from pathlib import Path
 
 from agent.kubelet.podresources.v1 import api_pb2 as kpb
-from chopper import consumer
 from chopper.proto.chopper.v1 import agent_pb2 as pb
+from chopper.runs import consumer
 from tests.e2e.conftest import AgentProcess, metric_sum, wait_until
 from tests.kubelet import KubeletPodResources, container, pod
 

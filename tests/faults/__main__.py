@@ -36,7 +36,7 @@ BAD_INPUT_MODULES = (
     "tests/agent/test_markers.py",
     "tests/agent/test_server.py",
     "tests/aggregator/test_server.py",
-    "tests/chopper/test_rundir.py",
+    "tests/chopper/runs/test_rundir.py",
     "tests/chopper/test_trace_reader.py",
 )
 BAD_INPUT_PROMISE = "a clear error naming the problem and the fix; nothing already collected is lost"

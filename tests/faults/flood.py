@@ -24,8 +24,8 @@ from collections.abc import Iterator, Sequence
 
 import grpc
 
+from chopper.daemon.stopsignals import StopSignals
 from chopper.proto.chopper.v1 import agent_pb2 as pb
-from chopper.stopsignals import StopSignals
 
 METHOD = "/chopper.v1.Agent/PushMarkers"
 PATTERN = (

@@ -5,7 +5,7 @@ recorded H100 fixture), installed as the ``pynvml`` module: the vendor-library s
 place the project fakes. ``SIGUSR1`` makes every NVML call that reads a device raise
 ``NVMLError_GpuIsLost`` (what NVML says when a GPU falls off the bus); ``SIGUSR2`` brings the GPUs
 back. Everything else is the real agent (``agent.main.main``), whose main thread wakes every
-``chopper.stopsignals.POLL_S`` seconds, so these handlers run within that whichever thread the
+``chopper.daemon.stopsignals.POLL_S`` seconds, so these handlers run within that whichever thread the
 kernel hands the signal to.
 """
 from __future__ import annotations

@@ -30,7 +30,7 @@ from tests.faults.harness import (
 from tests.faults.records import FaultRecord
 
 # Measured: ~250 MiB once the ring buffers are full. The servers run without HTTP/2 BDP probing
-# (chopper/serving.py), so a stream's receive window stays small and gRPC paces the flooder to what
+# (chopper/daemon/serving.py), so a stream's receive window stays small and gRPC paces the flooder to what
 # the agent parses: RSS plateaus instead of growing with the offered rate (it reached 528 MiB with
 # probing on). When the buffers fill depends on how fast this machine lets the agent parse, so the
 # bound is the ceiling, not the shape of the climb. The unit's MemoryMax is 2G.

@@ -23,7 +23,7 @@ import time
 from collections.abc import Sequence
 
 from chopper.client import Client
-from chopper.stopsignals import StopSignals
+from chopper.daemon.stopsignals import StopSignals
 
 MARKERS_PER_STEP = 10
 

@@ -18,7 +18,7 @@ SCRIPT = textwrap.dedent("""
     from pathlib import Path
 
     from aggregator.wal import _HEADER, BATCH, read_segment
-    from chopper.grpc_decode import Garbled, decoder
+    from chopper.daemon.grpc_decode import Garbled, decoder
     from chopper.proto.chopper.v1 import agent_pb2 as pb, aggregator_pb2 as apb
     from tests.fuzz.strategies import length_delimited
 

@@ -1,4 +1,4 @@
-"""gRPC request decoding (``chopper.grpc_decode``) costs what the bytes cost, whatever their nesting.
+"""gRPC request decoding (``chopper.daemon.grpc_decode``) costs what the bytes cost, whatever their nesting.
 
 protobuf's parser (upb) refuses groups nested beyond its recursion limit (100) before it builds
 anything, so a request of unknown groups nested 1,000 to 100,000 deep is answered as ``Garbled``;
@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from chopper.grpc_decode import Garbled, decoder
+from chopper.daemon.grpc_decode import Garbled, decoder
 from chopper.proto.chopper.v1 import agent_pb2 as pb
 from chopper.proto.chopper.v1 import aggregator_pb2 as apb
 from tests.fuzz.strategies import length_delimited

@@ -2,7 +2,7 @@
 
 Properties:
 
-- ``chopper.grpc_decode.decoder`` turns any bytes into either the expected message (which
+- ``chopper.daemon.grpc_decode.decoder`` turns any bytes into either the expected message (which
   serializes again) or a ``Garbled`` whose error says what was wrong; it never raises.
 - ``agent.markers.MarkerIngest.ingest`` accounts for every marker of any decodable batch exactly
   once (accepted, or rejected with a documented reason and a non-empty message), keeps each
@@ -32,7 +32,7 @@ from aggregator.server import _batch_problem
 from aggregator.service import Aggregator
 from aggregator.store import Store
 from chopper.attribution.store_reader import read_step_store
-from chopper.grpc_decode import Garbled, decoder
+from chopper.daemon.grpc_decode import Garbled, decoder
 from chopper.proto.chopper.v1 import agent_pb2 as pb
 from chopper.proto.chopper.v1 import aggregator_pb2 as apb
 from tests.fuzz.strategies import fuzz, length_delimited, wire

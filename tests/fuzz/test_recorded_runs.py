@@ -1,4 +1,4 @@
-"""Fuzz recorded-run tables (``chopper.rundir``), their replay and attribution, and the aggregator's store reader.
+"""Fuzz recorded-run tables (``chopper.runs.rundir``), their replay and attribution, and the aggregator's store reader.
 
 Properties:
 
@@ -30,7 +30,7 @@ from aggregator.jobs import JobTable
 from aggregator.store import Store
 from chopper.attribution import AttributionError
 from chopper.attribution.store_reader import read_step_store
-from chopper.rundir import COLUMNS, TABLES, RunDirError, read_run, write_run
+from chopper.runs.rundir import COLUMNS, TABLES, RunDirError, read_run, write_run
 from chopper.schema import DeviceInfo, MarkerKind, Sample
 from tests.aggregator.summaries import summary
 from tests.fuzz.strategies import edit, fuzz

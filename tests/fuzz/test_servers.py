@@ -27,7 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from agent.metrics import AgentCollector
 from aggregator.config import AggregatorSettings
 from aggregator.server import _batch_problem, build_server
-from chopper.grpc_decode import Garbled, decoder
+from chopper.daemon.grpc_decode import Garbled, decoder
 from chopper.proto.chopper.v1 import agent_pb2 as pb
 from chopper.proto.chopper.v1 import aggregator_pb2 as apb
 from chopper.proto.chopper.v1 import aggregator_pb2_grpc

@@ -1,4 +1,4 @@
-"""Fuzz the daemons' settings loader (``chopper.settings``): YAML file, ``CHOPPER_*`` environment, flags.
+"""Fuzz the daemons' settings loader (``chopper.daemon.settings``): YAML file, ``CHOPPER_*`` environment, flags.
 
 Property, for the agent's and the aggregator's settings alike: loading either returns settings
 whose numbers are finite and 64-bit and whose text holds no NUL, or raises ``ConfigError`` whose
@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 from agent import config as agent_config
 from aggregator import config as aggregator_config
-from chopper.settings import INT64, ConfigError
+from chopper.daemon.settings import INT64, ConfigError
 from tests.fuzz.strategies import fuzz
 
 DAEMONS: dict[str, tuple[Callable[..., Any], type[Any], str]] = {

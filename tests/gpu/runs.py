@@ -16,7 +16,7 @@ from agent.backends.replay import ReplayBackend
 from benchmarks.gpu import provenance
 from benchmarks.gpu.check import JOB, timed_steps
 from chopper.attribution import attribute
-from chopper.rundir import read_run
+from chopper.runs.rundir import read_run
 
 SECTIONS = ("## What was run", "## Device", "## Software", "## Figures", "## What the check did not change")
 # Marker windows against the loop's timer: the gaps between steps (zero_grad, the loop's own test)

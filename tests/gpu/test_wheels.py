@@ -24,7 +24,7 @@ for name in {ON_THE_GPU_MACHINE!r}:
 before = set(sys.modules)
 import agent.main, agent.backends.nvidia, agent.backends.amd, agent.backends.simulated, agent.host
 import benchmarks.gpu.check, benchmarks.gpu.figures, benchmarks.gpu.workload
-import chopper.attribution, chopper.record, chopper.torch, chopper.demo.run, deploy.stack.services
+import chopper.attribution, chopper.runs.record, chopper.pytorch, chopper.demo.run, deploy.stack.services
 agent.host.HostSampler()
 tops = {{m.split(".")[0] for m in set(sys.modules) - before}} - set(sys.stdlib_module_names) - set({OURS!r})
 dists = importlib.metadata.packages_distributions()

@@ -19,11 +19,11 @@ import chopper
 from agent.config import AgentSettings
 from aggregator.config import AggregatorSettings
 from chopper import cli
-from chopper.access import Refusals
+from chopper.daemon.access import Refusals
+from chopper.daemon.serving import SecureServer
+from chopper.daemon.settings import ConfigError
+from chopper.daemon.tls import ClientTLS
 from chopper.proto.chopper.v1 import agent_pb2 as pb
-from chopper.serving import SecureServer
-from chopper.settings import ConfigError
-from chopper.tls import ClientTLS
 from tests.agent.test_server import Running
 from tests.e2e.conftest import wait_until
 from tests.security.conftest import Pki, write_token
@@ -161,7 +161,7 @@ def test_tcp_listeners_bind_loopback_unless_told_otherwise(caplog: pytest.LogCap
     assert AgentSettings().grpc_listen == ""  # no TCP at all by default
     server = SecureServer([], [], Refusals(), max_workers=2, max_message_bytes=1 << 16, max_send_bytes=1 << 16,
                           calls_per_s=0, messages_per_s=0)
-    with caplog.at_level(logging.WARNING, logger="chopper.serving"):
+    with caplog.at_level(logging.WARNING, logger="chopper.daemon.serving"):
         server.add_tcp("0.0.0.0:0", None)
     server.stop(0)
     assert "event=plaintext_listen listen=0.0.0.0:0" in caplog.text
@@ -193,7 +193,7 @@ def test_bad_access_settings_name_the_key(tmp_path: Path, pki: Pki, argv: list[s
 
 
 def test_clients_never_send_a_token_in_clear_text_over_the_network(pki: Pki) -> None:
-    from chopper.connect import ClientSecurity
+    from chopper.runs.connect import ClientSecurity
 
     plain = ClientSecurity(token="t")
     for target in ("unix:///run/chopper/agent.sock", "127.0.0.1:9478", "localhost:9478", "[::1]:9478"):

@@ -14,7 +14,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from chopper.auth import (
+from chopper.daemon.auth import (
     MAX_TOKEN_FILE_BYTES,
     REFUSAL_REASONS,
     TokenError,

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 import chopper
-from chopper.access import Refusals
-from chopper.serving import SecureServer
-from chopper.tls import ServerTLS
+from chopper.daemon.access import Refusals
+from chopper.daemon.serving import SecureServer
+from chopper.daemon.tls import ServerTLS
 from tests.conftest import HazardOutcome
 from tests.e2e.conftest import AgentProcess, free_port, metric_sum, wait_until
 from tests.security.conftest import Pki
@@ -59,7 +59,7 @@ def test_no_warning_for_a_tls_listener_and_one_for_any_other_plaintext_address(
         pki: Pki, caplog: pytest.LogCaptureFixture) -> None:
     server = SecureServer([], [], Refusals(), max_workers=2, max_message_bytes=1 << 16, max_send_bytes=1 << 16,
                           calls_per_s=0, messages_per_s=0)
-    with caplog.at_level(logging.WARNING, logger="chopper.serving"):
+    with caplog.at_level(logging.WARNING, logger="chopper.daemon.serving"):
         server.add_tcp("127.0.0.1:0", ServerTLS(pki.server.cert, pki.server.key, pki.ca))
         assert "plaintext_listen" not in caplog.text
         server.add_tcp("[::1]:0", None)

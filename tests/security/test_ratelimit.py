@@ -1,8 +1,8 @@
 """Token buckets with an injected clock (burst, refill, per-key independence, bounded memory); stream slots."""
 from __future__ import annotations
 
-from chopper.access import client_identity, stream_client
-from chopper.ratelimit import BURST_S, RateLimiter, StreamSlots
+from chopper.daemon.access import client_identity, stream_client
+from chopper.daemon.ratelimit import BURST_S, RateLimiter, StreamSlots
 from tests.agent.test_sampler import FakeClock as Clock  # any number serves as seconds here
 
 

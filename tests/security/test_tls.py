@@ -1,6 +1,6 @@
 """TLS and mutual TLS on a real aggregator gRPC server in process, over real TCP: who gets in, renewal.
 
-The handshakes are gRPC's own (``chopper.tls.ServerTLS.credentials``): one test per way a client
+The handshakes are gRPC's own (``chopper.daemon.tls.ServerTLS.credentials``): one test per way a client
 fails TLS, each refused before any RPC while good clients go on being served.
 """
 from __future__ import annotations
@@ -21,9 +21,9 @@ from aggregator.ledger import Ledger
 from aggregator.metrics import AggregatorCollector
 from aggregator.server import build_server
 from aggregator.service import Aggregator
+from chopper.daemon.tls import ClientTLS
 from chopper.proto.chopper.v1 import aggregator_pb2 as apb
 from chopper.proto.chopper.v1 import aggregator_pb2_grpc
-from chopper.tls import ClientTLS
 from tests.conftest import HazardOutcome
 from tests.security.conftest import Pki
 from tests.security.pki import Authority
@@ -155,7 +155,7 @@ def test_a_half_written_renewal_keeps_the_certificate_in_force(tmp_path: Path, p
     try:
         renewed = Authority(tmp_path, "renewed-ca").issue("chopper-server", server=True)
         shutil.copy(renewed.cert, cert)  # the new chain is in place, its key not yet
-        with caplog.at_level(logging.WARNING, logger="chopper.tls"):
+        with caplog.at_level(logging.WARNING, logger="chopper.daemon.tls"):
             assert served.query(ClientTLS(pki.ca)) == grpc.StatusCode.OK
             assert served.query(ClientTLS(pki.ca)) == grpc.StatusCode.OK
         assert caplog.text.count("event=tls_reload_failed") == 1, caplog.text  # once, not once per connection

@@ -2,7 +2,7 @@
 
 Whoever can write ``tls_client_ca`` can add their own CA to it and so pass mutual TLS; whoever can
 write a client's CA bundle can stand in for the server. Every TLS file is therefore read as one
-that holds trust (``chopper.tls``): refused at start when others can write it, and refused at a
+that holds trust (``chopper.daemon.tls``): refused at start when others can write it, and refused at a
 reload when it has become so, the previous files staying in force.
 """
 from __future__ import annotations
@@ -17,9 +17,9 @@ from pathlib import Path
 import grpc
 import pytest
 
+from chopper.daemon.tls import ClientTLS, ServerTLS
 from chopper.proto.chopper.v1 import aggregator_pb2 as apb
 from chopper.proto.chopper.v1 import aggregator_pb2_grpc
-from chopper.tls import ClientTLS, ServerTLS
 from tests.conftest import HazardOutcome
 from tests.e2e.conftest import AgentProcess, AggregatorProcess, wait_until
 from tests.security.conftest import Pki
@@ -136,7 +136,7 @@ def test_a_client_ca_bundle_made_writable_keeps_the_one_in_use_and_counts_it(tmp
     ca.chmod(0o666)
     with ca.open("ab") as bundle:
         bundle.write(Path(pki.other_ca).read_bytes())
-    with caplog.at_level("WARNING", logger="chopper.tls"):
+    with caplog.at_level("WARNING", logger="chopper.daemon.tls"):
         for _ in range(3):  # three reconnects
             tls.credentials()
     assert tls.files.material["aggregator_tls_ca"] == in_use

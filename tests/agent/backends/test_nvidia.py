@@ -21,7 +21,7 @@ import pytest
 
 from agent.backends.base import Backend, BackendError, BackendUnavailable, DeviceLost
 from agent.backends.nvidia import NvidiaBackend
-from chopper.specs import SPECS
+from agent.backends.specs import SPECS
 
 FIXTURE = Path(__file__).parents[2] / "fixtures" / "nvml" / "h100_sxm_2gpu_load.json"
 REPO = Path(__file__).parents[3]

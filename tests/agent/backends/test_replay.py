@@ -7,7 +7,7 @@ import pytest
 
 from agent.backends.base import Backend, BackendError, BackendUnavailable
 from agent.backends.replay import ReplayBackend
-from chopper.rundir import RunDirError, write_run
+from chopper.runs.rundir import RunDirError, write_run
 from chopper.schema import DeviceInfo, Sample
 
 REC0 = 1_600_000_000_000_000_000  # recorded clock

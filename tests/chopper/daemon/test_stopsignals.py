@@ -6,7 +6,7 @@ import signal
 import threading
 import time
 
-from chopper.stopsignals import StopSignals
+from chopper.daemon.stopsignals import StopSignals
 
 
 def test_signal_sets_the_event_and_previous_handlers_return() -> None:

@@ -5,7 +5,7 @@ environment). The others come from the launchers' documentation: Slurm's srun(1)
 ENVIRONMENT VARIABLES", Open MPI's mpirun(1), MPICH/Intel MPI Hydra, the Kubeflow Training
 Operator's ``pkg/controller.v1/pytorch/{envvar,master,elastic}.go``, Kubeflow Trainer's torch
 plugin, JobSet's pod annotations, the NVIDIA container toolkit and device plugin, ROCm's GPU
-isolation variables (docs/IDENTITY.md cites each). ``python -m tests.chopper.test_identity``
+isolation variables (docs/IDENTITY.md cites each). ``python -m tests.chopper.identity.test_identity``
 prints the table of docs/IDENTITY.md from these environments.
 """
 from __future__ import annotations
@@ -24,11 +24,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from chopper import _identity
 from chopper.demo.run import free_port
-from chopper.device_identity import UNRESOLVED, resolve_device
-from chopper.jobname import escape_unprintable, job_name_problem, usable_job_name
-from chopper.launcher_identity import resolve_job, resolve_local_rank, resolve_rank, resolve_world_size
+from chopper.identity import process as _identity
+from chopper.identity.device import UNRESOLVED, resolve_device
+from chopper.identity.jobname import escape_unprintable, job_name_problem, usable_job_name
+from chopper.identity.launcher import resolve_job, resolve_local_rank, resolve_rank, resolve_world_size
 from tests.fuzz.strategies import fuzz
 
 SIM = "SIM-1b4e28ba-2fa1-5d3c-8a9f-0c2e1f6f3a11"

@@ -12,7 +12,7 @@ reconnect.
 
 Whoever can write one of these files can let themselves in (their own CA in ``tls_client_ca``
 passes mutual TLS) or stand in for the server (their CA in a client's CA bundle), so every file
-is read as one that holds trust (``chopper.auth.TrustedReader``): a regular file of at most
+is read as one that holds trust (``chopper.daemon.auth.TrustedReader``): a regular file of at most
 ``MAX_PEM_BYTES``, owned by this process's user or root, writable by nobody else; an inode once
 seen writable by others is never trusted again. Both sides share one algorithm (``PemFiles``),
 at start and on every later look:
@@ -38,9 +38,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from chopper.auth import REFUSAL_REASONS as TRUST_REASONS
-from chopper.auth import TrustedReader, refusal_reason
-from chopper.settings import ConfigError
+from chopper.daemon.auth import REFUSAL_REASONS as TRUST_REASONS
+from chopper.daemon.auth import TrustedReader, refusal_reason
+from chopper.daemon.settings import ConfigError
 
 if TYPE_CHECKING:
     import grpc
@@ -90,7 +90,7 @@ class PemFiles:
 
     Raises:
         TlsError: The set does not load (the message names the setting and the fix).
-        chopper.auth.TokenError: A file is not trusted or cannot be read.
+        chopper.daemon.auth.TokenError: A file is not trusted or cannot be read.
     """
 
     def __init__(self, named: Sequence[tuple[str, str]], pairs: Sequence[tuple[str, str]] = (),
@@ -113,7 +113,7 @@ class PemFiles:
         """The files' signature and bytes, read through the trust check and checked to load together.
 
         Raises:
-            TlsError, chopper.auth.TokenError: They do not, or they changed while being checked.
+            TlsError, chopper.daemon.auth.TokenError: They do not, or they changed while being checked.
         """
         signature = _signature(self._paths())
         material = {}

@@ -43,7 +43,7 @@ T = TypeVar("T")
 # A settings file is a few dozen lines: anything bigger is the wrong file (or /dev/zero).
 MAX_CONFIG_BYTES = 1 << 20
 # Largest max_message_bytes of either daemon: gRPC takes message limits as int32, and the servers
-# accept up to twice the setting (chopper/serving.py), so 2 × this must stay below 2**31.
+# accept up to twice the setting (chopper/daemon/serving.py), so 2 × this must stay below 2**31.
 MAX_MESSAGE_BYTES = 512 * 1024 * 1024
 INT64 = (-(2**63), 2**63 - 1)
 # Values are quoted in messages through this: a YAML alias bomb must not expand in a repr.

@@ -1,7 +1,7 @@
 """Who a training process is (job, rank, GPU) and where its agent listens, resolved once at ``chopper.init``.
 
-The rules live in ``chopper.launcher_identity`` (job, rank, local rank, world size) and
-``chopper.device_identity`` (the physical GPU), as pure functions; this module applies them to
+The rules live in ``chopper.identity.launcher`` (job, rank, local rank, world size) and
+``chopper.identity.device`` (the physical GPU), as pure functions; this module applies them to
 the process's environment and logs what they found: each warning once per process (``init``
 may run many times), and one ``event=identity`` line saying what was resolved from where.
 """
@@ -13,7 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from chopper import device_identity, launcher_identity
+from chopper.identity import device as device_identity
+from chopper.identity import launcher as launcher_identity
 
 logger = logging.getLogger("chopper.client")
 
@@ -34,7 +35,7 @@ class Identity:
 
 
 def default_job(env: Mapping[str, str]) -> str:
-    """The job id by ``chopper.launcher_identity.resolve_job`` (``"default"`` when nothing names one); logs nothing."""
+    """The job id by ``chopper.identity.launcher.resolve_job`` (``"default"`` when nothing names one); logs nothing."""
     return str(launcher_identity.resolve_job(env).value)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from chopper.specs import find_spec
+from agent.backends.specs import find_spec
 
 
 @pytest.mark.parametrize(("reported", "model", "dense_bf16_tflops", "tdp_w"), [

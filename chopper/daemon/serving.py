@@ -1,13 +1,13 @@
 """One way both daemons serve gRPC: access checks on every RPC, health, and TCP listeners with TLS.
 
-``SecureServer`` builds the ``grpc.Server`` with ``chopper.access.AccessControl`` as its
+``SecureServer`` builds the ``grpc.Server`` with ``chopper.daemon.access.AccessControl`` as its
 interceptor, registers the health service, and adds listeners: a unix socket, plaintext TCP, or
-TCP with gRPC's own TLS (``chopper.tls.ServerTLS``: renewed certificates are taken at the next
+TCP with gRPC's own TLS (``chopper.daemon.tls.ServerTLS``: renewed certificates are taken at the next
 connection). Every plaintext TCP listener is logged as a warning at start: on loopback every
 local user can reach it (no file mode or group guards a port), elsewhere the network can.
 
 Streams hold a worker thread each for their whole life, so the pool has ``max_workers`` threads
-for streams (``chopper.ratelimit.StreamSlots``: one client may hold ``STREAM_SHARE`` of them)
+for streams (``chopper.daemon.ratelimit.StreamSlots``: one client may hold ``STREAM_SHARE`` of them)
 plus ``reserve_workers(max_workers)`` that only calls which are not streams, and the refusals of
 streams over their slots, can use: a client holding every stream it may still leaves GetInfo,
 health and the other clients' streams served.
@@ -29,12 +29,12 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from chopper.access import AccessControl, Refusals
-from chopper.auth import TokenFile
-from chopper.listen_check import check_listen
-from chopper.ratelimit import StreamSlots
-from chopper.settings import ConfigError, is_loopback
-from chopper.tls import ServerTLS
+from chopper.daemon.access import AccessControl, Refusals
+from chopper.daemon.auth import TokenFile
+from chopper.daemon.listen_check import check_listen
+from chopper.daemon.ratelimit import StreamSlots
+from chopper.daemon.settings import ConfigError, is_loopback
+from chopper.daemon.tls import ServerTLS
 
 log = logging.getLogger(__name__)
 # Seconds a retired spare server (serve_unix_again) lets its open streams run before it cuts them.
@@ -106,7 +106,7 @@ class SecureServer:
         token_rpcs: Method names that need a token when ``token_file`` is set.
 
     Raises:
-        chopper.auth.TokenError: The token file is unusable.
+        chopper.daemon.auth.TokenError: The token file is unusable.
     """
 
     def __init__(self, handlers: Sequence[grpc.GenericRpcHandler], services: Sequence[str], refusals: Refusals, *,

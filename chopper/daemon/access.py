@@ -3,18 +3,18 @@
 One ``grpc.ServerInterceptor`` wraps each method handler, before the servicer sees anything.
 Per call, in this order:
 
-1. **Rate**, per client and RPC: a token bucket of ``calls_per_s`` (``chopper.ratelimit``).
+1. **Rate**, per client and RPC: a token bucket of ``calls_per_s`` (``chopper.daemon.ratelimit``).
    The client is its certificate's common name over mutual TLS (from gRPC's auth context), else
    its IP address, and ``unix`` for the local socket (whose file mode and group decide who
    connects at all).
 2. **Token**, for the RPCs in ``token_rpcs`` when a ``TokenFile`` is configured
-   (``chopper.auth``): no bearer token is ``no_token``, one not in the file ``wrong_token``.
+   (``chopper.daemon.auth``): no bearer token is ``no_token``, one not in the file ``wrong_token``.
 3. **Size** of each request message: over ``max_message_bytes`` is ``too_large``. The servers'
-   gRPC core limit is twice that (``chopper.serving``), so the messages in between reach this
+   gRPC core limit is twice that (``chopper.daemon.serving``), so the messages in between reach this
    check and are counted; gRPC refuses bigger ones itself, uncounted.
 4. **Stream slots**, for every streaming RPC: a stream holds a server worker thread for its
-   whole life, so streams take slots of ``chopper.ratelimit.StreamSlots`` (the server's worker
-   pool has a reserve beyond them for calls that are not streams, ``chopper.serving``). Over
+   whole life, so streams take slots of ``chopper.daemon.ratelimit.StreamSlots`` (the server's worker
+   pool has a reserve beyond them for calls that are not streams, ``chopper.daemon.serving``). Over
    the total is ``too_many_streams``; a client holding its share already, ``streams_per_client``.
    On the unix socket, where gRPC tells every caller apart from none other (the peer is
    ``unix:``), a client states its process id in the ``chopper-pid`` metadata and its streams
@@ -40,8 +40,8 @@ from typing import Any
 
 import grpc
 
-from chopper.auth import TokenFile, presented
-from chopper.ratelimit import RateLimiter, StreamSlots
+from chopper.daemon.auth import TokenFile, presented
+from chopper.daemon.ratelimit import RateLimiter, StreamSlots
 from chopper.schema import PID_METADATA, UNREAD_METADATA
 
 log = logging.getLogger(__name__)

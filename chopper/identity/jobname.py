@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import urllib.parse
 
-from chopper.launcher_identity import DEFAULT_JOB
+from chopper.identity.launcher import DEFAULT_JOB
 
 # 255 bytes of a file name, less the "job=" prefix of the partition directory.
 MAX_JOB_ENCODED_CHARS = 255 - len("job=")

@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from chopper.record import OutputNotEmpty, RecordStats, record
-from chopper.rundir import read_run
+from chopper.runs.record import OutputNotEmpty, RecordStats, record
+from chopper.runs.rundir import read_run
 from tests.e2e.conftest import (
     AgentProcess,
     finish_training,

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from chopper.attribution import AttributionError, attribute
-from chopper.rundir import _INT_COLUMNS, BOUNDS, RunDirError, read_run, write_run
+from chopper.runs.rundir import _INT_COLUMNS, BOUNDS, RunDirError, read_run, write_run
 from chopper.schema import DEVICE_COLUMNS, MARKER_COLUMNS, SAMPLE_COLUMNS, DeviceInfo, MarkerKind, Sample
 
 T0 = 1_700_000_000_123_456_789  # above 2**53: must survive without a float round trip

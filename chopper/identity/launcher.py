@@ -1,7 +1,7 @@
 """Who a training process is to its launcher: job, rank, local rank and world size.
 
 Pure functions of an environment mapping (and, for torch.distributed, of ``sys.modules``): no
-I/O, no logging. Each returns the value and the warnings to log, so ``chopper._identity`` logs
+I/O, no logging. Each returns the value and the warnings to log, so ``chopper.identity.process`` logs
 them once at ``chopper.init`` and tests read them directly. Nothing here raises on bad input.
 
 Job, first that gives a value (docs/IDENTITY.md):

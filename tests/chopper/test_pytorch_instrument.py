@@ -1,4 +1,4 @@
-"""``chopper.torch.instrument`` on real 2-rank gloo training (DDP, FSDP1 and FSDP2) against a real gRPC servicer.
+"""``chopper.pytorch.instrument`` on real 2-rank gloo training (DDP, FSDP1 and FSDP2) against a real gRPC servicer.
 
 Here the markers' structure is checked (steps, phases, collectives with their bytes, the backward
 ending before DDP's and FSDP's synchronisation); exposed communication against the step time the
@@ -26,7 +26,7 @@ import torch.multiprocessing as mp
 from torch import nn
 
 import chopper
-import chopper.torch as ctorch
+import chopper.pytorch as ctorch
 from chopper.attribution.exposed_comm import exposed_seconds
 from chopper.attribution.markers import paired_intervals
 from chopper.demo.run import free_port
@@ -336,7 +336,7 @@ def test_misuse_is_clear_and_training_continues(caplog: pytest.LogCaptureFixture
             pass
 
     empty = nn.Identity()
-    with caplog.at_level("WARNING", logger="chopper.torch"):
+    with caplog.at_level("WARNING", logger="chopper.pytorch"):
         inst = ctorch.instrument(empty, NoHooks(), tokens_per_step=8)
     assert "optimizer_without_hooks" in caplog.text and "model_without_parameters" in caplog.text
     x = torch.ones(2, requires_grad=True)

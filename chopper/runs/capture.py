@@ -10,7 +10,7 @@ The command, in steps:
 
 1. Refuse steps or a timeout over the bounds and a non-empty ``out`` (as ``chopper record``
    does), create ``out``.
-2. Start recording the agent's samples and markers from now on (``chopper.record`` in a thread),
+2. Start recording the agent's samples and markers from now on (``chopper.runs.record`` in a thread),
    so the run covers the whole window however fast the capture starts.
 3. ``RequestCapture(job, steps, ranks, out/traces, timeout)``: the agent tells the chosen ranks'
    processes over their ``Control`` streams, raises its sample rate and answers when every rank
@@ -36,8 +36,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from chopper.connect import ClientSecurity
-    from chopper.record import RecordStats
+    from chopper.runs.connect import ClientSecurity
+    from chopper.runs.record import RecordStats
 
 # The most steps one capture profiles. A capture looks at a handful of steps; torch.profiler keeps
 # every event of every profiled step in memory until it stops (~70 MB/s of RSS on a small CPU
@@ -73,9 +73,9 @@ def run_capture(target: str, job: str, steps: int, ranks: list[int], out: Path, 
     """
     import grpc
 
-    from chopper import consumer
     from chopper.proto.chopper.v1 import agent_pb2 as pb
-    from chopper.record import RecordError, check_output, record
+    from chopper.runs import consumer
+    from chopper.runs.record import RecordError, check_output, record
 
     problem = bounds_problem(steps, timeout_s)
     if problem is not None:

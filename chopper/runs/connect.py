@@ -16,9 +16,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from chopper.auth import metadata, read_client_token
-from chopper.settings import ConfigError, is_loopback
-from chopper.tls import ClientTLS
+from chopper.daemon.auth import metadata, read_client_token
+from chopper.daemon.settings import ConfigError, is_loopback
+from chopper.daemon.tls import ClientTLS
 
 if TYPE_CHECKING:
     import grpc

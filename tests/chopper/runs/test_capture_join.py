@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from chopper.capture_join import JOIN_COLUMNS, format_join, join, join_capture, profiler_steps, to_records
+from chopper.runs.capture_join import JOIN_COLUMNS, format_join, join, join_capture, profiler_steps, to_records
 from chopper.trace import load_trace
 from tests.kineto_data import KINETO_DIR, requires_kineto
 

@@ -1,7 +1,7 @@
 """Reading from a running agent: its info and its live stream (used by the CLI and the demo).
 
 Targets are gRPC addresses: ``unix:///run/chopper/agent.sock`` or ``host:port``; ``security``
-adds TLS and a bearer token (``chopper.connect``). grpc is imported here, not in
+adds TLS and a bearer token (``chopper.runs.connect``). grpc is imported here, not in
 ``chopper/__init__``, so ``import chopper`` stays light.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ from chopper.proto.chopper.v1 import agent_pb2 as pb
 from chopper.proto.chopper.v1 import agent_pb2_grpc
 
 if TYPE_CHECKING:
-    from chopper.connect import ClientSecurity
+    from chopper.runs.connect import ClientSecurity
 
 
 class AgentUnreachable(ConnectionError):

@@ -42,7 +42,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
-from chopper.settings import ConfigError
+from chopper.daemon.settings import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ REFUSAL_REASONS = {
 
 
 class Reloaded(Protocol):
-    """A set of files a running daemon re-reads as they change (``TokenFile``, ``chopper.tls.PemFiles``)."""
+    """A set of files a running daemon re-reads as they change (``TokenFile``, ``chopper.daemon.tls.PemFiles``)."""
 
     reloads: int
     refused: Counter[str]

@@ -2,7 +2,7 @@
 
 ``chopper record`` is the bridge from a running node to the offline tools: what it writes is a
 DESIGN "recorded run" (``devices``, ``samples`` and ``markers`` as Parquet, written through
-``chopper.rundir.write_run``), which the ``replay`` backend plays back and ``chopper attribute``
+``chopper.runs.rundir.write_run``), which the ``replay`` backend plays back and ``chopper attribute``
 analyzes.
 
 Algorithm:
@@ -36,14 +36,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from chopper.rundir import table_files
+from chopper.runs.rundir import table_files
 from chopper.schema import DEVICE_COLUMNS, MARKER_COLUMNS, SAMPLE_COLUMNS, MarkerKind
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from chopper.connect import ClientSecurity
     from chopper.proto.chopper.v1 import agent_pb2 as pb
+    from chopper.runs.connect import ClientSecurity
 
 # How often the watcher checks the stop event and the deadline, seconds: the worst-case delay
 # between Ctrl-C (or the end of --duration) and the stream being cancelled.
@@ -181,7 +181,7 @@ def record(
         stop: Set it to end the recording early (from another thread or a signal handler).
         force: Accept an existing non-empty ``out`` (see ``check_output``).
         connect_timeout_s: Seconds to wait for the agent's ``GetInfo``.
-        security: TLS and bearer token for the agent (``chopper.connect``); None: plaintext.
+        security: TLS and bearer token for the agent (``chopper.runs.connect``); None: plaintext.
 
     Returns:
         Counts of what was written and why the recording ended.
@@ -190,12 +190,12 @@ def record(
         OutputNotEmpty: ``out`` holds files and ``force`` is False (checked before connecting).
         RecordError: ``out`` is a file.
         consumer.AgentUnreachable: No agent answered ``GetInfo``; nothing was written.
-        chopper.rundir.RunDirError: The agent sent rows that do not fit the data model.
+        chopper.runs.rundir.RunDirError: The agent sent rows that do not fit the data model.
     """
     import grpc
 
-    from chopper import consumer
     from chopper.proto.chopper.v1 import agent_pb2 as pb
+    from chopper.runs import consumer
 
     out = Path(out)
     check_output(out, force)
@@ -270,7 +270,7 @@ def record(
 
 def _write(out: Path, devices: list[dict[str, Any]], samples: _Columns, markers: _Columns) -> None:
     """``write_run``, turning an I/O failure into a ``RecordError`` without half-written tables."""
-    from chopper.rundir import write_run
+    from chopper.runs.rundir import write_run
 
     def stamp(path: Path) -> int | None:
         return path.stat().st_mtime_ns if path.exists() else None

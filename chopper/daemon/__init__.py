@@ -1,0 +1,6 @@
+"""What both daemons (``agent`` and ``aggregator``) are built from; nothing here runs in a training process.
+
+Settings from defaults, YAML, environment and flags (``settings``); gRPC serving with access checks,
+TLS and bearer tokens (``serving``, ``access``, ``ratelimit``, ``tls``, ``auth``, ``grpc_decode``,
+``listen_check``); process life under systemd and signals (``sdnotify``, ``stopsignals``, ``logs``).
+"""
