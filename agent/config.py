@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import socket
 import stat
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from chopper.daemon import settings as _settings
@@ -197,28 +196,14 @@ def check_access(s: AgentSettings) -> None:
 
 
 DAEMON = _settings.Daemon(
-    prog="chopper-agent",
+    AgentSettings, _check, prog="chopper-agent",
     description="Chopper node agent: samples GPUs, receives training markers, serves gRPC and /metrics.",
     env_prefix=ENV_PREFIX, module="agent.config", doc="docs/CONFIG.md", title="Agent settings",
+    shown_defaults={"node": "(hostname)"},
 )
-
-
-def load_settings(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> AgentSettings:
-    """Merge defaults, YAML, environment and flags into validated settings.
-
-    Args:
-        argv: Command-line arguments (without the program name).
-        env: Environment to read ``CHOPPER_AGENT_*`` from; defaults to ``os.environ``.
-
-    Raises:
-        ConfigError: A value is malformed or out of range.
-    """
-    return _settings.load(AgentSettings, DAEMON, _check, argv, env)
-
-
-def markdown() -> str:
-    """``docs/CONFIG.md``: every setting with its flag, variable and default (``python -m agent.config``)."""
-    return _settings.markdown(AgentSettings, DAEMON, {"node": "(hostname)"})
+# load_settings(argv=None, env=None) -> AgentSettings; markdown() -> docs/CONFIG.md (python -m agent.config).
+load_settings = DAEMON.load
+markdown = DAEMON.markdown
 
 
 __all__ = ["AgentSettings", "ConfigError", "check_access", "load_settings", "markdown"]

@@ -8,12 +8,10 @@ Other settings take a restart.
 from __future__ import annotations
 
 import logging
-import os
-import stat
 import sys
 from collections.abc import Sequence
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 
 from agent.backends.base import BackendUnavailable
 from agent.backends.select import select_backend
@@ -22,10 +20,12 @@ from agent.config import AgentSettings, ConfigError, check_access, load_settings
 from agent.daemon import Agent
 from agent.host import HostSampler
 from agent.metrics import AgentCollector
-from agent.server import SocketInUse, SocketKeeper, TelemetryHub, build_server
-from chopper.daemon import logs, sdnotify
+from agent.server import TelemetryHub, build_server
+from agent.unix_socket import SocketInUse, SocketKeeper, remove_socket
+from chopper.daemon import sdnotify
 from chopper.daemon.auth import Reloaded, recheck
-from chopper.daemon.listen_check import check_listen
+from chopper.daemon.entrypoint import run_daemon
+from chopper.daemon.metrics_http import serve_metrics
 from chopper.daemon.serving import SecureServer
 from chopper.daemon.stopsignals import StopSignals
 
@@ -37,16 +37,7 @@ SAMPLER_STALE_S = 5.0
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Start the agent; returns 0 after a clean stop, 2 on a configuration or startup error."""
-    try:
-        settings = load_settings(argv)
-    except ConfigError as exc:
-        print(f"chopper-agent: bad configuration: {exc}", file=sys.stderr)
-        return 2
-    logs.configure(settings.log_level)
-    # Installed before anything serves, so that a stop during start-up is a clean stop once started;
-    # restored on return, for callers that run main() in process.
-    with StopSignals.for_daemon(reload=lambda: _recheck_files(settings)) as stop:
-        return _serve(settings, stop)
+    return run_daemon("chopper-agent", argv, load_settings, _recheck_files, _serve)
 
 
 def _recheck_files(settings: AgentSettings) -> str:
@@ -74,10 +65,8 @@ def _serve(settings: AgentSettings, stop: StopSignals) -> int:
     registry = CollectorRegistry(auto_describe=False)
     collector = AgentCollector(agent)
     registry.register(collector)
-    host, _, port = settings.metrics_listen.rpartition(":")
     try:
-        check_listen("metrics_listen", settings.metrics_listen)
-        httpd, metrics_thread = start_http_server(int(port), addr=host.strip("[]"), registry=registry)
+        httpd, metrics_thread, metrics_addr = serve_metrics(settings.metrics_listen, registry)
     except OSError as exc:
         print(f"chopper-agent: {exc}", file=sys.stderr)
         agent.stop()
@@ -97,7 +86,7 @@ def _serve(settings: AgentSettings, stop: StopSignals) -> int:
     log.info(
         "event=started node=%s backend=%s gpus=%d socket=%s grpc=%s metrics=http://%s/metrics sample_hz=%g",
         settings.node, backend.name, len(agent.devices), settings.socket_path, settings.grpc_listen or "-",
-        settings.metrics_listen, settings.sample_hz,
+        metrics_addr, settings.sample_hz,
     )
     log_access(settings)
     supervision = sdnotify.Supervision(
@@ -109,7 +98,7 @@ def _serve(settings: AgentSettings, stop: StopSignals) -> int:
     files = _running_files(server, agent)
     collector.files.update(files)
     stop.reload = lambda: supervision.reload(lambda: f"{recheck(files)}; other settings take a restart")
-    keeper = SocketKeeper(server, agent).start()
+    keeper = SocketKeeper(server, settings, agent.socket_served_again).start()
     stop.wait()
     log.info("event=stopping signal=%s", stop.received or "-")
     supervision.stop()
@@ -117,7 +106,7 @@ def _serve(settings: AgentSettings, stop: StopSignals) -> int:
     server.stop(grace=2.0).wait(5.0)
     agent.stop()
     httpd.shutdown()
-    _remove_socket(settings.socket_path)
+    remove_socket(settings.socket_path)
     log.info("event=stopped")
     return 0
 
@@ -137,19 +126,6 @@ def _running_files(server: SecureServer, agent: Agent) -> dict[str, Reloaded]:
     if agent.delivery is not None and agent.delivery.tls is not None:
         files["aggregator_tls"] = agent.delivery.tls.files
     return files
-
-
-def _remove_socket(path: str) -> None:
-    """Remove the socket at ``path`` on a clean stop; whatever else is there now (a file put in its place) stays."""
-    try:
-        if stat.S_ISSOCK(os.lstat(path).st_mode):  # lstat: a link is not followed, so never its target
-            os.unlink(path)
-        else:
-            log.warning("event=socket_path_replaced path=%s note='not a socket any more; left as it is'", path)
-    except FileNotFoundError:
-        pass
-    except OSError as exc:
-        log.warning("event=socket_not_removed path=%s error=%r", path, exc.strerror)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,6 @@ Every setting has a flag (``--step-timeout-s``) and an environment variable
 """
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -73,7 +72,7 @@ def _check(s: AggregatorSettings) -> None:
     for key in ("listen", "metrics_listen"):
         if not is_host_port(getattr(s, key)):
             raise bad(key, "is not host:port, e.g. 127.0.0.1:9480")
-    if s.listen == s.metrics_listen:
+    if s.listen == s.metrics_listen and not s.listen.endswith(":0"):  # port 0: each takes a free port of its own
         raise bad("metrics_listen", "is the same address as listen; give /metrics its own port")
     if s.store_dir and Path(s.store_dir).exists() and not Path(s.store_dir).is_dir():
         raise bad("store_dir", "exists and is not a directory; point it at a directory")
@@ -118,29 +117,14 @@ def check_access(s: AggregatorSettings) -> None:
 
 
 DAEMON = _settings.Daemon(
-    prog="chopper-aggregator",
+    AggregatorSettings, _check, prog="chopper-aggregator",
     description="Chopper cluster aggregator: joins agents' step summaries by (job, step), names stragglers, "
     "serves gRPC and /metrics, writes Parquet.",
     env_prefix=ENV_PREFIX, module="aggregator.config", doc="docs/AGGREGATOR_CONFIG.md", title="Aggregator settings",
 )
-
-
-def load_settings(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> AggregatorSettings:
-    """Merge defaults, YAML, environment and flags into validated settings.
-
-    Args:
-        argv: Command-line arguments (without the program name).
-        env: Environment to read ``CHOPPER_AGGREGATOR_*`` from; defaults to ``os.environ``.
-
-    Raises:
-        ConfigError: A value is malformed or out of range.
-    """
-    return _settings.load(AggregatorSettings, DAEMON, _check, argv, env)
-
-
-def markdown() -> str:
-    """``docs/AGGREGATOR_CONFIG.md``: every setting (``python -m aggregator.config``)."""
-    return _settings.markdown(AggregatorSettings, DAEMON)
+# load_settings(argv=None, env=None) -> AggregatorSettings; markdown() -> docs/AGGREGATOR_CONFIG.md.
+load_settings = DAEMON.load
+markdown = DAEMON.markdown
 
 
 __all__ = ["AggregatorSettings", "ConfigError", "check_access", "load_settings", "markdown"]

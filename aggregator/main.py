@@ -24,18 +24,19 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 
-from aggregator.config import AggregatorSettings, ConfigError, check_access, load_settings
+from aggregator.config import AggregatorSettings, check_access, load_settings
 from aggregator.jobs import JobTable
 from aggregator.metrics import AggregatorCollector
 from aggregator.server import build_server
 from aggregator.service import Aggregator
 from aggregator.store import Store
 from aggregator.wal import Wal
-from chopper.daemon import logs, sdnotify
+from chopper.daemon import sdnotify
 from chopper.daemon.auth import Reloaded, recheck
-from chopper.daemon.listen_check import check_listen
+from chopper.daemon.entrypoint import run_daemon
+from chopper.daemon.metrics_http import serve_metrics
 from chopper.daemon.stopsignals import StopSignals
 
 log = logging.getLogger("aggregator")
@@ -49,16 +50,7 @@ TICK_STALE_S = 30 * TICK_S
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Start the aggregator; returns 0 after a clean stop, 2 on a configuration or startup error."""
-    try:
-        settings = load_settings(argv)
-    except ConfigError as exc:
-        print(f"chopper-aggregator: bad configuration: {exc}", file=sys.stderr)
-        return 2
-    logs.configure(settings.log_level)
-    # Installed before anything serves, so that a stop during start-up is a clean stop once started;
-    # restored on return, for callers that run main() in process.
-    with StopSignals.for_daemon(reload=lambda: _recheck_files(settings)) as stop:
-        return _serve(settings, stop)
+    return run_daemon("chopper-aggregator", argv, load_settings, _recheck_files, _serve)
 
 
 def _recheck_files(settings: AggregatorSettings) -> str:
@@ -100,10 +92,8 @@ def _serve(settings: AggregatorSettings, stop: StopSignals) -> int:
     tls = server.tls
     files: dict[str, Reloaded] = {"tls": tls.files} if tls is not None else {}
     registry.register(AggregatorCollector(core, settings.rank_series_top_k, tls=files.get("tls")))
-    host, _, mport = settings.metrics_listen.rpartition(":")
     try:
-        check_listen("metrics_listen", settings.metrics_listen)
-        httpd, metrics_thread = start_http_server(int(mport), addr=host.strip("[]"), registry=registry)
+        httpd, metrics_thread, metrics_addr = serve_metrics(settings.metrics_listen, registry)
     except OSError as exc:
         print(f"chopper-aggregator: {exc}", file=sys.stderr)
         server.stop(0)
@@ -112,7 +102,7 @@ def _serve(settings: AggregatorSettings, stop: StopSignals) -> int:
     ticker = threading.Thread(target=_tick, args=(core, stop.event, ticks), name="tick", daemon=True)
     ticker.start()
     log.info("event=started grpc=%s port=%d metrics=http://%s/metrics store=%s step_timeout_s=%g",
-             settings.listen, port, settings.metrics_listen, settings.store_dir or "-", settings.step_timeout_s)
+             settings.listen, port, metrics_addr, settings.store_dir or "-", settings.step_timeout_s)
     supervision = sdnotify.Supervision(
         [sdnotify.ProgressCheck("tick loop", lambda: ticks[0], TICK_STALE_S),
          sdnotify.thread_check("metrics", metrics_thread)],

@@ -1,15 +1,19 @@
-"""Why a TCP listen address cannot be served, in words naming the setting and the fix.
+"""TCP listen addresses: why one cannot be served, in words naming the setting and the fix; what one bound.
 
 gRPC's and ``http.server``'s own bind errors say only that the bind failed (gRPC: "Failed to bind
 to address"), so every daemon listener (gRPC ``listen``/``grpc_listen``, ``metrics_listen``)
 binds its address once with a plain socket first, the way the server will, and a failure is
 turned into its cause: a port in use, an address of another machine, a name that does not
-resolve, a privileged port.
+resolve, a privileged port. A listener given port 0 takes a free port, and ``log_bound`` names
+it in the log, where a test or an operator reads which one.
 """
 from __future__ import annotations
 
 import errno
+import logging
 import socket
+
+log = logging.getLogger(__name__)
 
 
 def check_listen(key: str, address: str) -> None:
@@ -51,3 +55,14 @@ def check_listen(key: str, address: str) -> None:
     }
     fix = fixes.get(failure.errno or 0, f"{failure.strerror or failure}; choose another address")
     raise OSError(f"{prefix}: {fix}")
+
+
+def log_bound(key: str, address: str, port: int) -> str:
+    """Log the address the listener of setting ``key`` (``address``, port 0 allowed) bound; returns it.
+
+    One line, ``event=listening <key>=<host>:<port>``, with the host as written in the setting and
+    the port the socket really has.
+    """
+    bound = f"{address.rpartition(':')[0]}:{port}"
+    log.info("event=listening %s=%s", key, bound)
+    return bound

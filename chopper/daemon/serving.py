@@ -31,7 +31,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from chopper.daemon.access import AccessControl, Refusals
 from chopper.daemon.auth import TokenFile
-from chopper.daemon.listen_check import check_listen
+from chopper.daemon.listen_check import check_listen, log_bound
 from chopper.daemon.ratelimit import StreamSlots
 from chopper.daemon.settings import ConfigError, is_loopback
 from chopper.daemon.tls import ServerTLS
@@ -175,6 +175,8 @@ class SecureServer:
     def add_tcp(self, address: str, tls: ServerTLS | None, key: str = "listen") -> int:
         """Listen on ``host:port`` (port 0: any free one), over TLS when ``tls`` is given; returns the port.
 
+        The address bound is logged as ``event=listening <key>=<host>:<port>``.
+
         Raises:
             OSError: The address cannot be bound; the message names the setting ``key``.
         """
@@ -199,6 +201,7 @@ class SecureServer:
         if tls is not None:
             self.tls = tls
             log.info("event=tls_listen %s=%s port=%d mutual=%s", key, address, port, tls.mutual)
+        log_bound(key, address, port)
         return int(port)
 
     def start(self) -> None:

@@ -1,10 +1,11 @@
 """Typed daemon settings from code defaults < YAML file < environment < flags (all Chopper daemons).
 
-A daemon declares one frozen dataclass whose fields carry ``metadata={"help": ...}``; this module
-gives it a flag per field (``--sample-hz``), an environment variable per field
-(``<PREFIX>SAMPLE_HZ``), YAML keys equal to the field names, type conversion with messages that
-name the key, the value and its source, and the generated settings table of its docs. Range and
-consistency checks stay with each daemon (``check`` below).
+A daemon declares one frozen dataclass whose fields carry ``metadata={"help": ...}`` and describes
+itself in a ``Daemon``; this module gives it a flag per field (``--sample-hz``, whose ``--help``
+line shows the default and the variable), an environment variable per field
+(``<PREFIX>SAMPLE_HZ``), YAML keys equal to the field names, ``--version``, type conversion with
+messages that name the key, the value and its source, and the generated settings table of its
+docs. Range and consistency checks stay with each daemon (``Daemon.check``).
 
 Every value is read as *text*, and one parser per kind turns that text into the setting, whether
 it came from the file, the environment or a flag, so a value means the same wherever it is written.
@@ -35,8 +36,9 @@ import re
 import reprlib
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
+from importlib import metadata
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -71,30 +73,132 @@ class ConfigError(ValueError):
 
 
 @dataclasses.dataclass(frozen=True)
-class Daemon:
-    """How one daemon spells its settings.
+class Daemon(Generic[T]):
+    """One daemon's settings and how it spells them: its flags, environment, docs table and version.
 
     Attributes:
+        settings: The frozen settings dataclass; each field carries ``metadata={"help": ...}``.
+        check: Range and consistency checks of loaded settings; raises ``ConfigError``.
         prog: Program name, e.g. ``chopper-agent``.
         description: One paragraph for ``--help``.
         env_prefix: Environment prefix, e.g. ``CHOPPER_AGENT_``.
         module: Module that prints the docs table, e.g. ``agent.config``.
         doc: The docs file it writes, e.g. ``docs/CONFIG.md``.
         title: Title of that file.
+        shown_defaults: Defaults shown in words, by field, where the code's value is computed at start
+            (``{"node": "(hostname)"}``).
     """
 
+    settings: type[T]
+    check: Callable[[T], None]
     prog: str
     description: str
     env_prefix: str
     module: str
     doc: str
     title: str
+    shown_defaults: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+    def parser(self) -> argparse.ArgumentParser:
+        """The daemon's flags: one per setting, showing its default and variable; ``--config``, ``--version``."""
+        parser = argparse.ArgumentParser(
+            prog=self.prog, usage="%(prog)s [--config FILE] [--SETTING VALUE ...] (--help lists the settings)",
+            description=f"{self.description} Every flag also reads {self.env_prefix}<NAME> from the environment.",
+        )
+        parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
+        parser.add_argument("--config", type=Path, metavar="FILE",
+                            help=f"YAML settings file, keys as the settings below [env: {self.env_prefix}CONFIG]")
+        for f in dataclasses.fields(self.settings):  # type: ignore[arg-type]
+            # argparse formats help with %: a literal one must be doubled.
+            where = f"default: {self._default_text(f)}; env: {self.env_prefix}{f.name.upper()}"
+            help_text = f"{f.metadata['help']} [{where}]"
+            parser.add_argument(
+                "--" + f.name.replace("_", "-"), dest=f.name, default=None, metavar="VALUE",
+                help=help_text.replace("%", "%%"),
+            )
+        return parser
+
+    def _default_text(self, f: dataclasses.Field[Any]) -> str:
+        """A field's default as one writes it in a flag (``10.0``, ``0660``, ``1,3``), ``empty`` for no value."""
+        if f.name in self.shown_defaults:
+            return self.shown_defaults[f.name]
+        value = f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc,operator]
+        text = ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
+        return text or "empty"
+
+    def load(self, argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> T:
+        """Merge defaults, YAML, environment and flags into settings, then ``check`` them.
+
+        Args:
+            argv: Command-line arguments (without the program name).
+            env: Environment to read ``<env_prefix>*`` from; defaults to ``os.environ``.
+
+        Raises:
+            ConfigError: A value is malformed or out of range.
+        """
+        env = os.environ if env is None else env
+        fields = {f.name: f for f in dataclasses.fields(self.settings)}  # type: ignore[arg-type]
+        args = self.parser().parse_args(argv)
+        prefix = self.env_prefix
+        values: dict[str, Any] = {}
+        config_path = args.config or (Path(env[prefix + "CONFIG"]) if env.get(prefix + "CONFIG") else None)
+        if config_path is not None:
+            for key, raw in _read_yaml(config_path, list(fields)).items():
+                values[key] = _parse(fields[key], raw, f"config file {config_path}")
+        for name, f in fields.items():
+            raw = env.get(prefix + name.upper())
+            if raw is not None:
+                values[name] = _parse(f, raw, f"env {prefix}{name.upper()}")
+        for name, f in fields.items():
+            raw = getattr(args, name)
+            if raw is not None:
+                values[name] = _parse(f, raw, "--" + name.replace("_", "-"))
+        settings = self.settings(**values)
+        self.check(settings)
+        return settings
+
+    def markdown(self) -> str:
+        """The generated settings table of the daemon's docs file (``python -m <module>``)."""
+        lines = [
+            f"# {self.title}",
+            "",
+            f"Generated from `{self.module.replace('.', '/')}.py` by `python -m {self.module} > {self.doc}`; a test "
+            "keeps it current.",
+            "Precedence: code defaults < YAML file (`--config`, keys as in the first column) < environment < flags.",
+            "A bad value exits with status 2 and a message naming the key and the fix.",
+            "",
+            "Every value is read as the text written and means the same in the file, the environment and a flag: "
+            "YAML's implicit types do not apply (an unquoted `0660` is the text 0660, `no` the text no). "
+            "Whole numbers are decimal (`1_000`), `0x`/`0o`/`0b`-prefixed or integral (`1e6`); a leading zero "
+            "(`010`) is refused, as YAML 1.1 reads it as octal and a shell variable as decimal. Settings in "
+            "seconds (`_s`) are plain numbers: `5m` or `1:30` is refused. Permission bits are octal however "
+            "written (`0660`, `660`, `0o660`). An empty value or a plain `~`/`null` is empty text or an empty "
+            "list, and refused for a number. A setting given twice in the file is refused.",
+            "",
+            "| setting | flag | environment | default | meaning |",
+            "|---|---|---|---|---|",
+        ]
+        for f in dataclasses.fields(self.settings):  # type: ignore[arg-type]
+            default = self.shown_defaults.get(f.name, repr(f.default))
+            lines.append(
+                f"| `{f.name}` | `--{f.name.replace('_', '-')}` | `{self.env_prefix}{f.name.upper()}` | `{default}` "
+                f"| {f.metadata['help']} |"
+            )
+        return "\n".join(lines) + "\n"
+
+
+def version() -> str:
+    """The installed Chopper distribution's version (``--version`` of every daemon)."""
+    try:
+        return metadata.version("chopper-telemetry")
+    except metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        return "0.0.0+source"
 
 
 def is_host_port(value: str) -> bool:
-    """``host:port`` with a port in 1-65535."""
+    """``host:port`` of a listener, with a port in 0-65535 (0: any free port, which the daemon logs once bound)."""
     host, sep, port = value.rpartition(":")
-    return bool(sep and host and port.isdigit() and 0 < int(port) < 65536)
+    return bool(sep and host and port.isdigit() and int(port) < 65536)
 
 
 def is_loopback(host: str) -> bool:
@@ -264,80 +368,3 @@ def _read_yaml(path: Path, known: Sequence[str]) -> dict[str, Any]:
             f"config file {path}: unknown setting(s) {', '.join(unknown)}; known settings are {', '.join(known)}"
         )
     return data
-
-
-def build_parser(cls: type, daemon: Daemon) -> argparse.ArgumentParser:
-    """The daemon's flags: one per setting, plus ``--config``."""
-    parser = argparse.ArgumentParser(
-        prog=daemon.prog,
-        description=f"{daemon.description} Every flag also reads {daemon.env_prefix}<NAME> from the environment.",
-    )
-    parser.add_argument("--config", type=Path, help=f"YAML settings file (env {daemon.env_prefix}CONFIG)")
-    for f in dataclasses.fields(cls):
-        parser.add_argument(
-            "--" + f.name.replace("_", "-"), dest=f.name, default=None, metavar=f.name.upper(),
-            help=f"{f.metadata['help']} (env {daemon.env_prefix}{f.name.upper()})",
-        )
-    return parser
-
-
-def load(
-    cls: type[T], daemon: Daemon, check: Callable[[T], None], argv: Sequence[str] | None = None,
-    env: Mapping[str, str] | None = None,
-) -> T:
-    """Merge defaults, YAML, environment and flags into settings, then ``check`` them.
-
-    Raises:
-        ConfigError: A value is malformed or out of range.
-    """
-    env = os.environ if env is None else env
-    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    args = build_parser(cls, daemon).parse_args(argv)
-    prefix = daemon.env_prefix
-    values: dict[str, Any] = {}
-    config_path = args.config or (Path(env[prefix + "CONFIG"]) if env.get(prefix + "CONFIG") else None)
-    if config_path is not None:
-        for key, raw in _read_yaml(config_path, list(fields)).items():
-            values[key] = _parse(fields[key], raw, f"config file {config_path}")
-    for name, f in fields.items():
-        raw = env.get(prefix + name.upper())
-        if raw is not None:
-            values[name] = _parse(f, raw, f"env {prefix}{name.upper()}")
-    for name, f in fields.items():
-        raw = getattr(args, name)
-        if raw is not None:
-            values[name] = _parse(f, raw, "--" + name.replace("_", "-"))
-    settings = cls(**values)
-    check(settings)
-    return settings
-
-
-def markdown(cls: type, daemon: Daemon, shown_defaults: Mapping[str, str] | None = None) -> str:
-    """The generated settings table of the daemon's docs file."""
-    shown = shown_defaults or {}
-    lines = [
-        f"# {daemon.title}",
-        "",
-        f"Generated from `{daemon.module.replace('.', '/')}.py` by `python -m {daemon.module} > {daemon.doc}`; a test "
-        "keeps it current.",
-        "Precedence: code defaults < YAML file (`--config`, keys as in the first column) < environment < flags.",
-        "A bad value exits with status 2 and a message naming the key and the fix.",
-        "",
-        "Every value is read as the text written and means the same in the file, the environment and a flag: "
-        "YAML's implicit types do not apply (an unquoted `0660` is the text 0660, `no` the text no). "
-        "Whole numbers are decimal (`1_000`), `0x`/`0o`/`0b`-prefixed or integral (`1e6`); a leading zero "
-        "(`010`) is refused, as YAML 1.1 reads it as octal and a shell variable as decimal. Settings in "
-        "seconds (`_s`) are plain numbers: `5m` or `1:30` is refused. Permission bits are octal however "
-        "written (`0660`, `660`, `0o660`). An empty value or a plain `~`/`null` is empty text or an empty "
-        "list, and refused for a number. A setting given twice in the file is refused.",
-        "",
-        "| setting | flag | environment | default | meaning |",
-        "|---|---|---|---|---|",
-    ]
-    for f in dataclasses.fields(cls):
-        default = shown.get(f.name, repr(f.default))
-        lines.append(
-            f"| `{f.name}` | `--{f.name.replace('_', '-')}` | `{daemon.env_prefix}{f.name.upper()}` | `{default}` "
-            f"| {f.metadata['help']} |"
-        )
-    return "\n".join(lines) + "\n"

@@ -1,0 +1,5 @@
+import sys
+
+from aggregator.main import main
+
+sys.exit(main())
