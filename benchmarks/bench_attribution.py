@@ -23,7 +23,7 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from chopper.attribution import attribute
-from tests.chopper.attribution_scenarios import big_run
+from tests.support.attribution_scenarios import big_run
 
 RANKS, STEPS, SAMPLE_HZ = 1000, 100, 10.0
 REPEATS = 3

@@ -13,7 +13,7 @@ backend, two GPUs) receives the markers over its unix socket; each configuration
 gloo job (``tests/e2e/exposed_truth_train.py``: 6 ``Linear(384, 384)`` layers, 0.89 M parameters,
 3.5 MB of fp32 gradients, 160 rows per rank per step, one CPU thread per rank, instrumented with
 ``chopper.pytorch.instrument`` or ``chopper.hf.ChopperCallback``) whose ranks run in their own
-network namespaces joined by a veth pair with a ``tc`` rate limit (``tests/netns.py``). Blocks of
+network namespaces joined by a veth pair with a ``tc`` rate limit (``tests/support/netns.py``). Blocks of
 interleaved synchronised / unsynchronised steps (and, for DDP, steps where rank 1 sleeps
 ``SLOW_MS`` in its forward) alternate between 1 Gbit/s and 250 Mbit/s in ABBA order. After each
 job the agent's buffers are recorded and attributed as ``chopper attribute`` does; our per-rank
@@ -50,9 +50,9 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tests.e2e.conftest import AgentProcess
 from tests.e2e.exposed_truth_harness import Job, figures, run_job
-from tests.netns import unavailable
+from tests.support.daemons import AgentProcess
+from tests.support.netns import unavailable
 
 RATES = (1e9, 250e6)
 SLOW_MS = 30.0

@@ -45,7 +45,7 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from chopper.demo.run import metric_sum
-from tests.e2e.conftest import AgentProcess
+from tests.support.daemons import AgentProcess
 
 GPUS = 8
 SAMPLE_HZ = 100.0

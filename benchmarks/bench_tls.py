@@ -7,7 +7,7 @@ Method.
 
 1. Two real ``chopper-aggregator`` processes (``python -m aggregator.main``) on private loopback
    ports: one plaintext, one with ``--tls-cert``, ``--tls-key`` and ``--tls-client-ca`` (mutual
-   TLS, EC P-256 certificates of a CA made for the run by ``tests/security/pki.py``). Both run
+   TLS, EC P-256 certificates of a CA made for the run by ``tests/support/pki.py``). Both run
    the same code path otherwise (access checks, job join, attribution, metrics).
 2. Loads are built and serialized before timing: ``SUMMARIES`` step summaries of a
    ``RANKS``-rank job per run, split over the run's streams (one agent each), in batches of up
@@ -43,7 +43,7 @@ from benchmarks.bench_aggregator import BATCH, _scrape, _summary, _wait_up, deli
 from chopper.daemon.tls import ClientTLS
 from chopper.demo.run import free_port
 from chopper.proto.chopper.v1 import aggregator_pb2 as apb
-from tests.security.pki import Authority
+from tests.support.pki import Authority
 
 STREAM_COUNTS = (1, 8)
 SUMMARIES = 24_000

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import pytest
 
+from tests.support.hazards import HazardOutcome
+
 
 def _has_gpu() -> bool:
     """True when a real AMD or NVIDIA GPU answers through its vendor library."""
@@ -38,16 +40,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("gpu"):
             item.add_marker(skip)
-
-
-class HazardOutcome:
-    """What a ``hazard``-marked test measured, in words with numbers (``docs/RELIABILITY.md``'s last column).
-
-    The test sets ``outcome`` as it measures; ``tests.faults.bad_inputs`` reads it after the test.
-    """
-
-    def __init__(self) -> None:
-        self.outcome = ""
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from agent.config import AgentSettings, ConfigError, load_settings
-from tests.conftest import HazardOutcome
+from tests.support.hazards import HazardOutcome
 
 
 def test_precedence_defaults_yaml_env_flags(tmp_path: Path) -> None:

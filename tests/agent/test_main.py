@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from agent.main import main
+from chopper.demo.run import free_port
 from chopper.runs import consumer
-from tests.e2e.conftest import free_port
 
 
 def test_bad_config_value_exits_2_naming_key(capsys: pytest.CaptureFixture[str]) -> None:

@@ -8,7 +8,7 @@ import pytest
 from agent.backends.simulated import SimulatedBackend
 from agent.markers import UNKNOWN_DEVICE, MarkerIngest
 from chopper.proto.chopper.v1 import agent_pb2 as pb
-from tests.conftest import HazardOutcome
+from tests.support.hazards import HazardOutcome
 
 NOW = 1_800_000_000 * 10**9
 

@@ -19,7 +19,7 @@ from agent.podresources import (
     normalize_id,
 )
 from agent.workload import PodResourcesSource, Workload, WorkloadTracker
-from tests.kubelet import KubeletPodResources, container, pod
+from tests.support.kubelet import KubeletPodResources, container, pod
 
 ROOT = Path(__file__).resolve().parents[2]
 PROTO = "agent/kubelet/podresources/v1/api.proto"

@@ -19,7 +19,7 @@ from agent.metrics import AgentCollector
 from agent.server import SocketInUse, SocketKeeper, TelemetryHub, build_server
 from chopper.proto.chopper.v1 import agent_pb2 as pb
 from chopper.proto.chopper.v1 import agent_pb2_grpc
-from tests.conftest import HazardOutcome
+from tests.support.hazards import HazardOutcome
 
 
 class Running:
@@ -123,7 +123,7 @@ def test_health_socket_mode_and_info(running: Running) -> None:
 
 
 def test_optional_tcp_listener(tmp_path: Path) -> None:
-    from tests.e2e.conftest import free_port
+    from chopper.demo.run import free_port
 
     address = f"127.0.0.1:{free_port()}"
     r = Running(tmp_path, grpc_listen=address)

@@ -8,8 +8,8 @@ import pytest
 
 from aggregator.config import ConfigError, load_settings, markdown
 from aggregator.main import main
-from tests.conftest import HazardOutcome
-from tests.e2e.conftest import free_port
+from chopper.demo.run import free_port
+from tests.support.hazards import HazardOutcome
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from aggregator.jobs import CAUSES, ROW_COLUMNS, JobTable
-from tests.aggregator.summaries import NS, summary
+from tests.support.summaries import NS, summary
 
 T0 = 1_700_000_000 * NS
 

@@ -11,10 +11,10 @@ from pathlib import Path
 import grpc
 import pandas as pd
 
+from chopper.demo.run import free_port
 from chopper.proto.chopper.v1 import aggregator_pb2 as apb
 from chopper.proto.chopper.v1 import aggregator_pb2_grpc
-from tests.aggregator.summaries import summary
-from tests.e2e.conftest import free_port
+from tests.support.summaries import summary
 
 
 def test_sigterm_flushes_open_steps_to_the_store(tmp_path: Path) -> None:

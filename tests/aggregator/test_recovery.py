@@ -17,7 +17,7 @@ from aggregator.store import Store
 from aggregator.wal import BATCH, FILES, Wal, _encode, read_segment
 from chopper.proto.chopper.v1 import agent_pb2 as pb
 from chopper.proto.chopper.v1 import aggregator_pb2 as apb
-from tests.aggregator.summaries import NS, summary
+from tests.support.summaries import NS, summary
 
 
 class FakeAgent:

@@ -20,7 +20,7 @@ from aggregator.service import Aggregator
 from aggregator.store import Store
 from chopper.proto.chopper.v1 import aggregator_pb2 as apb
 from chopper.proto.chopper.v1 import aggregator_pb2_grpc
-from tests.aggregator.summaries import NS, summary
+from tests.support.summaries import NS, summary
 
 ROOT = Path(__file__).resolve().parents[2]
 T0 = 1_700_000_000 * NS

@@ -15,13 +15,14 @@ import pytest
 from aggregator.jobs import JobTable
 from aggregator.stepindex import Seen, StepIndex, digest
 from aggregator.store import ASIDE_DIR
+from chopper.demo.run import metric_sum
 from chopper.proto.chopper.v1 import agent_pb2 as pb
 from chopper.proto.chopper.v1 import aggregator_pb2 as apb
-from tests.aggregator.grpc_delivery import deliver
-from tests.aggregator.summaries import NS, summary
 from tests.aggregator.test_recovery import Clock, life, stored
-from tests.conftest import HazardOutcome
-from tests.e2e.conftest import AggregatorProcess, metric_sum
+from tests.support.daemons import AggregatorProcess
+from tests.support.grpc_delivery import deliver
+from tests.support.hazards import HazardOutcome
+from tests.support.summaries import NS, summary
 
 T0 = 1_700_000_000 * NS
 

@@ -17,7 +17,7 @@ from aggregator.store import Store, partition_dir
 from aggregator.wal import WalError
 from chopper.attribution.columns import STEP_COLUMNS
 from chopper.attribution.store_reader import is_step_store, read_step_store
-from tests.aggregator.summaries import NS, summary
+from tests.support.summaries import NS, summary
 
 # 2024-03-09T23:59:58Z: two seconds before midnight, so rows land in two date partitions.
 T0 = 1_710_028_798 * NS

@@ -10,11 +10,12 @@ import pandas as pd
 import pytest
 
 from aggregator.wal import BATCH, LEDGER, QUARANTINE, Wal, _encode, file_header, parse_segment
-from tests.aggregator.grpc_delivery import deliver
-from tests.aggregator.summaries import summary
+from chopper.demo.run import metric_sum
 from tests.aggregator.test_recovery import Clock, FakeAgent, life, run_steps, stored
-from tests.conftest import HazardOutcome
-from tests.e2e.conftest import AggregatorProcess, metric_sum
+from tests.support.daemons import AggregatorProcess
+from tests.support.grpc_delivery import deliver
+from tests.support.hazards import HazardOutcome
+from tests.support.summaries import summary
 
 RECORDS = 40
 

@@ -16,7 +16,7 @@ from torch import nn
 
 import chopper.pytorch as ctorch
 from chopper.demo.run import free_port
-from tests.chopper.sync_truth_jobs import exposed_per_step, received
+from tests.support.sync_truth_jobs import exposed_per_step, received
 
 pytest.importorskip("accelerate")
 

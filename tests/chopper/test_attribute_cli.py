@@ -8,7 +8,7 @@ import pytest
 
 from chopper.cli import main
 from chopper.runs.rundir import read_run, write_run
-from tests.chopper.attribution_scenarios import ALL_SCENARIOS
+from tests.support.attribution_scenarios import ALL_SCENARIOS
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from chopper.attribution import attribute_run
-from tests.chopper.attribution_scenarios import ALL_SCENARIOS, HOT_RANK, tolerance_s
+from tests.support.attribution_scenarios import ALL_SCENARIOS, HOT_RANK, tolerance_s
 
 TERMS = ("step_time_s", "ideal_s", "matrix_util_loss_s", "dvfs_loss_s", "dvfs_power_s", "dvfs_thermal_s",
          "dvfs_current_s", "dvfs_other_s", "dvfs_unattributed_s", "exposed_comm_s", "straggler_wait_s", "idle_s")

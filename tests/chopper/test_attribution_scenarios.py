@@ -15,7 +15,7 @@ import pytest
 
 from chopper.runs.rundir import read_run
 from chopper.schema import DEVICE_COLUMNS, MARKER_COLUMNS, SAMPLE_COLUMNS, THROTTLE_CAUSES
-from tests.chopper.attribution_scenarios import (
+from tests.support.attribution_scenarios import (
     ALL_SCENARIOS,
     CPU_SKEW_NS,
     HOT_RANK,

@@ -23,7 +23,7 @@ from chopper.identity import process as _identity
 from chopper.identity.jobname import job_name_problem
 from chopper.proto.chopper.v1 import agent_pb2, agent_pb2_grpc
 from chopper.schema import ClockSource, MarkerKind
-from tests.e2e.conftest import wait_until
+from tests.support.polling import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 # Shutdown timeout where the test needs every marker delivered: shutdown returns as soon as the flush is

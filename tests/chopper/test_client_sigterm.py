@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import HazardOutcome
+from tests.support.hazards import HazardOutcome
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -27,7 +27,7 @@ from tests.chopper.test_client import (
     short_socket_path,
     start_server,
 )
-from tests.conftest import HazardOutcome
+from tests.support.hazards import HazardOutcome
 
 # The smallest message any agent setting accepts: twice max_message_bytes at its floor of 64 KiB.
 SMALLEST_AGENT_MESSAGE = 2 * 64 * 1024

@@ -22,8 +22,8 @@ from torch import nn
 import chopper
 from chopper.attribution.markers import paired_intervals
 from chopper.demo.run import free_port
-from tests.chopper import sync_truth_jobs
 from tests.chopper import test_pytorch_instrument as instrument_tests
+from tests.support import sync_truth_jobs
 
 PHASES = ("forward", "backward", "optimizer")
 STEPS = 3

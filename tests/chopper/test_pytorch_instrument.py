@@ -30,8 +30,8 @@ import chopper.pytorch as ctorch
 from chopper.attribution.exposed_comm import exposed_seconds
 from chopper.attribution.markers import paired_intervals
 from chopper.demo.run import free_port
-from tests.chopper import sync_truth_jobs
-from tests.chopper.sync_truth_jobs import received
+from tests.support import sync_truth_jobs
+from tests.support.sync_truth_jobs import received
 
 VOCAB, DIM, HEADS, LAYERS, SEQ, BATCH, STEPS = 256, 128, 4, 2, 32, 4, 4
 PHASES = ("forward", "backward", "optimizer")

@@ -14,7 +14,7 @@ from chopper.cli import main
 from chopper.report import ReportError, TextProgress, build_report, figures, terminal_progress
 from chopper.report.html import FigureBlock, Section, TableBlock, TextBlock, render
 from chopper.runs.rundir import read_run
-from tests.chopper.attribution_scenarios import ALL_SCENARIOS, HOT_RANK
+from tests.support.attribution_scenarios import ALL_SCENARIOS, HOT_RANK
 
 # The figures of a recorded run: those that need nothing beyond the run and its attribution.
 FIGURE_KEYS = [spec.key for spec in figures.FIGURES if set(spec.needs) <= {"run", "attribution"}]

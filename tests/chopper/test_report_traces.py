@@ -20,8 +20,8 @@ from chopper.report.traces import TraceSet, analyze_traces, comm_overlap_fractio
 from chopper.trace import load_trace
 from chopper.trace.analyses.top_kernels import top_kernels
 from tests.chopper import test_report as run_report
-from tests.chopper.attribution_scenarios import ALL_SCENARIOS
-from tests.kineto_data import KINETO_DIR, requires_kineto
+from tests.support.attribution_scenarios import ALL_SCENARIOS
+from tests.support.kineto_data import KINETO_DIR, requires_kineto
 
 # Every test here reads the real reference traces, including the bad-input ones built from them.
 pytestmark = requires_kineto

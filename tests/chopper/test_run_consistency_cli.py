@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tests.chopper.attribution_scenarios import ALL_SCENARIOS
+from tests.support.attribution_scenarios import ALL_SCENARIOS
 
 CHOPPER = str(Path(sys.executable).parent / "chopper")
 

@@ -17,8 +17,8 @@ from chopper.trace.analyses import host, idle, launch, straggler, tables, tempor
 from chopper.trace.frames import Columns
 from chopper.trace.hierarchy import PHASES, build
 from chopper.trace.report import analyze
-from tests.kineto_data import KINETO_DIR as DATA
-from tests.kineto_data import requires_kineto
+from tests.support.kineto_data import KINETO_DIR as DATA
+from tests.support.kineto_data import requires_kineto
 
 TRACES = ("a100_alexnet.json.gz", "nccl_128ranks_rank0.json.gz", "nccl_128ranks_rank1.json.gz",
           "rocm_mi250_toy_train.json.gz")

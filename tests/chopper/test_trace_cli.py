@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from chopper.cli import main
-from tests.kineto_data import KINETO_DIR as DATA
-from tests.kineto_data import requires_kineto
+from tests.support.kineto_data import KINETO_DIR as DATA
+from tests.support.kineto_data import requires_kineto
 
 needs_data = requires_kineto
 RANK_KEYS = ("rank", "idle_time_us", "compute_time_us", "non_compute_time_us", "kernel_time_us",

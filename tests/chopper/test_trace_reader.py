@@ -20,8 +20,8 @@ from chopper.trace.frames import (
     RUNTIME_COLUMNS,
 )
 from chopper.trace.hierarchy import HIERARCHY_COLUMNS, build, innermost_containing
-from tests.kineto_data import KINETO_DIR as DATA
-from tests.kineto_data import requires_kineto
+from tests.support.kineto_data import KINETO_DIR as DATA
+from tests.support.kineto_data import requires_kineto
 
 needs_data = requires_kineto
 

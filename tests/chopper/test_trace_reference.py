@@ -15,8 +15,8 @@ import pytest
 
 from chopper.trace import load_trace
 from chopper.trace.analyses import kernel_types, overlap, temporal
-from tests.kineto_data import KINETO_DIR as DATA
-from tests.kineto_data import requires_kineto
+from tests.support.kineto_data import KINETO_DIR as DATA
+from tests.support.kineto_data import requires_kineto
 
 TOLERANCE = 0.01
 

@@ -24,24 +24,17 @@ from pathlib import Path
 import grpc
 import pytest
 
+from chopper.demo.run import free_port
 from chopper.proto.chopper.v1 import agent_pb2 as pb
 from chopper.proto.chopper.v1 import agent_pb2_grpc as pb_grpc
 from dashboards import render
 from dashboards.params import RuleParams
 from dashboards.recording import GPU_BUSY, GPU_CLOCK
 from dashboards.rulefile import rules_yaml
-from tests.e2e.conftest import (
-    AgentProcess,
-    AggregatorProcess,
-    ServerProcess,
-    alertmanager_process,
-    free_port,
-    prom_query,
-    prometheus_process,
-    start_training,
-    stop_training,
-    wait_until,
-)
+from tests.support.daemons import AgentProcess, AggregatorProcess
+from tests.support.polling import wait_until
+from tests.support.prometheus import ServerProcess, alertmanager_process, prom_query, prometheus_process
+from tests.support.training import start_training, stop_training
 
 # A hang catcher only: the waits below may add up to about three minutes on a loaded machine.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]

@@ -18,8 +18,8 @@ import pytest
 
 from agent.sampler import FixedRateTicker
 from chopper.daemon.sdnotify import Notifier, ProgressCheck, Supervision, thread_check
+from chopper.demo.run import free_port
 from chopper.runs import consumer
-from tests.e2e.conftest import free_port
 
 
 class FakeSystemd:

@@ -13,8 +13,10 @@ from pathlib import Path
 import psutil
 import pytest
 
+from chopper.demo.run import metric_sum
 from deploy.stack import cli
-from tests.e2e.conftest import metric_sum, prom_query, wait_until
+from tests.support.polling import wait_until
+from tests.support.prometheus import prom_query
 
 ALWAYS_FIRING = """groups:
 - name: stack-test

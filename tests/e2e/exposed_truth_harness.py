@@ -5,7 +5,7 @@ Shared by ``tests/e2e/test_exposed_truth.py`` and ``benchmarks/bench_exposed_tru
 Method (``run_job``, then ``figures``):
 
 1. The two ranks of ``tests/e2e/exposed_truth_train.py`` run in their own network namespaces,
-   joined by a veth pair with a ``tc`` rate limit (``tests.netns.VethLink``); gloo talks over that
+   joined by a veth pair with a ``tc`` rate limit (``tests.support.netns.VethLink``); gloo talks over that
    link only (``GLOO_SOCKET_IFNAME``). Their markers go to a real agent over its unix socket (a
    socket path works across network namespaces).
 2. The job runs blocks of interleaved steps with and without gradient synchronisation (and, with
@@ -66,8 +66,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from tests.e2e.conftest import AgentProcess
-from tests.netns import VethLink
+from tests.support.daemons import AgentProcess
+from tests.support.netns import VethLink
 
 REPO = Path(__file__).resolve().parents[2]
 ABS_TOLERANCE_S = 0.005

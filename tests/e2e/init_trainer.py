@@ -1,7 +1,7 @@
 """A trainer that names itself as training code does, through ``chopper.init()``, and has no signal handler.
 
 Job, rank, GPU and agent come from the environment (``CHOPPER_JOB``, ``CHOPPER_AGENT``...), so a
-test can hand it the bytes a clumsy launcher would. It runs the steps of ``tests.faults.trainer``
+test can hand it the bytes a clumsy launcher would. It runs the steps of ``tests.support.fault_trainer``
 (10 markers each, ~41 ms) for ``--duration`` s. With ``--burst-after S`` it makes, after S s,
 ``--burst-steps`` empty steps of 4 markers each (fewer markers than a batch holds, so they wait
 for the sender's flush interval, 50 ms), then prints ``marked N`` (flushed) and goes on
@@ -22,7 +22,7 @@ import time
 from collections.abc import Sequence
 
 import chopper
-from tests.faults.trainer import MARKERS_PER_STEP, run
+from tests.support.fault_trainer import MARKERS_PER_STEP, run
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -5,7 +5,10 @@ import time
 
 import pytest
 
-from tests.e2e.conftest import AgentProcess, finish_training, metric_sum, start_training, wait_until
+from chopper.demo.run import metric_sum
+from tests.support.daemons import AgentProcess
+from tests.support.polling import wait_until
+from tests.support.training import finish_training, start_training
 
 
 @pytest.mark.slow

@@ -17,7 +17,10 @@ import pandas as pd
 import pytest
 
 from agent.delivery import route
-from tests.e2e.conftest import AgentProcess, AggregatorProcess, finish_training, free_port, metric_sum, wait_until
+from chopper.demo.run import free_port, metric_sum
+from tests.support.daemons import AgentProcess, AggregatorProcess
+from tests.support.polling import wait_until
+from tests.support.training import finish_training
 
 # Skip only when the aggregator service itself is absent from this checkout, never on a failure.
 pytestmark = [

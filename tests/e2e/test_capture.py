@@ -11,7 +11,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tests.e2e.conftest import AgentProcess, metric_sum, start_training, stop_training, wait_until
+from chopper.demo.run import metric_sum
+from tests.support.daemons import AgentProcess
+from tests.support.polling import wait_until
+from tests.support.training import start_training, stop_training
 
 # Training outlives every CLI start-up and captured step however loaded the machine is; each test
 # kills it once its checks are done, so it never runs this long.

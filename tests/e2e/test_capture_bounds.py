@@ -22,10 +22,12 @@ import pytest
 from chopper.demo.run import free_port
 from chopper.proto.chopper.v1 import agent_pb2 as pb
 from chopper.proto.chopper.v1 import agent_pb2_grpc
-from chopper.runs.capture import MAX_STEPS
+from chopper.profiler import MAX_STEPS
 from tests.e2e.capture_bound_job import JOB
-from tests.e2e.conftest import AgentProcess, stop_training, wait_until
 from tests.e2e.test_capture import step_events
+from tests.support.daemons import AgentProcess
+from tests.support.polling import wait_until
+from tests.support.training import stop_training
 
 pytestmark = pytest.mark.slow
 BIG = 10**9

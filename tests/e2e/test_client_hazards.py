@@ -24,8 +24,9 @@ import pytest
 
 from chopper.client import Client
 from chopper.demo.run import metric_sum
-from tests.conftest import HazardOutcome
-from tests.e2e.conftest import AgentProcess, wait_until
+from tests.support.daemons import AgentProcess
+from tests.support.hazards import HazardOutcome
+from tests.support.polling import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 # Variables of the test's own environment that would otherwise name the trainer's job, rank or GPU.

@@ -20,10 +20,11 @@ import pytest
 
 from chopper.daemon.stopsignals import POLL_S, signal_name
 from chopper.runs import consumer
-from tests.conftest import HazardOutcome
 from tests.deploy.test_sdnotify import FakeSystemd
-from tests.e2e.conftest import AgentProcess, AggregatorProcess, Daemon, wait_until
-from tests.security.conftest import write_token
+from tests.support.daemons import AgentProcess, AggregatorProcess, Daemon
+from tests.support.hazards import HazardOutcome
+from tests.support.pki import write_token
+from tests.support.polling import wait_until
 
 # Signals that mean nothing to the daemons: each must be logged and survived. SIGHUP re-checks files.
 IGNORED = [signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM, signal.SIGVTALRM, signal.SIGPROF, signal.SIGIO,

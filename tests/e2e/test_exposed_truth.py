@@ -28,9 +28,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.e2e.conftest import AgentProcess
 from tests.e2e.exposed_truth_harness import Job, figures, run_job, within
-from tests.netns import unavailable
+from tests.support.daemons import AgentProcess
+from tests.support.netns import unavailable
 
 FAST, SLOW = 1e9, 250e6  # bit/s: 3.5 MB of gradients take 28 ms and 114 ms on the wire
 SLOW_MS = 30.0

@@ -20,11 +20,13 @@ import grpc
 import pytest
 
 import chopper
+from chopper.demo.run import metric_sum
 from chopper.proto.chopper.v1 import agent_pb2 as pb
 from chopper.proto.chopper.v1 import agent_pb2_grpc
 from chopper.schema import PID_METADATA
-from tests.conftest import HazardOutcome
-from tests.e2e.conftest import AgentProcess, metric_sum, wait_until
+from tests.support.daemons import AgentProcess
+from tests.support.hazards import HazardOutcome
+from tests.support.polling import wait_until
 
 HELD = 300
 STEPS = 20

@@ -10,17 +10,14 @@ import pandas as pd
 import pytest
 
 from chopper.attribution import attribute_run
+from chopper.demo.run import metric_sum
 from chopper.proto.chopper.v1 import agent_pb2 as pb
 from chopper.runs import consumer
 from chopper.runs.record import record
-from tests.e2e.conftest import (
-    AgentProcess,
-    finish_training,
-    metric_sum,
-    observe_recorder_streams,
-    start_training,
-    wait_until,
-)
+from tests.support.daemons import AgentProcess
+from tests.support.polling import wait_until
+from tests.support.recording import observe_recorder_streams
+from tests.support.training import finish_training, start_training
 
 TERMS = ("step_time_s", "ideal_s", "matrix_util_loss_s", "dvfs_loss_s", "dvfs_power_s", "dvfs_thermal_s",
          "dvfs_unattributed_s", "idle_s", "mfu", "busy_ratio", "mean_gfx_clock_mhz", "max_temp_c", "energy_j")

@@ -15,9 +15,11 @@ from collections.abc import Iterator
 import pytest
 
 from chopper.client import Client
+from chopper.demo.run import metric_sum
 from chopper.proto.chopper.v1 import agent_pb2 as pb
 from chopper.runs import consumer
-from tests.e2e.conftest import AgentProcess, metric_sum, wait_until
+from tests.support.daemons import AgentProcess
+from tests.support.polling import wait_until
 
 torch = pytest.importorskip("torch")
 

@@ -5,14 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import (
-    AgentProcess,
-    finish_training,
-    prom_query,
-    prometheus_process,
-    start_training,
-    wait_until,
-)
+from tests.support.daemons import AgentProcess
+from tests.support.polling import wait_until
+from tests.support.prometheus import prom_query, prometheus_process
+from tests.support.training import finish_training, start_training
 
 
 @pytest.mark.slow

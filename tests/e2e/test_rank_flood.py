@@ -21,8 +21,9 @@ import pytest
 
 from chopper.demo.run import metric_sum
 from chopper.proto.chopper.v1 import agent_pb2 as pb
-from tests.conftest import HazardOutcome
-from tests.e2e.conftest import AgentProcess, wait_until
+from tests.support.daemons import AgentProcess
+from tests.support.hazards import HazardOutcome
+from tests.support.polling import wait_until
 
 MAX_RANKS = 100
 FLOOD_RANKS = 2000  # per phase

@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from chopper.client import Client
-from tests.e2e.conftest import AgentProcess, metric_sum, wait_until
+from chopper.demo.run import metric_sum
+from tests.support.daemons import AgentProcess
+from tests.support.polling import wait_until
 
 STEPS = 3
 PHASE_S = 0.01

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from chopper.demo.run import free_port
-from tests.conftest import HazardOutcome
+from tests.support.hazards import HazardOutcome
 
 ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 60.0

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import AgentProcess, AggregatorProcess
+from tests.support.daemons import AgentProcess, AggregatorProcess
 
 STOP_WITHIN_S = 10.0
 

@@ -19,9 +19,11 @@ from pathlib import Path
 import pytest
 
 from chopper import cli
-from chopper.demo.run import free_port
+from chopper.demo.run import free_port, metric_sum
 from chopper.runs.record import record
-from tests.e2e.conftest import AgentProcess, metric_sum, observe_recorder_streams, wait_until
+from tests.support.daemons import AgentProcess
+from tests.support.polling import wait_until
+from tests.support.recording import observe_recorder_streams
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 8

@@ -3,7 +3,10 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.conftest import AgentProcess, finish_training, metric_sum, start_training, wait_until
+from chopper.demo.run import metric_sum
+from tests.support.daemons import AgentProcess
+from tests.support.polling import wait_until
+from tests.support.training import finish_training, start_training
 
 KINDS = {
     "step_begin": "steps", "step_end": "steps", "phase_begin": "phases", "phase_end": "phases",

@@ -10,10 +10,12 @@ import subprocess
 from pathlib import Path
 
 from agent.kubelet.podresources.v1 import api_pb2 as kpb
+from chopper.demo.run import metric_sum
 from chopper.proto.chopper.v1 import agent_pb2 as pb
 from chopper.runs import consumer
-from tests.e2e.conftest import AgentProcess, metric_sum, wait_until
-from tests.kubelet import KubeletPodResources, container, pod
+from tests.support.daemons import AgentProcess
+from tests.support.kubelet import KubeletPodResources, container, pod
+from tests.support.polling import wait_until
 
 SCRIPT = Path(__file__).resolve().parents[2] / "deploy" / "slurm" / "chopper-jobmap.sh"
 

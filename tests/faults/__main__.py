@@ -44,7 +44,7 @@ BAD_INPUT_PROMISE = "a clear error naming the problem and the fix; nothing alrea
 METHOD = """\
 How each column is measured (the scenarios' module docstrings say more):
 
-- **Training unaffected**: a trainer process (`tests/faults/trainer.py`) runs fixed steps, each
+- **Training unaffected**: a trainer process (`tests/support/fault_trainer.py`) runs fixed steps, each
   ~1 ms of pure-Python compute (it holds the GIL, so a client thread hogging the interpreter would
   show) and 40 ms of sleep (the host thread of a GPU-bound step mostly waits), with the demo's 10
   markers per step through a real `chopper.client.Client`. *Step-time ratio* = median step time of

@@ -16,7 +16,8 @@ from typing import Any
 
 import pandas as pd
 
-from tests.e2e.conftest import AgentProcess, metric_sum
+from chopper.demo.run import metric_sum
+from tests.support.daemons import AgentProcess
 
 # The issue's bound: training step time within 2 % of its baseline while a fault lasts.
 STEP_TIME_TOLERANCE = 0.02
@@ -26,7 +27,7 @@ WARMUP_S = 1.0
 
 @dataclass
 class TrainerResult:
-    """What ``tests.faults.trainer`` printed: per-step (start, seconds), counts and client stats."""
+    """What ``tests.support.fault_trainer`` printed: per-step (start, seconds), counts and client stats."""
 
     times: list[tuple[float, float]]
     steps: int
@@ -40,9 +41,9 @@ class TrainerResult:
 
 
 def start_trainer(target: str, duration_s: float, *extra: str) -> subprocess.Popen[str]:
-    """The trainer stand-in (``tests/faults/trainer.py``) against ``target`` for ``duration_s``."""
+    """The trainer stand-in (``tests/support/fault_trainer.py``) against ``target`` for ``duration_s``."""
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.faults.trainer", "--agent", target, "--duration", str(duration_s), *extra],
+        [sys.executable, "-m", "tests.support.fault_trainer", "--agent", target, "--duration", str(duration_s), *extra],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from tests.e2e.conftest import AgentProcess, metric_sum
+from chopper.demo.run import metric_sum
 from tests.faults.harness import (
     STEP_TIME_TOLERANCE,
     finish_trainer,
@@ -14,6 +14,7 @@ from tests.faults.harness import (
     time_until,
 )
 from tests.faults.records import FaultRecord
+from tests.support.daemons import AgentProcess
 
 AGENT_RSS_CEILING_MIB = 300.0
 DOWN_S = 2.0

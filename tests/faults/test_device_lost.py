@@ -10,7 +10,7 @@ import signal
 import time
 from pathlib import Path
 
-from tests.e2e.conftest import AgentProcess, metric_sum
+from chopper.demo.run import metric_sum
 from tests.faults.harness import (
     STEP_TIME_TOLERANCE,
     finish_trainer,
@@ -20,6 +20,7 @@ from tests.faults.harness import (
     time_until,
 )
 from tests.faults.records import FaultRecord
+from tests.support.daemons import AgentProcess
 
 AGENT_RSS_CEILING_MIB = 300.0
 LOST_S = 2.5

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from tests.e2e.conftest import AgentProcess
 from tests.faults.records import FaultRecord
+from tests.support.daemons import AgentProcess
 
 LIMIT_BYTES = 16 * 1024
 

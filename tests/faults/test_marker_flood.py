@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.e2e.conftest import AgentProcess, metric_sum
+from chopper.demo.run import metric_sum
 from tests.faults.harness import (
     STEP_TIME_TOLERANCE,
     finish_trainer,
@@ -28,6 +28,7 @@ from tests.faults.harness import (
     time_until,
 )
 from tests.faults.records import FaultRecord
+from tests.support.daemons import AgentProcess
 
 # Measured: ~250 MiB once the ring buffers are full. The servers run without HTTP/2 BDP probing
 # (chopper/daemon/serving.py), so a stream's receive window stays small and gRPC paces the flooder to what

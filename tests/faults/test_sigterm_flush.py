@@ -9,7 +9,6 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from tests.e2e.conftest import AgentProcess, AggregatorProcess
 from tests.faults.harness import (
     STEP_TIME_TOLERANCE,
     delivered_all,
@@ -24,6 +23,7 @@ from tests.faults.harness import (
     time_until,
 )
 from tests.faults.records import FaultRecord
+from tests.support.daemons import AgentProcess, AggregatorProcess
 
 AGGREGATOR_RSS_CEILING_MIB = 400.0
 STOPS = 2

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import grpc
 
+from chopper.demo.run import metric_sum
 from chopper.proto.chopper.v1 import agent_pb2 as pb
 from chopper.proto.chopper.v1 import agent_pb2_grpc as pb_grpc
-from tests.e2e.conftest import AgentProcess, metric_sum
 from tests.faults.harness import (
     STEP_TIME_TOLERANCE,
     finish_trainer,
@@ -26,6 +26,7 @@ from tests.faults.harness import (
     time_until,
 )
 from tests.faults.records import FaultRecord
+from tests.support.daemons import AgentProcess
 
 AGENT_RSS_CEILING_MIB = 300.0
 STALL_S = 5.0

@@ -2,7 +2,7 @@
 
 ``fuzz`` (the default, what ``make test`` runs): derandomized, so CI sees the same examples every
 run, and no example database, so nothing is written into the tree; each test's
-``@fuzz(examples, timeout_s)`` (``tests/fuzz/strategies.py``) bounds its examples so that the
+``@fuzz(examples, timeout_s)`` (``tests/support/strategies.py``) bounds its examples so that the
 whole suite stays within its share of the test budget.
 
 ``fuzz-long`` (``CHOPPER_FUZZ_EXAMPLES=N``): random examples, N per test (timeouts scaled to
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from hypothesis import HealthCheck, settings
 
-from tests.fuzz.strategies import LONG_EXAMPLES
+from tests.support.strategies import LONG_EXAMPLES
 
 _COMMON = {
     "deadline": None,

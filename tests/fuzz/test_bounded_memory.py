@@ -20,7 +20,7 @@ SCRIPT = textwrap.dedent("""
     from aggregator.wal import _HEADER, BATCH, read_segment
     from chopper.daemon.grpc_decode import Garbled, decoder
     from chopper.proto.chopper.v1 import agent_pb2 as pb, aggregator_pb2 as apb
-    from tests.fuzz.strategies import length_delimited
+    from tests.support.strategies import length_delimited
 
     def mapped() -> int:
         with open("/proc/self/statm") as f:

@@ -17,7 +17,7 @@ import pytest
 from chopper.daemon.grpc_decode import Garbled, decoder
 from chopper.proto.chopper.v1 import agent_pb2 as pb
 from chopper.proto.chopper.v1 import aggregator_pb2 as apb
-from tests.fuzz.strategies import length_delimited
+from tests.support.strategies import length_delimited
 
 
 def _groups(depth: int) -> bytes:

@@ -35,7 +35,7 @@ from chopper.attribution.store_reader import read_step_store
 from chopper.daemon.grpc_decode import Garbled, decoder
 from chopper.proto.chopper.v1 import agent_pb2 as pb
 from chopper.proto.chopper.v1 import aggregator_pb2 as apb
-from tests.fuzz.strategies import fuzz, length_delimited, wire
+from tests.support.strategies import fuzz, length_delimited, wire
 
 NS = 1_000_000_000
 NOW = 1_700_000_000 * NS

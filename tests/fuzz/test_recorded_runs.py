@@ -32,8 +32,8 @@ from chopper.attribution import AttributionError
 from chopper.attribution.store_reader import read_step_store
 from chopper.runs.rundir import COLUMNS, TABLES, RunDirError, read_run, write_run
 from chopper.schema import DeviceInfo, MarkerKind, Sample
-from tests.aggregator.summaries import summary
-from tests.fuzz.strategies import edit, fuzz
+from tests.support.strategies import edit, fuzz
+from tests.support.summaries import summary
 
 NS = 1_000_000_000
 T0 = 1_700_000_000 * NS

@@ -1,6 +1,6 @@
 """Fuzz both daemons over real gRPC: a real agent on a unix socket and a real aggregator on loopback TCP.
 
-Each method of each service is sent raw bytes (``tests.fuzz.strategies.wire``: valid messages,
+Each method of each service is sent raw bytes (``tests.support.strategies.wire``: valid messages,
 mutated ones, garbage). Properties:
 
 - every call ends as a success whose reply decodes, or with a documented status
@@ -33,9 +33,9 @@ from chopper.proto.chopper.v1 import aggregator_pb2 as apb
 from chopper.proto.chopper.v1 import aggregator_pb2_grpc
 from tests.agent.test_server import Running as RunningAgent
 from tests.agent.test_server import steps_batch
-from tests.aggregator.summaries import summary
 from tests.aggregator.test_server import Running as RunningAggregator
-from tests.fuzz.strategies import fuzz, wire
+from tests.support.strategies import fuzz, wire
+from tests.support.summaries import summary
 
 # Method: (request type, response type, kind, statuses a refusal may carry).
 AGENT = {

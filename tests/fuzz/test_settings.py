@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from agent import config as agent_config
 from aggregator import config as aggregator_config
 from chopper.daemon.settings import INT64, ConfigError
-from tests.fuzz.strategies import fuzz
+from tests.support.strategies import fuzz
 
 DAEMONS: dict[str, tuple[Callable[..., Any], type[Any], str]] = {
     "agent": (agent_config.load_settings, agent_config.AgentSettings, agent_config.ENV_PREFIX),

@@ -36,7 +36,7 @@ from chopper.trace.analyses.top_kernels import top_kernels
 from chopper.trace.classify import _CACHE
 from chopper.trace.hierarchy import build
 from chopper.trace.nesting import MAX_DEPTH, NestingGuard, TooDeep
-from tests.fuzz.strategies import fuzz
+from tests.support.strategies import fuzz
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -19,7 +19,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from chopper.trace.reader import TraceError, read_trace
-from tests.fuzz.strategies import edit, fuzz
+from tests.support.strategies import edit, fuzz
 
 ROOT = Path(tempfile.mkdtemp(prefix="chopper-fuzz-traces-"))
 

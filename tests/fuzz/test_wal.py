@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from aggregator.wal import Record, Wal, parse_segment, read_segment
 from tests.aggregator.test_recovery import Clock, FakeAgent, life, run_steps
-from tests.fuzz.strategies import edit, fuzz
+from tests.support.strategies import edit, fuzz
 
 ROOT = Path(tempfile.mkdtemp(prefix="chopper-fuzz-wal-"))
 

@@ -25,9 +25,9 @@ from chopper.daemon.settings import ConfigError
 from chopper.daemon.tls import ClientTLS
 from chopper.proto.chopper.v1 import agent_pb2 as pb
 from tests.agent.test_server import Running
-from tests.e2e.conftest import wait_until
-from tests.security.conftest import Pki, write_token
 from tests.security.test_tls import Served
+from tests.support.pki import Pki, write_token
+from tests.support.polling import wait_until
 
 CAPTURE = pb.CaptureRequest(job="nobody", steps=1, out_dir="/tmp/chopper-test-capture")
 

@@ -22,11 +22,13 @@ from chopper.daemon.auth import (
     UntrustedFile,
     read_client_token,
 )
+from chopper.demo.run import metric_sum
 from chopper.proto.chopper.v1 import agent_pb2 as pb
 from chopper.proto.chopper.v1 import agent_pb2_grpc
-from tests.conftest import HazardOutcome
-from tests.e2e.conftest import AgentProcess, metric_sum, wait_until
-from tests.security.conftest import write_token
+from tests.support.daemons import AgentProcess
+from tests.support.hazards import HazardOutcome
+from tests.support.pki import write_token
+from tests.support.polling import wait_until
 
 CAPTURE = pb.CaptureRequest(job="nobody", steps=1, out_dir="/tmp/chopper-test-capture")
 OPERATOR, INTRUDER = "operator-token", "intruder-token"

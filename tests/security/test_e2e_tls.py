@@ -16,8 +16,10 @@ import pytest
 
 import chopper
 from chopper import cli
-from tests.e2e.conftest import AgentProcess, AggregatorProcess, free_port, metric_sum, wait_until
-from tests.security.conftest import Pki, write_token
+from chopper.demo.run import free_port, metric_sum
+from tests.support.daemons import AgentProcess, AggregatorProcess
+from tests.support.pki import Pki, write_token
+from tests.support.polling import wait_until
 
 STEPS = 5
 

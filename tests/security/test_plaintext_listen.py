@@ -16,9 +16,11 @@ import chopper
 from chopper.daemon.access import Refusals
 from chopper.daemon.serving import SecureServer
 from chopper.daemon.tls import ServerTLS
-from tests.conftest import HazardOutcome
-from tests.e2e.conftest import AgentProcess, free_port, metric_sum, wait_until
-from tests.security.conftest import Pki
+from chopper.demo.run import free_port, metric_sum
+from tests.support.daemons import AgentProcess
+from tests.support.hazards import HazardOutcome
+from tests.support.pki import Pki
+from tests.support.polling import wait_until
 
 
 @pytest.mark.slow

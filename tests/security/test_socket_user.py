@@ -28,8 +28,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import HazardOutcome
-from tests.e2e.conftest import AgentProcess
+from tests.support.daemons import AgentProcess
+from tests.support.hazards import HazardOutcome
 
 # What a forked client reports, as its exit status.
 SERVED, REFUSED, CONNECTED_SILENT, OTHER_ERROR = 0, 1, 2, 3

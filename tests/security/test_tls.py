@@ -24,9 +24,8 @@ from aggregator.service import Aggregator
 from chopper.daemon.tls import ClientTLS
 from chopper.proto.chopper.v1 import aggregator_pb2 as apb
 from chopper.proto.chopper.v1 import aggregator_pb2_grpc
-from tests.conftest import HazardOutcome
-from tests.security.conftest import Pki
-from tests.security.pki import Authority
+from tests.support.hazards import HazardOutcome
+from tests.support.pki import Authority, Pki
 
 
 class Served:

@@ -20,10 +20,10 @@ import pytest
 from chopper.daemon.tls import ClientTLS, ServerTLS
 from chopper.proto.chopper.v1 import aggregator_pb2 as apb
 from chopper.proto.chopper.v1 import aggregator_pb2_grpc
-from tests.conftest import HazardOutcome
-from tests.e2e.conftest import AgentProcess, AggregatorProcess, wait_until
-from tests.security.conftest import Pki
-from tests.security.pki import Authority
+from tests.support.daemons import AgentProcess, AggregatorProcess
+from tests.support.hazards import HazardOutcome
+from tests.support.pki import Authority, Pki
+from tests.support.polling import wait_until
 
 OK, REFUSED = grpc.StatusCode.OK, grpc.StatusCode.UNAVAILABLE
 

@@ -29,7 +29,7 @@ from chopper.identity import process as _identity
 from chopper.identity.device import UNRESOLVED, resolve_device
 from chopper.identity.jobname import escape_unprintable, job_name_problem, usable_job_name
 from chopper.identity.launcher import resolve_job, resolve_local_rank, resolve_rank, resolve_world_size
-from tests.fuzz.strategies import fuzz
+from tests.support.strategies import fuzz
 
 SIM = "SIM-1b4e28ba-2fa1-5d3c-8a9f-0c2e1f6f3a11"
 GPU_A, GPU_B = "GPU-8932f937-d72c-4106-c12f-20bd9faed9f6", "GPU-5a1c7e02-93b1-4f0e-b6d2-77aa3c9e0f14"

@@ -13,7 +13,7 @@ import pytest
 
 from chopper.runs.capture_join import JOIN_COLUMNS, format_join, join, join_capture, profiler_steps, to_records
 from chopper.trace import load_trace
-from tests.kineto_data import KINETO_DIR, requires_kineto
+from tests.support.kineto_data import KINETO_DIR, requires_kineto
 
 BASE_NS = 1_790_000_000_000_000_000
 

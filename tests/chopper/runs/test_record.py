@@ -14,16 +14,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from chopper.demo.run import metric_sum
 from chopper.runs.record import OutputNotEmpty, RecordStats, record
 from chopper.runs.rundir import read_run
-from tests.e2e.conftest import (
-    AgentProcess,
-    finish_training,
-    metric_sum,
-    observe_recorder_streams,
-    start_training,
-    wait_until,
-)
+from tests.support.daemons import AgentProcess
+from tests.support.polling import wait_until
+from tests.support.recording import observe_recorder_streams
+from tests.support.training import finish_training, start_training
 
 # Markers per unit the trainer reports: each step, phase and collective is a begin and an end.
 KINDS = {
