@@ -1,31 +1,14 @@
 """The agent's metric catalog: every name it exports, with type, unit, help and labels.
 
-This table is the single source of metric names: the collector builds families from it, the
-docs (``docs/METRICS.md``) are checked against it, and dashboards and alert rules import it.
+This table is the single source of metric names: the collector builds families from it (with
+``chopper.daemon.exposition``, shared with the aggregator), the docs (``docs/METRICS.md``) are
+rendered from it, and dashboards and alert rules import it.
 Names follow ``chopper_<subsystem>_<name>_<unit>`` with base units; counters end in ``_total``;
 step numbers are never labels.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-
-@dataclass(frozen=True, slots=True)
-class MetricSpec:
-    """One exported metric.
-
-    Attributes:
-        name: Full metric name (counters include ``_total``).
-        kind: ``gauge``, ``counter`` or ``info`` (a gauge fixed at 1 that carries labels).
-        help: One sentence with the unit.
-        labels: Label names, in order.
-    """
-
-    name: str
-    kind: str
-    help: str
-    labels: tuple[str, ...]
-
+from chopper.daemon.exposition import MetricSpec, catalog_markdown, reason_table, refusal_tables, section_table
 
 GPU = ("node", "gpu", "vendor", "model")
 RANK = ("node", "job", "rank", "gpu")
@@ -175,6 +158,11 @@ METRICS: tuple[MetricSpec, ...] = (
         "Failed readings of a GPU-owner source, by kind (unreadable, bad_file, unavailable, error).",
         (*NODE, "source", "kind"),
     ),
+    MetricSpec(
+        "chopper_agent_metrics_section_errors_total", "counter",
+        "Scrapes that left out a section of the agent's series because building it failed, by section (see below).",
+        (*NODE, "section"),
+    ),
     # Delivery of step summaries to aggregator replicas (replica="" counts summaries never routed).
     MetricSpec(
         "chopper_agent_delivery_sent_total", "counter",
@@ -201,6 +189,19 @@ METRICS: tuple[MetricSpec, ...] = (
 
 BY_NAME: dict[str, MetricSpec] = {m.name: m for m in METRICS}
 
+# The sections of ``AgentCollector.collect()``, each built on its own (``Sections``), and the series
+# each one holds: the values of the ``section`` label of ``chopper_agent_metrics_section_errors_total``.
+SECTIONS: dict[str, str] = {
+    "gpus": "`chopper_gpu_*` but `chopper_gpu_workload_info`: each device's identity and latest sample",
+    "workloads": "`chopper_gpu_workload_info`, `chopper_agent_workload_*`",
+    "host": "`chopper_host_*`",
+    "ranks": "`chopper_rank_*`",
+    "self": "the other `chopper_agent_*`: identity, backend health, sampler, buffers, markers, access checks, "
+            "streams, ranks",
+    "reloads": "`chopper_agent_token_file_reloads*`, `chopper_agent_tls_reloads*`",
+    "delivery": "`chopper_agent_delivery_*`",
+}
+
 
 def markdown() -> str:
     """``docs/METRICS.md``: the catalog as tables (regenerate with ``python -m agent.catalog``)."""
@@ -209,18 +210,10 @@ def markdown() -> str:
     from agent.steps import MAX_PHASE_SERIES
     from chopper.attribution.phases import MAX_PHASES_PER_STEP, OTHER
 
-    lines = [
-        "# Metric catalog",
-        "",
-        "Generated from `agent/catalog.py` by `python -m agent.catalog > docs/METRICS.md`; a test fails when",
-        "this file and the catalog disagree. Names follow `chopper_<subsystem>_<name>_<unit>` in base units;",
-        "counters end in `_total`; step numbers are never labels. A value a backend cannot read (for",
-        "example matrix activity on MI300X) is left out of the scrape rather than exported as NaN.",
-        "",
-        "| name | type | labels | help |",
-        "|---|---|---|---|",
-    ]
-    lines += [f"| `{m.name}` | {m.kind} | {', '.join(m.labels)} | {m.help} |" for m in METRICS]
+    lines = catalog_markdown(
+        "Metric catalog", "agent.catalog", "docs/METRICS.md",
+        "A value a backend cannot read (for example matrix activity on MI300X) is left out of the scrape rather "
+        "than exported as NaN.", METRICS)
     lines += ["", "## Phase time (`chopper_rank_phase_seconds_total{phase}`)", "",
               "Per rank, the seconds each named phase took over the summarised steps: per step the union of that",
               "name's windows (a phase entered twice counts both, nested phases each count, so phases need not add",
@@ -240,35 +233,11 @@ def markdown() -> str:
               "refused, its markers rejected as `too_many_ranks`, and the live ranks keep their state. A rank that",
               "sends again starts from zero, as after an agent restart; Prometheus' `rate()` and `increase()` handle",
               "the reset (docs/CONFIG.md)."]
-    lines += ["", "## Rejection reasons (`chopper_agent_markers_rejected_total{reason}`)", "",
-              "| reason | meaning |", "|---|---|"]
-    lines += [f"| `{reason}` | {meaning} |" for reason, meaning in {**REJECTION_REASONS, **ADMISSION_REASONS}.items()]
+    lines += reason_table("Rejection reasons (`chopper_agent_markers_rejected_total{reason}`)",
+                          {**REJECTION_REASONS, **ADMISSION_REASONS})
     lines += refusal_tables("chopper_agent")
+    lines += section_table("chopper_agent", SECTIONS)
     return "\n".join(lines) + "\n"
-
-
-def refusal_tables(prefix: str, token_file: bool = True) -> list[str]:
-    """The reason tables of ``<prefix>_rpc_refused_total`` and of the refused reloads (``token_file``: it has one)."""
-    from chopper.daemon import auth, tls
-    from chopper.daemon.access import REFUSAL_REASONS
-
-    lines = ["", f"## Refusal reasons (`{prefix}_rpc_refused_total{{reason}}`)", "",
-             "| reason | meaning |", "|---|---|"]
-    lines += [f"| `{reason}` | {meaning} |" for reason, meaning in REFUSAL_REASONS.items()]
-    lines += ["", "A series appears with its first refusal. docs/SECURITY.md says what each check guards."]
-    names = [f"`{prefix}_token_file_reloads_refused_total`"] if token_file else []
-    names.append(f"`{prefix}_tls_reloads_refused_total`")
-    lines += ["", f"## Refused reloads ({' and '.join(names)}, `reason`)", "",
-              "A file that holds secrets or trust is re-read when it changes (the token file at the next protected",
-              "call, TLS files at the next connection, and all of them on SIGHUP). A change that is refused leaves",
-              "what was in force before; it is logged (`event=token_file_refused`, `event=tls_reload_failed`) and",
-              "counted once per broken state. Each series is 0 from start while its files are set.", "",
-              "| reason | meaning |", "|---|---|"]
-    for reason, meaning in tls.REFUSAL_REASONS.items():
-        if reason == "unusable" and token_file:
-            meaning = f"token file: {auth.REFUSAL_REASONS[reason]}; TLS files: {meaning}"
-        lines.append(f"| `{reason}` | {meaning} |")
-    return lines
 
 
 if __name__ == "__main__":

@@ -2,20 +2,25 @@
 
 Per the house style (prometheus/client_python), ``collect()`` builds fresh metric families from
 the catalog on every scrape; there are no module-global gauges and the registry is passed in.
+Each section of a scrape (``fills``, documented by ``catalog.SECTIONS``) is built on its own: one
+that raises loses its own series only, counted in
+``chopper_agent_metrics_section_errors_total{section}`` and logged.
 Clocks are exported in hertz (base units) although samples carry MHz.
 """
 from __future__ import annotations
 
-import math
-from collections.abc import Iterator
+import logging
+import time
+from collections.abc import Callable, Iterator
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from agent import __version__
 from agent.catalog import BY_NAME
 from agent.daemon import Agent
+from chopper import __version__
 from chopper.daemon.auth import Reloaded
+from chopper.daemon.exposition import Families, Sections
 from chopper.proto.chopper.v1 import agent_pb2 as pb
 from chopper.schema import THROTTLE_CAUSES, MarkerKind
 
@@ -23,29 +28,7 @@ MHZ = 1e6
 # Every RPC of the Agent service, each with its undecodable-message count (0 until one arrives).
 AGENT_METHODS = tuple(m.name for m in pb.DESCRIPTOR.services_by_name["Agent"].methods)
 
-
-class Families:
-    """The families of one scrape, created from the catalog on first use."""
-
-    def __init__(self) -> None:
-        self._families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {}
-
-    def add(self, name: str, labels: tuple[str, ...], value: float) -> None:
-        """Add one series; NaN values (unreadable on this backend) are left out."""
-        if value is None or (isinstance(value, float) and math.isnan(value)):
-            return
-        family = self._families.get(name)
-        if family is None:
-            spec = BY_NAME[name]
-            if spec.kind == "counter":
-                family = CounterMetricFamily(name, spec.help, labels=spec.labels)
-            else:
-                family = GaugeMetricFamily(name, spec.help, labels=spec.labels)
-            self._families[name] = family
-        family.add_metric(list(labels), value)
-
-    def __iter__(self) -> Iterator[Metric]:
-        return iter(self._families.values())
+logger = logging.getLogger("agent.metrics")
 
 
 class AgentCollector(Collector):
@@ -57,17 +40,22 @@ class AgentCollector(Collector):
             agent serves (``agent/main.py``; /metrics starts first). Their reloads are counted there.
     """
 
-    def __init__(self, agent: Agent) -> None:
+    def __init__(self, agent: Agent, clock: Callable[[], float] = time.monotonic) -> None:
         self.agent = agent
         self.files: dict[str, Reloaded] = {}
+        # In the order of catalog.SECTIONS, which documents them (a test keeps the two equal).
+        self.fills: dict[str, Callable[[Families], None]] = {
+            "gpus": self._gpus, "workloads": self._workloads, "host": self._host, "ranks": self._ranks,
+            "self": self._self, "reloads": self._reloads, "delivery": self._delivery,
+        }
+        self.sections = Sections(self.fills, logger, clock)
 
     def collect(self) -> Iterator[Metric]:
-        fam = Families()
-        self._gpus(fam)
-        self._workloads(fam)
-        self._host(fam)
-        self._ranks(fam)
-        self._self(fam)
+        """Every section on its own (one that raises is counted and left out), then the failure counts."""
+        fam = Families(BY_NAME)
+        for name, fill in self.fills.items():
+            self.sections.run(fam, name, fill)
+        self.sections.export(fam, "chopper_agent_metrics_section_errors_total", (self.agent.settings.node,))
         return iter(fam)
 
     def _gpus(self, fam: Families) -> None:
@@ -181,7 +169,6 @@ class AgentCollector(Collector):
             fam.add("chopper_agent_messages_undecodable_total", (node, method), float(agent.undecodable.get(method, 0)))
         for (rpc, reason), count in sorted(agent.refusals.snapshot().items()):
             fam.add("chopper_agent_rpc_refused_total", (node, rpc, reason), float(count))
-        self._reloads(fam)
         fam.add("chopper_agent_socket_recreated_total", (node,), float(agent.socket_recreated))
         fam.add("chopper_agent_marker_streams", (node,), float(agent.open_streams["PushMarkers"]))
         fam.add("chopper_agent_subscribers", (node,), float(agent.open_streams["Subscribe"]))
@@ -189,14 +176,19 @@ class AgentCollector(Collector):
         fam.add("chopper_agent_ranks", (node,), float(agent.tracked_ranks()))
         for reason, count in sorted(agent.ranks_retired.items()):
             fam.add("chopper_agent_ranks_retired_total", (node, reason), float(count))
-        if agent.delivery is not None:
-            for replica, d in sorted(agent.delivery.snapshot().items()):
-                rl = (node, replica)
-                fam.add("chopper_agent_delivery_sent_total", rl, float(d["sent"]))
-                fam.add("chopper_agent_delivery_acked_total", rl, float(d["acked"]))
-                fam.add("chopper_agent_delivery_lost_total", rl, float(d["lost"]))
-                fam.add("chopper_agent_delivery_connected", rl, d["connected"])
-                fam.add("chopper_agent_delivery_pending_items", rl, float(d["pending"]))
+
+    def _delivery(self, fam: Families) -> None:
+        delivery = self.agent.delivery
+        if delivery is None:
+            return
+        node = self.agent.settings.node
+        for replica, d in sorted(delivery.snapshot().items()):
+            rl = (node, replica)
+            fam.add("chopper_agent_delivery_sent_total", rl, float(d["sent"]))
+            fam.add("chopper_agent_delivery_acked_total", rl, float(d["acked"]))
+            fam.add("chopper_agent_delivery_lost_total", rl, float(d["lost"]))
+            fam.add("chopper_agent_delivery_connected", rl, d["connected"])
+            fam.add("chopper_agent_delivery_pending_items", rl, float(d["pending"]))
 
     def _reloads(self, fam: Families) -> None:
         node = self.agent.settings.node

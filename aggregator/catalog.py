@@ -1,7 +1,8 @@
 """The aggregator's metric catalog: every name it exports, with type, help and labels.
 
-The single source of the aggregator's metric names: the collector builds families from it and
-``docs/AGGREGATOR_METRICS.md`` is generated from it (a test keeps them equal). Names follow
+The single source of the aggregator's metric names: the collector builds families from it (with
+``chopper.daemon.exposition``, shared with the agent) and ``docs/AGGREGATOR_METRICS.md`` is
+generated from it (a test keeps them equal). Names follow
 ``chopper_<subsystem>_<name>_<unit>`` with base units; counters end in ``_total``; step numbers
 are never labels. Cardinality is bounded: per job a fixed set of series (the slowest rank is one
 info series per job, its labels change as it moves), per rank a fixed set per rank, and with
@@ -9,9 +10,9 @@ info series per job, its labels change as it moves), per rank a fixed set per ra
 """
 from __future__ import annotations
 
-from agent.catalog import MetricSpec, refusal_tables
 from aggregator.jobs import CAUSES, REJECTION_REASONS
 from aggregator.wal import SET_ASIDE
+from chopper.daemon.exposition import MetricSpec, catalog_markdown, reason_table, refusal_tables, section_table
 
 JOB = ("job",)
 RANK = ("job", "rank", "node", "gpu")
@@ -118,6 +119,9 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("chopper_aggregator_batches_invalid_total", "counter",
                "Summary batches refused: no agent or incarnation, or seq and summaries of different length.", ()),
     MetricSpec("chopper_aggregator_delivery_streams", "gauge", "Open Deliver streams from agents.", ()),
+    MetricSpec("chopper_aggregator_metrics_section_errors_total", "counter",
+               "Scrapes that left out a section of the aggregator's series because building it failed, by section "
+               "(see below).", ("section",)),
     MetricSpec("chopper_aggregator_rpc_refused_total", "counter",
                "RPCs refused by the access checks, by RPC and reason (see below, docs/SECURITY.md).",
                ("rpc", "reason")),
@@ -131,37 +135,39 @@ METRICS: tuple[MetricSpec, ...] = (
 
 BY_NAME: dict[str, MetricSpec] = {m.name: m for m in METRICS}
 
+# The sections of ``AggregatorCollector.collect()``, each built on its own (``Sections``; ``job`` and
+# ``ranks`` once per job, so a job that cannot be exported costs its own series), and the series each
+# one holds: the values of the ``section`` label of ``chopper_aggregator_metrics_section_errors_total``.
+SECTIONS: dict[str, str] = {
+    "job": "one job's `chopper_job_*` but `chopper_job_rank_*`",
+    "ranks": "one job's `chopper_job_rank_*`",
+    "self": "the other `chopper_aggregator_*`: identity, ledger, joins, step index, jobs and ranks, access checks",
+    "store": "`chopper_aggregator_store_*`",
+    "wal": "`chopper_aggregator_wal_*`",
+    "tls": "`chopper_aggregator_tls_reloads*`",
+}
+
 
 def markdown() -> str:
     """``docs/AGGREGATOR_METRICS.md``: the catalog as tables (``python -m aggregator.catalog``)."""
-    lines = [
-        "# Aggregator metric catalog",
-        "",
-        "Generated from `aggregator/catalog.py` by `python -m aggregator.catalog > docs/AGGREGATOR_METRICS.md`; a test",
-        "fails when this file and the catalog disagree. Names follow `chopper_<subsystem>_<name>_<unit>` in base",
-        "units; counters end in `_total`; step numbers are never labels. `window` is `1m` or `5m` of finalized steps",
-        "by the aggregator's receive time. With `rank_series_top_k` = k > 0, jobs of more than k ranks export",
-        "`chopper_job_rank_*` only for the k ranks with the largest decayed compute excess. A value that is not",
-        "known (no step in the window, no FLOPs) is left out of the scrape rather than exported as NaN.",
-        "",
-        "| name | type | labels | help |",
-        "|---|---|---|---|",
-    ]
-    lines += [f"| `{m.name}` | {m.kind} | {', '.join(m.labels)} | {m.help} |" for m in METRICS]
+    lines = catalog_markdown(
+        "Aggregator metric catalog", "aggregator.catalog", "docs/AGGREGATOR_METRICS.md",
+        "`window` is `1m` or `5m` of finalized steps by the aggregator's receive time. With `rank_series_top_k` = "
+        "k > 0, jobs of more than k ranks export `chopper_job_rank_*` only for the k ranks with the largest decayed "
+        "compute excess. A value that is not known (no step in the window, no FLOPs) is left out of the scrape "
+        "rather than exported as NaN.", METRICS)
     lines += ["", "## Causes (`cause` label of the step-time metrics)", "",
               "They add up to the step time: `ideal`, `matrix_util_loss`, `dvfs_<cause>` (DVFS loss by throttle",
               "cause), `exposed_comm` (after the straggler split), `straggler_wait`, `idle`, and `compute_unknown`",
               "(compute time at the observed clock of steps without FLOPs). See docs/ATTRIBUTION.md.", "",
               " ".join(f"`{c}`" for c in CAUSES)]
-    lines += ["", "## Rejection reasons (`chopper_aggregator_summaries_rejected_total{reason}`)", "",
-              "| reason | meaning |", "|---|---|"]
-    lines += [f"| `{reason}` | {meaning} |" for reason, meaning in REJECTION_REASONS.items()]
-    lines += ["", "## Set-aside reasons (`chopper_aggregator_wal_set_aside_total{reason}`)", "",
-              "What recovery moved to `store_dir/_wal/quarantine/` instead of replaying; the aggregator starts",
-              "whatever the log directory holds. See docs/ARCHITECTURE.md (delivery and durability).", "",
-              "| reason | meaning |", "|---|---|"]
-    lines += [f"| `{reason}` | {meaning} |" for reason, meaning in SET_ASIDE.items()]
+    lines += reason_table("Rejection reasons (`chopper_aggregator_summaries_rejected_total{reason}`)",
+                          REJECTION_REASONS)
+    lines += reason_table("Set-aside reasons (`chopper_aggregator_wal_set_aside_total{reason}`)", SET_ASIDE, intro=(
+        "What recovery moved to `store_dir/_wal/quarantine/` instead of replaying; the aggregator starts",
+        "whatever the log directory holds. See docs/ARCHITECTURE.md (delivery and durability)."))
     lines += refusal_tables("chopper_aggregator", token_file=False)
+    lines += section_table("chopper_aggregator", SECTIONS)
     return "\n".join(lines) + "\n"
 
 

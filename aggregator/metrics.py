@@ -1,7 +1,10 @@
 """Prometheus exposition of the aggregator: one custom collector that reads ``Aggregator`` at scrape time.
 
 Per the house style, ``collect()`` builds fresh families from the catalog on every scrape, under
-the aggregator's lock; there are no module-global gauges and the registry is passed in.
+the aggregator's lock; there are no module-global gauges and the registry is passed in. Each
+section of a scrape (``catalog.SECTIONS``; a job's series once per job) is built on its own: one
+that raises loses its own series only, counted in
+``chopper_aggregator_metrics_section_errors_total{section}`` and logged.
 
 Per-rank series (``chopper_job_rank_*``) are bounded by ``rank_series_top_k``: for a job with
 more ranks than k, only the k ranks with the largest decayed compute excess over their steps'
@@ -10,40 +13,24 @@ median (``RankState.excess_at``) are exported; the others are counted in
 """
 from __future__ import annotations
 
-import math
-from collections.abc import Iterator
+import logging
+import time
+from collections.abc import Callable, Iterator
+from functools import partial
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from agent import __version__
-from aggregator.catalog import BY_NAME
+from aggregator.catalog import BY_NAME, SECTIONS
 from aggregator.jobs import CAUSES, WINDOWS_S, JobState, RankState
 from aggregator.service import Aggregator
+from chopper import __version__
 from chopper.daemon.auth import Reloaded
+from chopper.daemon.exposition import Families, Sections
 
 WINDOW_NAMES = {60: "1m", 300: "5m"}
 
-
-class Families:
-    """The families of one scrape, created from the catalog on first use."""
-
-    def __init__(self) -> None:
-        self._families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {}
-
-    def add(self, name: str, labels: tuple[str, ...], value: float) -> None:
-        """Add one series; NaN values (unknown) are left out."""
-        if isinstance(value, float) and math.isnan(value):
-            return
-        family = self._families.get(name)
-        if family is None:
-            spec = BY_NAME[name]
-            kind = CounterMetricFamily if spec.kind == "counter" else GaugeMetricFamily
-            family = self._families[name] = kind(name, spec.help, labels=spec.labels)
-        family.add_metric(list(labels), value)
-
-    def __iter__(self) -> Iterator[Metric]:
-        return iter(self._families.values())
+logger = logging.getLogger("aggregator.metrics")
 
 
 def worst_ranks(job: JobState, k: int, now_ns: int) -> list[tuple[int, RankState]]:
@@ -62,24 +49,31 @@ class AggregatorCollector(Collector):
         core: The aggregator.
         rank_series_top_k: Per-rank series for the k worst ranks of larger jobs; 0: all.
         tls: The TLS files the running gRPC server re-reads (``ServerTLS.files``); None: plaintext.
+        clock: Monotonic seconds of the failure log's rate limit (injected in tests).
     """
 
-    def __init__(self, core: Aggregator, rank_series_top_k: int = 0, tls: Reloaded | None = None) -> None:
+    def __init__(self, core: Aggregator, rank_series_top_k: int = 0, tls: Reloaded | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.core = core
         self.top_k = rank_series_top_k
         self.tls = tls
+        self.sections = Sections(SECTIONS, logger, clock)
 
     def collect(self) -> Iterator[Metric]:
-        fam = Families()
+        """The sections of ``catalog.SECTIONS``, each on its own (one that raises is counted and left out)."""
+        fam = Families(BY_NAME)
+        run = self.sections.run
         with self.core.lock:
             now = self.core.clock()
             omitted = 0
             for job in self.core.jobs.jobs.values():
-                self._job(fam, job, now)
-                shown = worst_ranks(job, self.top_k, now)
-                omitted += len(job.ranks) - len(shown)
-                self._ranks(fam, job, shown, now)
-            self._self(fam, omitted)
+                run(fam, "job", partial(self._job, job=job, now=now))
+                omitted += run(fam, "ranks", partial(self._ranks, job=job, now=now)) or 0
+            run(fam, "self", partial(self._self, omitted=omitted))
+            run(fam, "store", self._store)
+            run(fam, "wal", self._wal)
+            run(fam, "tls", self._tls)
+        self.sections.export(fam, "chopper_aggregator_metrics_section_errors_total")
         return iter(fam)
 
     def _job(self, fam: Families, job: JobState, now: int) -> None:
@@ -110,7 +104,9 @@ class AggregatorCollector(Collector):
         for i, cause in enumerate(CAUSES):
             fam.add("chopper_job_step_seconds_total", (job.job, cause), float(job.seconds[i]))
 
-    def _ranks(self, fam: Families, job: JobState, ranks: list[tuple[int, RankState]], now: int) -> None:
+    def _ranks(self, fam: Families, job: JobState, now: int) -> int:
+        """The per-rank series of ``job``'s shown ranks (``worst_ranks``); how many ranks were left out."""
+        ranks = worst_ranks(job, self.top_k, now)
         for rank, st in ranks:
             rl = (job.job, str(rank), st.node, str(st.gpu))
             for i, cause in enumerate(CAUSES):
@@ -118,6 +114,7 @@ class AggregatorCollector(Collector):
             fam.add("chopper_job_rank_step_time_seconds", rl, st.last_step_time_s)
             fam.add("chopper_job_rank_compute_excess_seconds", rl, st.excess_at(now))
             fam.add("chopper_job_rank_missing_steps_total", rl, float(st.missing_steps))
+        return len(job.ranks) - len(ranks)
 
     def _self(self, fam: Families, omitted: int) -> None:
         core = self.core
@@ -143,23 +140,6 @@ class AggregatorCollector(Collector):
         for reason, count in core.jobs.ranks_retired.items():
             fam.add("chopper_aggregator_ranks_retired_total", (reason,), float(count))
         fam.add("chopper_aggregator_rank_series_omitted", (), float(omitted))
-        store, aside = core.store, core.aside
-        fam.add("chopper_aggregator_store_rows_written_total", (), float(store.rows_written_total if store else 0))
-        fam.add("chopper_aggregator_store_aside_rows_written_total", (),
-                float(aside.rows_written_total if aside else 0))
-        both = [s for s in (store, aside) if s is not None]  # the copies set aside fail and wait alike
-        fam.add("chopper_aggregator_store_flush_errors_total", (), float(sum(s.flush_errors_total for s in both)))
-        fam.add("chopper_aggregator_store_rows_dropped_total", (), float(sum(s.rows_dropped_total for s in both)))
-        fam.add("chopper_aggregator_store_buffered_rows", (), float(sum(s.buffered_rows for s in both)))
-        if core.wal is not None:
-            wal = core.wal.stats()
-            fam.add("chopper_aggregator_wal_up", (), 1.0 - wal["failed"])
-            for key in ("bytes", "segments", "records_total", "torn_records_total", "corrupt_records_total",
-                        "corrupt_bytes_total", "replayed_records_total", "fsyncs_total", "fsync_seconds_total",
-                        "write_errors_total"):
-                fam.add(f"chopper_aggregator_wal_{key}", (), wal[key])
-            for reason, count in core.wal.set_aside.items():
-                fam.add("chopper_aggregator_wal_set_aside_total", (reason,), float(count))
         for method in ("Deliver", "QuerySteps"):
             fam.add("chopper_aggregator_messages_undecodable_total", (method,),
                     float(core.undecodable.get(method, 0)))
@@ -167,7 +147,33 @@ class AggregatorCollector(Collector):
         fam.add("chopper_aggregator_delivery_streams", (), float(core.delivery_streams))
         for (rpc, reason), count in sorted(core.refusals.snapshot().items()):
             fam.add("chopper_aggregator_rpc_refused_total", (rpc, reason), float(count))
-        if self.tls is not None:
-            fam.add("chopper_aggregator_tls_reloads_total", (), float(self.tls.reloads))
-            for reason, count in sorted(self.tls.refused.items()):
-                fam.add("chopper_aggregator_tls_reloads_refused_total", (reason,), float(count))
+
+    def _store(self, fam: Families) -> None:
+        store, aside = self.core.store, self.core.aside
+        fam.add("chopper_aggregator_store_rows_written_total", (), float(store.rows_written_total if store else 0))
+        fam.add("chopper_aggregator_store_aside_rows_written_total", (),
+                float(aside.rows_written_total if aside else 0))
+        both = [s for s in (store, aside) if s is not None]  # the copies set aside fail and wait alike
+        fam.add("chopper_aggregator_store_flush_errors_total", (), float(sum(s.flush_errors_total for s in both)))
+        fam.add("chopper_aggregator_store_rows_dropped_total", (), float(sum(s.rows_dropped_total for s in both)))
+        fam.add("chopper_aggregator_store_buffered_rows", (), float(sum(s.buffered_rows for s in both)))
+
+    def _wal(self, fam: Families) -> None:
+        log = self.core.wal
+        if log is None:
+            return
+        wal = log.stats()
+        fam.add("chopper_aggregator_wal_up", (), 1.0 - wal["failed"])
+        for key in ("bytes", "segments", "records_total", "torn_records_total", "corrupt_records_total",
+                    "corrupt_bytes_total", "replayed_records_total", "fsyncs_total", "fsync_seconds_total",
+                    "write_errors_total"):
+            fam.add(f"chopper_aggregator_wal_{key}", (), wal[key])
+        for reason, count in log.set_aside.items():
+            fam.add("chopper_aggregator_wal_set_aside_total", (reason,), float(count))
+
+    def _tls(self, fam: Families) -> None:
+        if self.tls is None:
+            return
+        fam.add("chopper_aggregator_tls_reloads_total", (), float(self.tls.reloads))
+        for reason, count in sorted(self.tls.refused.items()):
+            fam.add("chopper_aggregator_tls_reloads_refused_total", (reason,), float(count))

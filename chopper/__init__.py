@@ -45,6 +45,10 @@ from chopper.identity import process as _identity
 
 __all__ = ["Client", "collective", "init", "phase", "shutdown", "stats", "step"]
 
+# The release, in one place: pyproject.toml reads it (a setuptools dynamic version) and both daemons
+# export it (``chopper_agent_info``, ``chopper_aggregator_info``, ``GetInfo``).
+__version__ = "0.1.0"
+
 # Longest a stop waits for the flush, s: well inside the grace period before SIGKILL (Kubernetes
 # and Slurm's KillWait 30 s, systemd 90 s).
 SIGTERM_FLUSH_S = 2.0
