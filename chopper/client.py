@@ -39,6 +39,9 @@ Two halves that share only a bounded queue:
      the stream, and waits ``timeout`` at most; then it cancels the call and closes the channel.
      Markers still queued when the sender exits are counted as dropped.
 
+``chopper capture`` is served by ``chopper.profiler.CaptureControl`` (its own control thread);
+a step calls into it only while a capture is pending or running.
+
 ``client_dropped_total`` in every batch carries the cumulative drop count (queue full, internal
 error, invalid, in flight at a break, abandoned at shutdown), so the agent can report loss per rank.
 
@@ -70,11 +73,11 @@ from chopper.identity.jobname import (
     usable_job_name,
 )
 from chopper.identity.launcher import MAX_INDEX
+from chopper.profiler import CaptureControl
 from chopper.schema import MAX_MARKERS_PER_BATCH, PID_METADATA, UNREAD_METADATA, ClockSource, MarkerKind
 
 if TYPE_CHECKING:
     from chopper.proto.chopper.v1 import agent_pb2
-    from chopper.runs.capture import ProfilerWindow
 
 logger = logging.getLogger("chopper.client")
 
@@ -186,15 +189,17 @@ class _Step:
         c = self._c
         c._step = self._i
         c._put(_STEP_BEGIN, self._i, "", None, None, None)
-        if c._capturing:  # one attribute read when no capture is asked for
-            c._capture_step_begin(self._i)
+        captures = c._captures
+        if captures.active:  # two attribute reads when no capture is asked for
+            captures.step_begin(self._i)
         return self
 
     def __exit__(self, *exc: object) -> None:
         # The end marker is written even when the body raised: the window still happened.
         c = self._c
-        if c._capturing:
-            c._capture_step_end()
+        captures = c._captures
+        if captures.active:
+            captures.step_end()
         c._put(_STEP_END, self._i, "", self._flops, self._tokens, None)
 
 
@@ -354,16 +359,11 @@ class Client:
         self._channel: Any = None
         self._stream: _Stream | None = None
         self._thread: threading.Thread | None = None
-        # On-demand capture: the control thread stores a command, the training thread acts on it
-        # at its next step entry (the profiler must run in the thread that trains).
+        # On-demand capture (chopper.profiler): the steps call its hooks only while it is active.
         self._control = control
-        self._control_thread: threading.Thread | None = None
-        self._control_call: Any = None
-        self._capturing = False  # a command is pending or a capture runs: the hot path's only check
-        self._capture_cmd: Any = None
-        self._capture: ProfilerWindow | None = None
-        self._capture_lock = threading.Lock()
-        self.capture_results: list[dict[str, Any]] = []
+        self._captures = CaptureControl(self.target, self.job, self.rank, self.pid, self._peer_metadata,
+                                        initial_backoff_s, self._max_backoff)
+        self.capture_results = self._captures.results
         if start:
             self.start()
 
@@ -400,9 +400,8 @@ class Client:
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="chopper-sender", daemon=True)
             self._thread.start()
-        if self._control and self._control_thread is None:
-            self._control_thread = threading.Thread(target=self._control_run, name="chopper-control", daemon=True)
-            self._control_thread.start()
+        if self._control:
+            self._captures.start()
 
     def stats(self) -> dict[str, Any]:
         """Counters since construction.
@@ -452,12 +451,7 @@ class Client:
         """
         try:
             self._stop_event.set()
-            if self._capture is not None:
-                # Training ended inside a capture window: write what was profiled.
-                self._capture_finish(f"training stopped after {self._capture.done} of {self._capture.steps} steps")
-            call = self._control_call
-            if call is not None:
-                call.cancel()
+            self._captures.shutdown()
         except Exception:
             logger.debug("event=capture_shutdown_error", exc_info=True)
         try:
@@ -480,173 +474,6 @@ class Client:
             self._abandon()
         except Exception:
             logger.debug("event=shutdown_error", exc_info=True)
-
-    # ----------------------------------------------------------------------------- capture
-
-    def _capture_step_begin(self, step: int) -> None:
-        """Training thread, at a step entry: start a pending capture, open this step's range."""
-        try:
-            cap = self._capture
-            if cap is None:
-                cap = self._capture_start()
-                if cap is None:
-                    return
-            ending = cap.begin_step(step)
-            if ending:
-                self._capture_finish(ending)
-        except Exception as e:
-            self._capture_failed(f"{type(e).__name__}: {e}")
-
-    def _capture_start(self) -> ProfilerWindow | None:
-        """Start ``torch.profiler`` for the pending command; None when there is none or it cannot start."""
-        from chopper.runs.capture import ProfilerWindow
-
-        with self._capture_lock:  # taken and installed at once, so that a stop finds one or the other
-            cmd, self._capture_cmd = self._capture_cmd, None
-            if cmd is None:
-                self._capturing = False
-                return None
-            cap = self._capture = ProfilerWindow(cmd.capture_id, cmd.steps, cmd.trace_dir)
-        try:
-            cap.start()
-        except Exception as e:
-            self._capture = None
-            self._capturing = self._capture_cmd is not None
-            self._report(cmd.capture_id, "", 0, f"cannot start torch.profiler: {type(e).__name__}: {e}", 0, 0)
-            return None
-        logger.info("event=capture_started id=%s steps=%d trace_dir=%r", cap.capture_id, cap.steps, cap.trace_dir)
-        if cap.note:
-            logger.warning("event=capture_clamped id=%s note=%r", cap.capture_id, cap.note)
-        return cap
-
-    def _capture_step_end(self) -> None:
-        """Training thread, at a step exit: close the step's range; finish after the window's last step."""
-        try:
-            cap = self._capture
-            if cap is None:
-                return
-            ending = cap.end_step()
-            if ending is not None:
-                self._capture_finish(ending)
-        except Exception as e:
-            self._capture_failed(f"{type(e).__name__}: {e}")
-
-    def _capture_finish(self, error: str) -> None:
-        """Stop the profiler, write the trace (partial when ``error``), report to the agent."""
-        cap = self._capture
-        if cap is None:
-            return
-        self._capture = None
-        self._capturing = self._capture_cmd is not None
-        path, error = cap.finish(self.rank, error)
-        logger.info("event=capture_done id=%s steps=%d path=%r error=%r", cap.capture_id, cap.done, path, error)
-        self._report(cap.capture_id, path, cap.done, error, cap.begin_ns, cap.end_ns)
-
-    def _capture_failed(self, error: str) -> None:
-        # Profiling must never break training: give the capture up, report why.
-        logger.warning("event=capture_failed error=%r", error)
-        try:
-            self._capture_finish(error)
-        except Exception:
-            self._capture = None
-            self._capturing = False
-
-    def _report(self, capture_id: str, path: str, steps: int, error: str, begin_ns: int, end_ns: int) -> None:
-        """Tell the agent how this rank's part ended, from a short-lived thread (never blocks training)."""
-        result: dict[str, Any] = {"capture_id": capture_id, "job": self.job, "rank": self.rank, "pid": self.pid,
-                  "trace_path": path, "steps": steps, "error": error, "begin_ns": begin_ns, "end_ns": end_ns}
-        self.capture_results.append(result)
-
-        def send() -> None:
-            try:
-                import grpc
-
-                from chopper.proto.chopper.v1 import agent_pb2, agent_pb2_grpc
-
-                with grpc.insecure_channel(self.target) as channel:
-                    agent_pb2_grpc.AgentStub(channel).ReportCapture(agent_pb2.CaptureResult(**result), timeout=5.0)
-            except Exception as e:  # the agent may be gone: the trace on disk is what matters
-                logger.info("event=capture_report_failed error=%r", str(e))
-
-        threading.Thread(target=send, name="chopper-capture-report", daemon=True).start()
-
-    def _control_run(self) -> None:
-        """Control thread: ``_control_serve``, and never a traceback: captures fail, markers go on."""
-        try:
-            self._control_serve()
-        except BaseException as e:
-            logger.warning("event=control_failed target=%r error=%r note='chopper capture cannot profile this "
-                           "process; markers are unaffected'", self.target, f"{type(e).__name__}: {e}")
-
-    def _control_serve(self) -> None:
-        """Hold one ``Control`` stream, reconnecting; store capture commands."""
-        try:
-            import grpc
-
-            from chopper.proto.chopper.v1 import agent_pb2, agent_pb2_grpc
-        except Exception:
-            return
-        backoff = self._initial_backoff
-        channel = grpc.insecure_channel(self.target)
-        try:
-            stub = agent_pb2_grpc.AgentStub(channel)
-            hello = agent_pb2.ControlHello(job=self.job, rank=self.rank, pid=self.pid)
-            while not self._stop_event.is_set():
-                try:
-                    call = stub.Control(hello, wait_for_ready=False, metadata=self._peer_metadata)
-                    self._control_call = call
-                    if self._stop_event.is_set():
-                        call.cancel()
-                    for command in call:
-                        backoff = self._initial_backoff
-                        if command.HasField("capture"):
-                            self._on_capture_command(command.capture)
-                except grpc.RpcError as e:
-                    if e.code() == grpc.StatusCode.UNIMPLEMENTED:
-                        return  # an agent older than captures: nothing to listen for
-                except Exception:
-                    logger.debug("event=control_error", exc_info=True)
-                self._control_lost()
-                self._stop_event.wait(backoff)
-                backoff = min(backoff * 2, self._max_backoff)
-        finally:
-            channel.close()
-
-    def _on_capture_command(self, cmd: Any) -> None:
-        from chopper.runs.capture import STOP_STEPS
-
-        if cmd.steps <= STOP_STEPS:
-            self._capture_stop(cmd.capture_id, "the agent's timeout passed")
-            return
-        with self._capture_lock:
-            if self._capture is not None or self._capture_cmd is not None:
-                busy = True
-            else:
-                busy = False
-                self._capture_cmd = cmd
-                self._capturing = True
-        if busy:
-            self._report(cmd.capture_id, "", 0, "this process is already capturing", 0, 0)
-
-    def _capture_stop(self, capture_id: str, why: str) -> None:
-        """End capture ``capture_id`` at the next step boundary, or drop it if it has not started."""
-        with self._capture_lock:
-            cmd = self._capture_cmd
-            if cmd is not None and cmd.capture_id == capture_id:
-                self._capture_cmd = None
-            cap = self._capture
-        if cap is not None and cap.capture_id == capture_id:
-            cap.stop(f"{why} after {cap.done} of {cap.steps} steps; trace is partial")
-
-    def _control_lost(self) -> None:
-        """The agent went away: drop a pending command, end a running capture at the next step."""
-        with self._capture_lock:
-            self._capture_cmd = None
-        cap = self._capture
-        if cap is not None:
-            cap.stop(f"the agent went away after {cap.done} of {cap.steps} steps; trace is partial")
-        else:
-            self._capturing = False
 
     # ------------------------------------------------------------------------------ sender
 

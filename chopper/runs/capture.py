@@ -1,10 +1,8 @@
 """``chopper capture``: profile the next N steps of a job and record the same window (docs/CAPTURE.md).
 
-Both ends of a capture live here: the command (``run_capture``) and, in each training process,
-the profiler window (``ProfilerWindow``), so that the bounds both enforce are one pair of numbers:
-at most ``MAX_STEPS`` steps and ``MAX_SECONDS`` seconds. The agent refuses a request over either;
-a training process stops its profiler at either whatever its agent asked for, because a profiler
-left running costs the job memory and step time until it ends (torch.profiler keeps every event).
+This is the command's end of a capture; the training process's end is ``chopper.profiler``,
+which holds the bounds every end enforces (at most ``MAX_STEPS`` steps and ``MAX_SECONDS``
+seconds): the command refuses a request over either before asking the agent.
 
 The command, in steps:
 
@@ -30,26 +28,17 @@ import shutil
 import sys
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from chopper.profiler import DEFAULT_SECONDS, MAX_SECONDS, MAX_STEPS
+from chopper.profiler import STOP_STEPS as STOP_STEPS  # agent/capture.py imports the bounds from here
 
 if TYPE_CHECKING:
     from chopper.runs.connect import ClientSecurity
     from chopper.runs.record import RecordStats
 
-# The most steps one capture profiles. A capture looks at a handful of steps; torch.profiler keeps
-# every event of every profiled step in memory until it stops (~70 MB/s of RSS on a small CPU
-# model), so a long profile is a cost to the job, not a better trace.
-MAX_STEPS = 100
-# The longest a capture runs, seconds: MAX_STEPS steps of 9 s. The agent's timeout, and the job's
-# own limit on how long its profiler stays on.
-MAX_SECONDS = 900.0
-DEFAULT_SECONDS = 600.0
-# ``CaptureCommand.steps`` of this or less: stop the capture ``capture_id`` now (the agent sends it
-# when its timeout passed with the rank still profiling).
-STOP_STEPS = 0
 # After the reply: samples of the last profiled step reach the recorder within a batch interval
 # and a tick, so this pause keeps the window's tail in the run.
 TAIL_S = 0.5
@@ -182,113 +171,3 @@ def main_capture(target: str, job: str, steps: int, ranks: str | None, out: str 
     print(outcome.message if outcome.code == 0 else f"chopper: {outcome.message}",
           file=sys.stdout if outcome.code == 0 else sys.stderr)
     return outcome.code
-
-
-class ProfilerWindow:
-    """The job side of one capture: ``torch.profiler`` over this process's next steps, bounded.
-
-    The client calls ``start``, then ``begin_step``/``end_step`` around each step and ``finish``
-    from the training thread (the profiler belongs to the thread that trains); ``stop`` may be
-    called from any thread. The window ends at the first step boundary where any of these holds:
-    ``steps`` steps were profiled (at most ``MAX_STEPS``, whatever was asked); ``max_seconds``
-    passed since ``start``; ``stop`` was called (the agent's timeout passed, or the agent went
-    away). Each step is wrapped in our own ``ProfilerStep#<step>`` range rather than
-    ``prof.step()``, so the trace's iterations are exactly the marked steps.
-
-    Args:
-        capture_id: The agent's id of the capture.
-        steps: Steps asked for; clamped to ``1..MAX_STEPS`` (``note`` says so).
-        trace_dir: Where ``finish`` writes ``rank<R>.pt.trace.json.gz``.
-        max_seconds: Longest the profiler stays on, seconds.
-        clock: Monotonic seconds (injected in tests).
-    """
-
-    def __init__(self, capture_id: str, steps: int, trace_dir: str, *, max_seconds: float = MAX_SECONDS,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.capture_id = capture_id
-        self.steps = min(max(1, steps), MAX_STEPS)
-        self.note = "" if steps <= MAX_STEPS else (f"asked for {steps} steps; profiled at most {MAX_STEPS}, the most "
-                                                   "one capture profiles")
-        self.trace_dir = trace_dir
-        self.done = 0
-        self.begin_ns = 0  # CLOCK_REALTIME of the first profiled step's begin
-        self.end_ns = 0  # and of the last one's end
-        self._max_s = max_seconds
-        self._clock = clock
-        self._deadline = 0.0
-        self._stop = ""  # why to end early, set from any thread
-        self._prof: Any = None
-        self._range: Any = None  # the open ProfilerStep#N record_function
-
-    def start(self) -> None:
-        """Start ``torch.profiler`` (CPU, plus the GPU where torch sees one; ROCm traces through CUDA).
-
-        Raises:
-            Exception: Whatever torch raises; the profiler is then off.
-        """
-        import torch
-        from torch.profiler import ProfilerActivity, profile
-
-        activities = [ProfilerActivity.CPU]
-        if torch.cuda.is_available():
-            activities.append(ProfilerActivity.CUDA)
-        prof = profile(activities=activities, record_shapes=False)
-        prof.start()
-        self._prof = prof
-        self._deadline = self._clock() + self._max_s
-
-    def stop(self, reason: str) -> None:
-        """End the window at the next step boundary, with ``reason`` as its error (first reason wins)."""
-        if not self._stop:
-            self._stop = reason
-
-    def _ending(self) -> str:
-        if self._stop:
-            return self._stop
-        if self._clock() >= self._deadline:
-            return (f"stopped after {self.done} of {self.steps} steps: the profiler ran {self._max_s:g} s, the "
-                    "longest a capture runs")
-        return ""
-
-    def begin_step(self, step: int) -> str:
-        """At a step's entry: open its range; returns why to ``finish`` instead ("" to profile it)."""
-        ending = self._ending()
-        if ending:
-            return ending
-        import torch
-
-        self._range = torch.profiler.record_function(f"ProfilerStep#{step}")
-        self._range.__enter__()
-        if not self.begin_ns:
-            self.begin_ns = time.time_ns()
-        return ""
-
-    def end_step(self) -> str | None:
-        """At a step's exit: close its range; returns None to go on, else the error to ``finish`` with
-        ("" when every step asked for was profiled)."""
-        if self._range is None:
-            return None
-        self._range.__exit__(None, None, None)
-        self._range = None
-        self.done += 1
-        self.end_ns = time.time_ns()
-        if self.done >= self.steps:
-            return self.note
-        return self._ending() or None
-
-    def finish(self, rank: int, error: str) -> tuple[str, str]:
-        """Stop the profiler and write the trace (partial when ``error``); returns (path or "", error)."""
-        path = ""
-        try:
-            if self._range is not None:
-                self._range.__exit__(None, None, None)
-                self._range = None
-            self._prof.stop()
-            out = str(Path(self.trace_dir) / f"rank{rank}.pt.trace.json.gz")
-            Path(self.trace_dir).mkdir(parents=True, exist_ok=True)
-            self._prof.export_chrome_trace(out)
-            path = out
-        except Exception as e:  # the trace is lost, training is not
-            error = f"{error}; " if error else ""
-            error += f"could not write the trace: {type(e).__name__}: {e}"
-        return path, error

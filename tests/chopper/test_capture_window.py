@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from chopper.runs.capture import MAX_SECONDS, MAX_STEPS, ProfilerWindow, bounds_problem
+from chopper.profiler import MAX_SECONDS, MAX_STEPS, STOP_STEPS, CaptureControl, ProfilerWindow
+from chopper.proto.chopper.v1 import agent_pb2 as pb
+from chopper.runs.capture import bounds_problem
 
 
 class Clock:
@@ -114,3 +116,58 @@ def test_the_cli_refuses_out_of_bounds_requests_naming_the_bound(steps: int, tim
     problem = bounds_problem(steps, timeout_s)
     assert problem is not None and problem.startswith(named)
     assert bounds_problem(MAX_STEPS, MAX_SECONDS) is None and bounds_problem(1, 0.0) is None
+
+
+def control(tmp_path: Path) -> CaptureControl:
+    """A controller whose agent is absent: its reports are only kept in ``results``."""
+    return CaptureControl(f"unix://{tmp_path}/absent.sock", "job", 2, 1234, (), 0.05, 0.1)
+
+
+def command(capture_id: str, steps: int, trace_dir: Path) -> pb.CaptureCommand:
+    return pb.CaptureCommand(capture_id=capture_id, steps=steps, trace_dir=str(trace_dir))
+
+
+@pytest.mark.slow
+def test_the_control_profiles_the_commanded_steps_and_reports_the_trace(tmp_path: Path) -> None:
+    captures = control(tmp_path)
+    assert not captures.active
+    captures._on_command(command("c6", 2, tmp_path / "traces"))
+    captures._on_command(command("c7", 2, tmp_path / "other"))  # one capture at a time
+    assert captures.active
+    for i in range(4):
+        if captures.active:
+            captures.step_begin(i)
+        torch.ones(8).add_(1)
+        if captures.active:
+            captures.step_end()
+    assert not captures.active and not profiling()
+    busy, done = captures.results
+    assert (busy["capture_id"], busy["error"]) == ("c7", "this process is already capturing")
+    assert (done["capture_id"], done["rank"], done["pid"], done["steps"], done["error"]) == ("c6", 2, 1234, 2, "")
+    assert done["trace_path"] == str(tmp_path / "traces" / "rank2.pt.trace.json.gz")
+    assert traced_steps(done["trace_path"]) == ["ProfilerStep#0", "ProfilerStep#1"]
+    assert 0 < done["begin_ns"] < done["end_ns"]
+
+
+@pytest.mark.slow
+def test_a_stop_command_ends_the_window_with_a_partial_trace(tmp_path: Path) -> None:
+    captures = control(tmp_path)
+    captures._on_command(command("c8", 50, tmp_path))
+    captures.step_begin(0)
+    captures.step_end()
+    captures._on_command(command("c8", STOP_STEPS, tmp_path))
+    captures.step_begin(1)
+    assert not captures.active and not profiling()
+    (result,) = captures.results
+    assert result["steps"] == 1
+    assert result["error"] == "the agent's timeout passed after 1 of 50 steps; trace is partial"
+    assert traced_steps(result["trace_path"]) == ["ProfilerStep#0"]
+
+
+def test_a_stop_before_the_window_starts_drops_the_command(tmp_path: Path) -> None:
+    captures = control(tmp_path)
+    captures._on_command(command("c9", 5, tmp_path))
+    captures._on_command(command("c9", STOP_STEPS, tmp_path))
+    captures.step_begin(0)
+    assert not captures.active and captures.results == [] and not profiling()
+
