@@ -19,7 +19,7 @@ HTA_VENV := .venv-hta
 HTA_VERSION := 0.5.0
 HTA_STAMP := $(HTA_VENV)/.installed-$(HTA_VERSION)
 
-.PHONY: demo test lint bench reliability proto dashboards apt-deps clean stack gpu-wheels gpu-check
+.PHONY: demo test lint types bench reliability proto dashboards apt-deps clean stack gpu-wheels gpu-check
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -55,13 +55,16 @@ stack: $(STAMP) apt-deps
 # that no other test is loading.
 TEST_WORKERS ?= 2
 
-test: $(STAMP) apt-deps
-	$(BIN)/ruff check .
+test: lint apt-deps
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --ignore=tests/faults
 	$(BIN)/python -m pytest tests/faults
 
+# What `make test` checks before pytest, and what .pre-commit-config.yaml runs before each commit.
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(MAKE) -s types
+
+types: $(STAMP)
 	$(BIN)/mypy chopper agent aggregator dashboards benchmarks
 	$(BIN)/mypy -p deploy.stack
 
