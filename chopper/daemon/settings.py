@@ -36,9 +36,10 @@ import re
 import reprlib
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from importlib import metadata
 from pathlib import Path
 from typing import Any, Generic, TypeVar
+
+from chopper import __version__
 
 T = TypeVar("T")
 
@@ -105,7 +106,7 @@ class Daemon(Generic[T]):
             prog=self.prog, usage="%(prog)s [--config FILE] [--SETTING VALUE ...] (--help lists the settings)",
             description=f"{self.description} Every flag also reads {self.env_prefix}<NAME> from the environment.",
         )
-        parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
+        parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
         parser.add_argument("--config", type=Path, metavar="FILE",
                             help=f"YAML settings file, keys as the settings below [env: {self.env_prefix}CONFIG]")
         for f in dataclasses.fields(self.settings):  # type: ignore[arg-type]
@@ -185,14 +186,6 @@ class Daemon(Generic[T]):
                 f"| {f.metadata['help']} |"
             )
         return "\n".join(lines) + "\n"
-
-
-def version() -> str:
-    """The installed Chopper distribution's version (``--version`` of every daemon)."""
-    try:
-        return metadata.version("chopper-telemetry")
-    except metadata.PackageNotFoundError:  # run from a source tree that was never installed
-        return "0.0.0+source"
 
 
 def is_host_port(value: str) -> bool:

@@ -24,6 +24,7 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
+from chopper import __version__
 from chopper.daemon.stopsignals import StopSignals
 from chopper.demo.run import free_port
 from chopper.runs import consumer
@@ -44,6 +45,7 @@ FOREVER_S = 365 * 86400
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m deploy.stack", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("--rules", type=Path, action="append",
                         help=f"Prometheus rule file, repeatable (default: {DEFAULT_RULES.relative_to(ROOT)}, if there)")
     parser.add_argument("--workdir", type=Path, help="logs, store and TSDB (default: a new temporary directory)")

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import yaml
 
+from chopper import __version__
 from deploy.stack.config import alertmanager_yaml, prometheus_yaml
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,6 +41,7 @@ def render() -> dict[Path, str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m deploy.stack.compose", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if a file is stale")
     args = parser.parse_args(argv)
     stale = []

@@ -33,6 +33,8 @@ def test_config_file_from_env(tmp_path: Path) -> None:
         (["--marker-buffer", str(10**12)], None, "marker_buffer: 1000000000000 is out of range"),
         (["--backend", "cuda"], None, "backend: 'cuda' is not a backend; choose one of auto, amd, nvidia"),
         (["--metrics-listen", "9477"], None, "metrics_listen: '9477' is not host:port"),
+        (["--metrics-listen", "127.0.0.1:65536"], None, "metrics_listen: '127.0.0.1:65536' is not host:port"),
+        (["--grpc-listen", "127.0.0.1:-1"], None, "grpc_listen: '127.0.0.1:-1' is not host:port"),
         (["--socket-mode", "rw"], None, "socket_mode: 'rw' (from --socket-mode) is not a valid mode; use octal"),
         (["--socket-mode", "1660"], None, "socket_mode: '1660' (from --socket-mode) is not a valid mode"),
         (["--backend", "replay"], None, "replay_dir: required with backend replay"),
@@ -54,6 +56,11 @@ def test_bad_values_name_key_and_fix(tmp_path: Path, argv: list[str], yaml_text:
     with pytest.raises(ConfigError) as err:
         load_settings(argv, env={})
     assert message in str(err.value)
+
+
+def test_port_0_is_any_free_port() -> None:
+    s = load_settings(["--metrics-listen", "127.0.0.1:0", "--grpc-listen", "[::1]:0"], env={})
+    assert (s.metrics_listen, s.grpc_listen) == ("127.0.0.1:0", "[::1]:0")
 
 
 def test_missing_config_file(tmp_path: Path) -> None:

@@ -35,6 +35,7 @@ def test_precedence_defaults_yaml_env_flags(tmp_path: Path) -> None:
         (["--max-message-bytes", str(2**31)], None, "max_message_bytes: 2147483648 is out of range"),
         (["--listen", "9480"], None, "listen: '9480' is not host:port"),
         (["--metrics-listen", "127.0.0.1:9480"], None, "metrics_listen: '127.0.0.1:9480' is the same address"),
+        (["--listen", "127.0.0.1:65536"], None, "listen: '127.0.0.1:65536' is not host:port"),
         (["--rank-series-top-k", "-1"], None, "rank_series_top_k: -1 is negative"),
         (["--flush-rows", "0"], None, "flush_rows: 0 must be at least 1"),
         (["--max-jobs", "1.5"], None, "max_jobs: '1.5' (from --max-jobs) is not a valid int"),
@@ -70,6 +71,11 @@ def test_env_bad_value_names_the_variable() -> None:
 def test_main_bad_config_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--step-timeout-s", "-3"]) == 2
     assert "chopper-aggregator: bad configuration: step_timeout_s: -3.0 is out of range" in capsys.readouterr().err
+
+
+def test_port_0_is_any_free_port_for_each_listener() -> None:
+    s = load_settings(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"], env={})
+    assert (s.listen, s.metrics_listen) == ("127.0.0.1:0", "127.0.0.1:0")
 
 
 def test_main_listen_in_use_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
