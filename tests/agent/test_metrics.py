@@ -1,0 +1,77 @@
+"""The agent's /metrics: a section that cannot be built costs its own series, never the scrape."""
+from __future__ import annotations
+
+import logging
+import time
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from agent import catalog
+from agent.backends.simulated import SimulatedBackend
+from agent.config import load_settings
+from agent.daemon import Agent
+from agent.host import HostSampler
+from agent.metrics import AgentCollector
+from tests.support.hazards import HazardOutcome
+
+
+def sampled_agent() -> Agent:
+    settings = load_settings(["--node", "n1", "--backend", "simulated", "--sim-gpus", "2"], env={})
+    agent = Agent(settings, SimulatedBackend(settings.node, gpus=2), host=HostSampler())
+    agent.open_backend()
+    agent.tick(time.time_ns())
+    return agent
+
+
+def scrape(collector: AgentCollector) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    out: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+    for family in text_string_to_metric_families(generate_latest(registry).decode()):
+        for s in family.samples:
+            out.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = s.value
+    return out
+
+
+def section_errors(m: dict[str, dict[tuple[tuple[str, str], ...], float]]) -> dict[str, float]:
+    return {dict(labels)["section"]: v for labels, v in m["chopper_agent_metrics_section_errors_total"].items()}
+
+
+def test_the_collector_sections_are_the_documented_ones() -> None:
+    collector = AgentCollector(sampled_agent())
+    assert list(collector.fills) == list(catalog.SECTIONS)
+    m = scrape(collector)
+    assert section_errors(m) == dict.fromkeys(catalog.SECTIONS, 0.0)  # every section, 0 from the first scrape
+    assert "chopper_gpu_power_watts" in m and "chopper_host_load1" in m and "chopper_agent_info" in m
+
+
+@pytest.mark.hazard(item=5, input="a GPU's latest sample the gpus section cannot read, and rank_states() raising",
+                    promise="the scrape answers with every other family; the failing sections are counted and "
+                            "logged once per period")
+def test_a_failing_section_costs_its_own_families_only(caplog: pytest.LogCaptureFixture,
+                                                       hazard: HazardOutcome) -> None:
+    agent = sampled_agent()
+    now = [0.0]
+    collector = AgentCollector(agent, clock=lambda: now[0])
+    healthy = scrape(collector)
+    agent.latest[1] = object()  # type: ignore[assignment]  # GPU 0 is exported first, then GPU 1 fails
+
+    def broken() -> list[object]:
+        raise RuntimeError("rank table unreadable")
+
+    agent.rank_states = broken  # type: ignore[method-assign]
+    with caplog.at_level(logging.WARNING, logger="agent.metrics"):
+        m = scrape(collector)
+        m = scrape(collector)
+    assert not [name for name in m if name.startswith("chopper_gpu_")]  # GPU 0's series went with the section
+    assert not [name for name in m if name.startswith("chopper_rank_")]
+    kept = {name for name in healthy if not name.startswith(("chopper_gpu_", "chopper_rank_"))}
+    assert kept <= set(m) and "chopper_host_load1" in kept and "chopper_agent_backend_up" in kept
+    errors = section_errors(m)
+    assert errors == {**dict.fromkeys(catalog.SECTIONS, 0.0), "gpus": 2.0, "ranks": 2.0}
+    lines = [r.getMessage() for r in caplog.records if r.name == "agent.metrics"]
+    assert sorted(line.split()[1] for line in lines) == ["section=gpus", "section=ranks"]  # once each, 2 scrapes
+    hazard.outcome = (f"2 scrapes with 2 broken sections: {len(m)} families of {len(healthy)} kept, gpus and ranks "
+                      f"counted 2 each, {len(lines)} log lines")

@@ -1,0 +1,96 @@
+"""The exposition both daemons share: families of one scrape, guarded sections, the docs' tables."""
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterator
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import Metric
+from prometheus_client.registry import Collector
+
+from chopper.daemon.exposition import Families, MetricSpec, Sections, catalog_markdown, reason_table
+
+CATALOG = {m.name: m for m in (
+    MetricSpec("x_up", "gauge", "Up.", ("node",)),
+    MetricSpec("x_events_total", "counter", "Events.", ("node", "kind")),
+    MetricSpec("x_section_errors_total", "counter", "Failed sections.", ("section",)),
+)}
+LOG = logging.getLogger("tests.exposition")
+
+
+def text(fam: Families) -> str:
+    class Once(Collector):
+        def collect(self) -> Iterator[Metric]:
+            return iter(fam)
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(Once())
+    return generate_latest(registry).decode()
+
+
+def test_unknown_values_are_left_out_and_the_kind_comes_from_the_catalog() -> None:
+    fam = Families(CATALOG)
+    fam.add("x_up", ("a",), 1.0)
+    fam.add("x_up", ("b",), math.nan)
+    fam.add("x_up", ("c",), None)
+    fam.add("x_events_total", ("a", "k"), 3.0)
+    out = text(fam)
+    assert 'x_up{node="a"} 1.0' in out and 'node="b"' not in out and 'node="c"' not in out
+    assert "# TYPE x_events_total counter" in out and 'x_events_total{kind="k",node="a"} 3.0' in out
+    with pytest.raises(KeyError):
+        fam.add("x_not_in_the_catalog", (), 1.0)
+
+
+def test_a_part_merges_after_what_the_scrape_holds() -> None:
+    fam = Families(CATALOG)
+    fam.add("x_up", ("a",), 1.0)
+    part = fam.part()
+    part.add("x_up", ("b",), 0.0)
+    part.add("x_events_total", ("b", "k"), 1.0)
+    fam.merge(part)
+    out = text(fam)
+    assert out.index('x_up{node="a"}') < out.index('x_up{node="b"}') and out.count("# TYPE x_up gauge") == 1
+    assert 'x_events_total{kind="k",node="b"} 1.0' in out
+
+
+def test_a_section_that_raises_leaves_none_of_its_series_and_is_counted(caplog: pytest.LogCaptureFixture) -> None:
+    now = [0.0]
+    sections = Sections(("good", "bad"), LOG, clock=lambda: now[0], log_period_s=60.0)
+
+    def good(fam: Families) -> int:
+        fam.add("x_up", ("a",), 1.0)
+        return 7
+
+    def bad(fam: Families) -> int:
+        fam.add("x_up", ("half",), 1.0)  # added before the failure: must not reach the scrape
+        raise ZeroDivisionError("a bug in one section")
+
+    def scrape() -> str:
+        fam = Families(CATALOG)
+        assert sections.run(fam, "bad", bad) is None
+        assert sections.run(fam, "good", good) == 7
+        sections.export(fam, "x_section_errors_total")
+        return text(fam)
+
+    with caplog.at_level(logging.WARNING, logger=LOG.name):
+        out = scrape()
+        assert 'x_up{node="a"} 1.0' in out and "half" not in out
+        assert 'x_section_errors_total{section="bad"} 1.0' in out and 'section="good"} 0.0' in out
+        now[0] = 59.0
+        assert 'x_section_errors_total{section="bad"} 2.0' in scrape()
+        assert len(caplog.records) == 1  # once per period, not once per scrape
+        assert caplog.records[0].exc_info is not None and "section=bad" in caplog.records[0].getMessage()
+        now[0] = 60.0
+        scrape()
+    assert [r.getMessage() for r in caplog.records][1:] == [
+        "event=metrics_section_failed section=bad failures_not_logged=1 total=3"]
+
+
+def test_reason_table_and_catalog_head() -> None:
+    assert reason_table("R", {"a": "why a"}, intro=("Intro.",)) == [
+        "", "## R", "", "Intro.", "", "| reason | meaning |", "|---|---|", "| `a` | why a |"]
+    head = catalog_markdown("T", "x.catalog", "docs/X.md", "Notes.", CATALOG.values())
+    assert head[0] == "# T" and "`python -m x.catalog > docs/X.md`" in " ".join(head)
+    assert head[-1] == "| `x_section_errors_total` | counter | section | Failed sections. |"
