@@ -34,8 +34,12 @@ class AgentSettings:
                                   "0o660)", "kind": "mode"}
     )
     socket_group: str = field(default="", metadata={"help": "group owning the unix socket (empty: unchanged)"})
-    grpc_listen: str = field(default="", metadata={"help": "optional TCP host:port for gRPC (empty: none)"})
-    metrics_listen: str = field(default="127.0.0.1:9477", metadata={"help": "host:port of Prometheus /metrics"})
+    grpc_listen: str = field(
+        default="", metadata={"help": "optional TCP host:port for gRPC (empty: none; port 0: a free port, logged)"}
+    )
+    metrics_listen: str = field(
+        default="127.0.0.1:9477", metadata={"help": "host:port of Prometheus /metrics (port 0: a free port, logged)"}
+    )
     sample_buffer: int = field(default=600_000, metadata={"help": "samples kept in memory (all GPUs)"})
     marker_buffer: int = field(default=1_000_000, metadata={"help": "markers kept in memory"})
     max_message_bytes: int = field(default=4 * 1024 * 1024, metadata={"help": "largest accepted gRPC message"})

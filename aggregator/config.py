@@ -23,8 +23,13 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 class AggregatorSettings:
     """Everything ``chopper-aggregator`` can be told. Units are in the names."""
 
-    listen: str = field(default="127.0.0.1:9480", metadata={"help": "TCP host:port of the gRPC Aggregator service"})
-    metrics_listen: str = field(default="127.0.0.1:9481", metadata={"help": "host:port of Prometheus /metrics"})
+    listen: str = field(
+        default="127.0.0.1:9480",
+        metadata={"help": "TCP host:port of the gRPC Aggregator service (port 0: a free port, logged)"},
+    )
+    metrics_listen: str = field(
+        default="127.0.0.1:9481", metadata={"help": "host:port of Prometheus /metrics (port 0: a free port, logged)"}
+    )
     store_dir: str = field(
         default="", metadata={"help": "Parquet store of per-step rank rows (empty: no store, rows are not kept)"}
     )

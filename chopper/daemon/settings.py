@@ -167,6 +167,9 @@ class Daemon(Generic[T]):
             "keeps it current.",
             "Precedence: code defaults < YAML file (`--config`, keys as in the first column) < environment < flags.",
             "A bad value exits with status 2 and a message naming the key and the fix.",
+            f"`{self.prog} --help` lists the same settings, each with its default and variable; `--version` prints "
+            "the release. A listen address with port 0 takes a free port, and the daemon logs the one it bound "
+            "(`event=listening <setting>=<host>:<port>`).",
             "",
             "Every value is read as the text written and means the same in the file, the environment and a flag: "
             "YAML's implicit types do not apply (an unquoted `0660` is the text 0660, `no` the text no). "

@@ -142,7 +142,7 @@ def test_help_shows_every_setting_with_its_default_and_variable(capsys: pytest.C
     assert "sampling rate, 1-100 Hz [default: 10.0; env: CHOPPER_AGENT_SAMPLE_HZ]" in text
     assert "[default: 0660; env: CHOPPER_AGENT_SOCKET_MODE]" in text
     assert "[default: (hostname); env: CHOPPER_AGENT_NODE]" in text
-    assert "(empty: none) [default: empty; env: CHOPPER_AGENT_GRPC_LISTEN]" in text
+    assert "(empty: none; port 0: a free port, logged) [default: empty; env: CHOPPER_AGENT_GRPC_LISTEN]" in text
     assert "[default: 127.0.0.1:9477; env: CHOPPER_AGENT_METRICS_LISTEN]" in text
 
 
