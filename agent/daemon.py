@@ -1,7 +1,9 @@
 """The agent's core: one object that owns the backend, buffers, marker state and step summaries.
 
 It does no networking: ``agent.server`` decodes gRPC into calls on it, ``agent.metrics`` reads
-it at scrape time and ``agent.sampler`` drives ``tick``. Locks: ``_marker_lock`` serialises the
+it at scrape time through ``Agent.view`` (``agent.state.AgentView``) and ``agent.sampler``
+drives ``tick``; the backend's health and reopen backoff are the sampler's
+(``agent.sampler.BackendSampler``). Locks: ``_marker_lock`` serialises the
 marker state machine (many trainer streams), ``_state_lock`` guards the latest-sample tables,
 pending summaries and per-rank totals shared by the sampler thread and the gRPC threads; where
 both are held, ``_marker_lock`` is taken first.
@@ -27,22 +29,22 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
-import math
 import operator
 import threading
 import time
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
-from agent.backends.base import Backend, BackendUnavailable, DeviceLost, MarkerObserver
+from agent.backends.base import Backend, MarkerObserver
 from agent.buffers import RingBuffer
 from agent.capture import CaptureManager
 from agent.config import AgentSettings
 from agent.delivery import Forwarder, delivery_tls
 from agent.markers import ClosedStep, IngestResult, MarkerIngest, RankState
 from agent.podresources import device_ids
-from agent.sampler import FixedRateTicker
+from agent.sampler import BackendHealth, BackendSampler, FixedRateTicker
+from agent.state import AgentView
 from agent.steps import RankFigures, RankFiguresNow, SummaryQueue, summarize
 from agent.workload import PciAddressed, build_tracker
 from chopper.daemon.access import Refusals
@@ -58,8 +60,6 @@ log = logging.getLogger(__name__)
 STEP_HISTORY_S = 120.0
 # Host metrics move slowly and psutil reads several /proc files: sample them at most this often.
 HOST_INTERVAL_NS = 10**9
-# Reopen a failed backend after this many seconds, doubling up to the maximum.
-REOPEN_BACKOFF_S = (1.0, 30.0)
 # Silent ranks are looked for at most this often.
 RETIRE_INTERVAL_NS = 10**9
 # Ranks without an open step looked at to make room for a new one (module docstring): the oldest are
@@ -73,16 +73,12 @@ ADMISSION_REASONS: dict[str, str] = {
 }
 
 
-@dataclasses.dataclass
-class BackendHealth:
-    """What the metrics say about the backend."""
+class _Threaded(Protocol):
+    """A part of the agent that runs on its own thread between ``start()`` and ``stop()``."""
 
-    up: bool = False
-    errors: Counter[str] = dataclasses.field(default_factory=Counter)
-    last_sample_s: float = math.nan
-    needs_reopen: bool = False
-    next_reopen_ns: int = 0
-    backoff_s: float = REOPEN_BACKOFF_S[0]
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
 
 
 class RankActivity:
@@ -160,7 +156,8 @@ class Agent:
         self._observer = backend if isinstance(backend, MarkerObserver) else None
         self.host = host
         self.realtime_ns = realtime_ns
-        self.health = BackendHealth()
+        # Reads the backend on each tick; owns its health and reopen backoff.
+        self.sampler = BackendSampler(backend, self._set_devices, realtime_ns)
         self.devices: list[DeviceInfo] = []
         self._devices_by_gpu: dict[int, DeviceInfo] = {}
         self.samples: RingBuffer[pb.Sample] = RingBuffer(settings.sample_buffer, notify)
@@ -176,7 +173,7 @@ class Agent:
         # Calls and connections refused by the access checks (chopper.daemon.access), for the metrics.
         self.refusals = Refusals()
         self.summaries_total = 0
-        # Times the trainers' socket was served again after its file was removed (agent.server.SocketKeeper).
+        # Times the trainers' socket was served again after its file was removed (agent.unix_socket.SocketKeeper).
         self.socket_recreated = 0
         # Open streams by RPC ("PushMarkers", "Subscribe"), changed from many gRPC threads.
         self.open_streams: Counter[str] = Counter()
@@ -207,20 +204,23 @@ class Agent:
                 interval_s=settings.delivery_interval_s, resolve_s=settings.delivery_resolve_s,
                 tls=delivery_tls(settings),
             )
+        # The threads of the parts above, started and stopped together.
+        self._threads: list[_Threaded] = [
+            part for part in (self.ticker, self.delivery, self.workloads) if part is not None
+        ]
+        # What /metrics reads (agent.state).
+        self.view = AgentView(self)
+
+    @property
+    def health(self) -> BackendHealth:
+        """The backend's health, as the sampler keeps it."""
+        return self.sampler.health
 
     # -- lifecycle ---------------------------------------------------------------------------
 
     def open_backend(self) -> None:
         """Open the backend; errors other than ``BackendUnavailable`` leave it down for retries."""
-        try:
-            devices = self.backend.open()
-        except BackendUnavailable:
-            raise
-        except Exception as exc:  # transient: serve with the backend down and retry with backoff
-            self._backend_failed("open", exc)
-            return
-        self._set_devices(devices)
-        self.health.up = True
+        self.sampler.open()
 
     def _set_devices(self, devices: list[DeviceInfo]) -> None:
         if self.settings.peak_flops > 0:
@@ -234,28 +234,19 @@ class Agent:
             self.workloads.set_device_ids(device_ids({d.gpu: d.uuid for d in devices}, bus_ids))
 
     def start(self) -> None:
-        self.ticker.start()
-        if self.delivery is not None:
-            self.delivery.start()
-        if self.workloads is not None:
-            self.workloads.start()
+        for part in self._threads:
+            part.start()
 
     def stop(self) -> None:
-        self.ticker.stop()
-        if self.delivery is not None:
-            self.delivery.stop()
-        if self.workloads is not None:
-            self.workloads.stop()
-        try:
-            self.backend.close()
-        except Exception as exc:  # closing must not turn a clean stop into a crash
-            log.warning("event=backend_close_failed backend=%s error=%r", self.backend.name, str(exc))
+        for part in self._threads:
+            part.stop()
+        self.sampler.close()
 
     # -- sampling ----------------------------------------------------------------------------
 
     def tick(self, now_ns: int) -> None:
         """One sampling tick: backend, host, buffers, then any step summaries now covered."""
-        samples = self._sample_backend(now_ns)
+        samples = self.sampler.sample(now_ns)
         if self.host is not None and now_ns - self._last_host_ns >= HOST_INTERVAL_NS:
             self._last_host_ns = now_ns
             try:
@@ -287,47 +278,6 @@ class Agent:
         if now_ns >= self._next_retire_ns:
             self._next_retire_ns = now_ns + RETIRE_INTERVAL_NS
             self.retire_idle(now_ns)
-
-    def _sample_backend(self, now_ns: int) -> list[Sample]:
-        health = self.health
-        if health.needs_reopen:
-            if now_ns < health.next_reopen_ns:
-                return []
-            try:
-                self.backend.close()
-                self._set_devices(self.backend.open())
-            except Exception as exc:
-                self._backend_failed("open", exc)
-                return []
-            health.needs_reopen = False
-            health.backoff_s = REOPEN_BACKOFF_S[0]
-            log.info("event=backend_reopened backend=%s devices=%d", self.backend.name, len(self.devices))
-        started = time.perf_counter()
-        try:
-            samples = self.backend.sample(now_ns)
-        except DeviceLost as exc:
-            self._backend_failed("device_lost", exc)
-            return []
-        except Exception as exc:  # any backend failure: report it, keep the daemon serving
-            health.up = False
-            health.errors["error"] += 1
-            log.warning("event=backend_sample_failed backend=%s error=%r", self.backend.name, str(exc))
-            return []
-        health.last_sample_s = time.perf_counter() - started
-        health.up = True
-        return samples
-
-    def _backend_failed(self, kind: str, exc: Exception) -> None:
-        health = self.health
-        health.up = False
-        health.errors[kind] += 1
-        health.needs_reopen = True
-        health.next_reopen_ns = self.realtime_ns() + int(health.backoff_s * 1e9)
-        log.warning(
-            "event=backend_down backend=%s kind=%s retry_in_s=%.0f error=%r",
-            self.backend.name, kind, health.backoff_s, str(exc),
-        )
-        health.backoff_s = min(health.backoff_s * 2, REOPEN_BACKOFF_S[1])
 
     def _window_samples(self, gpu: int, begin_ns: int) -> list[Sample]:
         """Samples of ``gpu`` from just before ``begin_ns`` on (caller holds the state lock)."""
@@ -436,6 +386,10 @@ class Agent:
         now = self.realtime_ns()
         with self._state_lock:
             return {k: f.snapshot(now) for k, f in self.rank_figures.items()}
+
+    def socket_served_again(self) -> None:
+        """Count one recreation of the trainers' socket (``agent.unix_socket.SocketKeeper``, its only caller)."""
+        self.socket_recreated += 1
 
     def count(self, counter: Counter[str], key: str, delta: int = 1) -> None:
         """Change a counter shared by gRPC threads (``+=`` on a Counter is not atomic)."""

@@ -1,9 +1,10 @@
 """The aggregator's gRPC surface: a thin ``chopper.v1.Aggregator`` servicer over ``Aggregator``, plus health.
 
-Servicers only decode and encode; logic lives in ``aggregator.service.Aggregator``. Messages are
-decoded by our own deserializers so that a garbled message is counted
-(``chopper_aggregator_messages_undecodable_total{method}``) and answered with a clear
-``INVALID_ARGUMENT`` instead of gRPC's generic internal error. A batch whose ``seq`` and
+Servicers only decode and encode; logic lives in ``aggregator.service.Aggregator``. Every method
+the ``.proto`` declares is registered through ``chopper.daemon.grpc_decode.checked_service``, so a
+garbled message is counted (``chopper_aggregator_messages_undecodable_total{method}``) and
+answered with a clear ``INVALID_ARGUMENT`` before the servicer sees it, instead of gRPC's generic
+internal error. A batch whose ``seq`` and
 ``summaries`` differ in length, or without agent or incarnation, is answered the same way
 (``chopper_aggregator_batches_invalid_total``).
 
@@ -21,6 +22,7 @@ setting and the fix, not in gRPC's text.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from functools import partial
 from typing import Any
 
 import grpc
@@ -28,11 +30,14 @@ import grpc
 from aggregator.config import AggregatorSettings
 from aggregator.service import Aggregator
 from aggregator.wal import WalError
-from chopper.daemon.grpc_decode import Garbled, decoder
+from chopper.daemon.grpc_decode import checked_service
 from chopper.daemon.serving import SecureServer, server_tls
 from chopper.proto.chopper.v1 import aggregator_pb2 as apb
 
-SERVICE = "chopper.v1.Aggregator"
+AGGREGATOR_SERVICE = apb.DESCRIPTOR.services_by_name["Aggregator"]
+SERVICE = AGGREGATOR_SERVICE.full_name
+# What a refusal of a garbled message tells the client to do, by method.
+GARBLED_FIXES = {"Deliver": "deliver with a chopper-agent of a matching version"}
 # Every agent (and replica) holds one Deliver stream, and each stream holds a worker thread.
 MAX_WORKERS = 1024
 
@@ -49,13 +54,6 @@ class AggregatorServicer:
             core.delivery_streams += 1
         try:
             for batch in requests:
-                if isinstance(batch, Garbled):
-                    core.count(core.undecodable, "Deliver")
-                    context.abort(
-                        grpc.StatusCode.INVALID_ARGUMENT,
-                        f"message is not a chopper.v1.SummaryBatch ({batch.error}); deliver with a chopper-agent of "
-                        "a matching version",
-                    )
                 problem = _batch_problem(batch)
                 if problem:
                     with core.lock:
@@ -71,10 +69,6 @@ class AggregatorServicer:
                 core.delivery_streams -= 1
 
     def QuerySteps(self, request: Any, context: grpc.ServicerContext) -> apb.QueryStepsResponse:
-        if isinstance(request, Garbled):
-            self.core.count(self.core.undecodable, "QuerySteps")
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                          f"message is not a chopper.v1.QueryStepsRequest ({request.error})")
         if not request.job:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "job is empty; name the job whose steps you want")
         return apb.QueryStepsResponse(steps=self.core.query(request.job, request.last))
@@ -88,21 +82,6 @@ def _batch_problem(batch: apb.SummaryBatch) -> str:
         return (f"SummaryBatch has {len(batch.seq)} sequence numbers for {len(batch.summaries)} summaries; "
                 "send one per summary")
     return ""
-
-
-def _handlers(servicer: AggregatorServicer) -> grpc.GenericRpcHandler:
-    return grpc.method_handlers_generic_handler(
-        SERVICE,
-        {
-            "Deliver": grpc.stream_stream_rpc_method_handler(
-                servicer.Deliver, decoder(apb.SummaryBatch.FromString), apb.DeliveryAck.SerializeToString
-            ),
-            "QuerySteps": grpc.unary_unary_rpc_method_handler(
-                servicer.QuerySteps, decoder(apb.QueryStepsRequest.FromString),
-                apb.QueryStepsResponse.SerializeToString,
-            ),
-        },
-    )
 
 
 def build_server(core: Aggregator, listen: str, max_message_bytes: int = 64 * 1024 * 1024,
@@ -120,7 +99,9 @@ def build_server(core: Aggregator, listen: str, max_message_bytes: int = 64 * 10
     """
     settings = settings or AggregatorSettings()
     server = SecureServer(
-        [_handlers(AggregatorServicer(core))], [SERVICE], core.refusals, max_workers=MAX_WORKERS,
+        [checked_service(AGGREGATOR_SERVICE, AggregatorServicer(core), partial(core.count, core.undecodable),
+                         fixes=GARBLED_FIXES)],
+        [SERVICE], core.refusals, max_workers=MAX_WORKERS,
         max_message_bytes=max_message_bytes, max_send_bytes=max_message_bytes,
         calls_per_s=settings.rate_limit_calls_per_s, messages_per_s=settings.rate_limit_messages_per_s,
     )

@@ -16,10 +16,9 @@ from agent.backends.simulated import SimulatedBackend
 from agent.config import load_settings
 from agent.daemon import Agent
 from agent.metrics import AgentCollector
-from agent.server import SocketInUse, SocketKeeper, TelemetryHub, build_server
+from agent.server import TelemetryHub, build_server
 from chopper.proto.chopper.v1 import agent_pb2 as pb
 from chopper.proto.chopper.v1 import agent_pb2_grpc
-from tests.support.hazards import HazardOutcome
 
 
 class Running:
@@ -134,35 +133,6 @@ def test_optional_tcp_listener(tmp_path: Path) -> None:
         r.stop()
 
 
-def test_second_agent_on_same_socket_refused(running: Running, tmp_path: Path) -> None:
-    with pytest.raises(SocketInUse, match="served by another running agent"):
-        Running(tmp_path)
-
-
-def test_removed_socket_is_served_again_with_its_mode(tmp_path: Path) -> None:
-    sub = tmp_path / "run"
-    r = Running(tmp_path, socket_path=str(sub / "a.sock"))
-    keeper = SocketKeeper(r.server, r.agent)
-    try:
-        open_stream = r.stub.GetInfo(pb.GetInfoRequest(), timeout=5)
-        assert open_stream.node == "n1" and keeper.check() is False  # our own socket: nothing to do
-        for child in sub.iterdir():
-            child.unlink()
-        sub.rmdir()  # rm -rf /run/chopper under a running agent
-        assert keeper.check() is True and keeper.check() is False
-        assert stat.S_IMODE(os.stat(sub / "a.sock").st_mode) == 0o660
-        with grpc.insecure_channel(f"unix://{sub / 'a.sock'}") as channel:  # a trainer that starts now
-            assert agent_pb2_grpc.AgentStub(channel).GetInfo(pb.GetInfoRequest(), timeout=5).node == "n1"
-        assert r.stub.GetInfo(pb.GetInfoRequest(), timeout=5).node == "n1"  # the old connection still works
-        (sub / "a.sock").unlink()  # removed again: the new spare replaces the first, not beside it
-        assert keeper.check() is True and len(r.server.spares) == 1
-        registry = CollectorRegistry()
-        registry.register(AgentCollector(r.agent))
-        assert "chopper_agent_socket_recreated_total{node=\"n1\"} 2.0" in generate_latest(registry).decode()
-    finally:
-        r.stop()
-
-
 def test_metrics_exposition(running: Running) -> None:
     running.stub.PushMarkers(iter([steps_batch(0, 3, time.time_ns())]))
     deadline = time.monotonic() + 5
@@ -198,25 +168,3 @@ def test_log_budget_lets_a_burst_through_per_period_and_counts_the_rest() -> Non
     now[0] = 61.0
     assert budget.take() == 2  # the first line of the next period tells how many were held back
     assert budget.take() == 0
-
-
-@pytest.mark.hazard(item=1, input="a regular file put at socket_path while the agent runs (its socket removed)",
-                    promise="the agent serving its socket again never removes what is not a stale socket")
-def test_keeper_leaves_a_file_put_at_the_socket_path(tmp_path: Path, caplog: pytest.LogCaptureFixture,
-                                                     hazard: HazardOutcome) -> None:
-    r = Running(tmp_path)
-    keeper = SocketKeeper(r.server, r.agent)
-    sock = Path(r.settings.socket_path)
-    try:
-        sock.unlink()
-        sock.write_bytes(b"x" * 4096)  # someone's file, where the socket was
-        assert keeper.check() is False and keeper.check() is False
-        assert sock.read_bytes() == b"x" * 4096
-        warnings = [rec.getMessage() for rec in caplog.records if "event=socket_not_recreated" in rec.getMessage()]
-        assert len(warnings) == 1 and "is a regular file of 4096 bytes, not a socket" in warnings[0]
-        sock.unlink()  # the operator moves it away: served again
-        assert keeper.check() is True and stat.S_ISSOCK(os.lstat(sock).st_mode)
-        hazard.outcome = ("file of 4,096 bytes kept byte for byte over 2 checks, 1 warning naming it; once moved "
-                          "away the socket was served again")
-    finally:
-        r.stop()

@@ -164,7 +164,7 @@ def test_agent_never_removes_what_is_not_a_stale_socket(tmp_path: Path, listenin
                     promise="every socket path that cannot be served is refused at start naming socket_path and the "
                     "fix, never gRPC's text or a raw Errno")
 def test_agent_socket_paths_that_cannot_be_served(tmp_path: Path, hazard: HazardOutcome) -> None:
-    from agent.server import SocketPathError, prepare_socket_path
+    from agent.unix_socket import SocketPathError, prepare_socket_path
 
     blocker = tmp_path / "blocker"
     blocker.write_text("a file where a directory should be\n")
