@@ -1,19 +1,16 @@
-"""``chopper-agent`` as a user runs it: bad input exits non-zero with a clear message; --help, --version, port 0."""
+"""``chopper-agent`` as a user runs it: bad input exits non-zero with a clear message; listeners on port 0."""
 from __future__ import annotations
 
-import dataclasses
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from agent.config import AgentSettings
 from agent.main import main
-from chopper import __version__
 from chopper.demo.run import free_port, scrape
 from chopper.runs import consumer
-from tests.support.log_lines import LogLines
+from tests.support.log_lines import daemon_log
 
 
 def test_bad_config_value_exits_2_naming_key(capsys: pytest.CaptureFixture[str]) -> None:
@@ -112,45 +109,12 @@ def test_agent_process_replays_a_recorded_run(tmp_path: Path) -> None:
 
 
 def test_port_0_listeners_log_the_ports_they_bound_and_serve_there(tmp_path: Path) -> None:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "agent", "--backend", "simulated", "--sim-gpus", "1", "--node", "n0",
-         "--socket-path", str(tmp_path / "a.sock"), "--metrics-listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0"],
-        stderr=subprocess.PIPE, text=True,
-    )
-    assert proc.stderr is not None
-    log = LogLines(proc.stderr)
-    try:
-        metrics = log.wait_for(r"event=listening metrics_listen=(127\.0\.0\.1:(\d+))$")
-        grpc = log.wait_for(r"event=listening grpc_listen=(127\.0\.0\.1:(\d+))$")
-        assert 0 not in (int(metrics[2]), int(grpc[2])) and metrics[2] != grpc[2]
-        assert 'chopper_agent_info{backend="simulated",node="n0"' in scrape(f"http://{metrics[1]}/metrics")
-        assert consumer.wait_for_info(grpc[1], timeout_s=30).node == "n0"
+    with daemon_log([sys.executable, "-m", "agent", "--backend", "simulated", "--sim-gpus", "1", "--node", "n0",
+                     "--socket-path", str(tmp_path / "a.sock"), "--metrics-listen", "127.0.0.1:0",
+                     "--grpc-listen", "127.0.0.1:0"]) as log:
+        metrics, grpc = log.bound("metrics_listen"), log.bound("grpc_listen")
+        assert metrics.startswith("127.0.0.1:") and grpc.startswith("127.0.0.1:") and metrics != grpc
+        assert 'chopper_agent_info{backend="simulated",node="n0"' in scrape(f"http://{metrics}/metrics")
+        assert consumer.wait_for_info(grpc, timeout_s=30).node == "n0"
         # The start line names the address bound too, not the :0 asked for.
-        log.wait_for(rf"event=started .* metrics=http://{metrics[1]}/metrics ")
-    finally:
-        proc.terminate()
-        proc.wait(timeout=15)
-    assert proc.returncode == 0, log.text()
-
-
-def test_help_shows_every_setting_with_its_default_and_variable(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--help"]) == 0
-    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines wherever the terminal ends
-    for f in dataclasses.fields(AgentSettings):
-        assert f"--{f.name.replace('_', '-')} VALUE" in text
-        assert f"; env: CHOPPER_AGENT_{f.name.upper()}]" in text
-    assert "sampling rate, 1-100 Hz [default: 10.0; env: CHOPPER_AGENT_SAMPLE_HZ]" in text
-    assert "[default: 0660; env: CHOPPER_AGENT_SOCKET_MODE]" in text
-    assert "[default: (hostname); env: CHOPPER_AGENT_NODE]" in text
-    assert "(empty: none; port 0: a free port, logged) [default: empty; env: CHOPPER_AGENT_GRPC_LISTEN]" in text
-    assert "[default: 127.0.0.1:9477; env: CHOPPER_AGENT_METRICS_LISTEN]" in text
-
-
-def test_version(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--version"]) == 0
-    assert capsys.readouterr().out == f"chopper-agent {__version__}\n"
-
-
-def test_unknown_flag_exits_2_without_raising(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--no-such-flag"]) == 2
-    assert "unrecognized arguments: --no-such-flag" in capsys.readouterr().err
+        log.wait_for(rf"event=started .* metrics=http://{metrics}/metrics ")

@@ -1,10 +1,13 @@
 """A daemon's stderr read line by line while it runs, to wait for the line that names what it bound."""
 from __future__ import annotations
 
+import contextlib
 import queue
 import re
+import subprocess
 import threading
 import time
+from collections.abc import Iterator, Sequence
 from typing import IO
 
 
@@ -39,6 +42,12 @@ class LogLines:
                 return found
         raise AssertionError(f"no line matches {pattern!r}; the log so far:\n{self.text()}")
 
+    def bound(self, key: str, timeout_s: float = 30.0) -> str:
+        """``host:port`` that the listener of setting ``key`` bound (its ``event=listening <key>=`` line), not :0."""
+        found = self.wait_for(rf"event=listening {key}=(\S+:(\d+))$", timeout_s)
+        assert int(found[2]) != 0, found[0]
+        return found[1]
+
     def text(self) -> str:
         """The lines read so far."""
         while not self.ended and not self._fresh.empty():
@@ -53,3 +62,17 @@ class LogLines:
         else:
             self.lines.append(line)
         return line
+
+
+@contextlib.contextmanager
+def daemon_log(argv: Sequence[str], stop_timeout_s: float = 30.0) -> Iterator[LogLines]:
+    """Run the daemon ``argv`` while the block runs, yielding its stderr; then SIGTERM it and expect exit 0."""
+    proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    log = LogLines(proc.stderr)
+    try:
+        yield log
+    finally:
+        proc.terminate()
+        proc.wait(timeout=stop_timeout_s)
+    assert proc.returncode == 0, log.text()
