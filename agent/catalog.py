@@ -8,11 +8,24 @@ step numbers are never labels.
 """
 from __future__ import annotations
 
-from chopper.daemon.exposition import MetricSpec, catalog_markdown, reason_table, refusal_tables, section_table
+from chopper.daemon.exposition import MetricSpec, catalog_doc, reason_table
 
 GPU = ("node", "gpu", "vendor", "model")
 RANK = ("node", "job", "rank", "gpu")
 NODE = ("node",)
+
+# The sections of ``AgentCollector.collect()``, each built on its own (``Sections``), and the series
+# each one holds: the values of the ``section`` label of ``chopper_agent_metrics_section_errors_total``.
+SECTIONS: dict[str, str] = {
+    "gpus": "`chopper_gpu_*` but `chopper_gpu_workload_info`: each device's identity and latest sample",
+    "workloads": "`chopper_gpu_workload_info`, `chopper_agent_workload_*`",
+    "host": "`chopper_host_*`",
+    "ranks": "`chopper_rank_*`",
+    "self": "the other `chopper_agent_*`: identity, backend health, sampler, buffers, markers, access checks, "
+            "streams, ranks",
+    "reloads": "`chopper_agent_token_file_reloads*`, `chopper_agent_tls_reloads*`",
+    "delivery": "`chopper_agent_delivery_*`",
+}
 
 METRICS: tuple[MetricSpec, ...] = (
     # GPUs: the latest sample of each device.
@@ -189,19 +202,6 @@ METRICS: tuple[MetricSpec, ...] = (
 
 BY_NAME: dict[str, MetricSpec] = {m.name: m for m in METRICS}
 
-# The sections of ``AgentCollector.collect()``, each built on its own (``Sections``), and the series
-# each one holds: the values of the ``section`` label of ``chopper_agent_metrics_section_errors_total``.
-SECTIONS: dict[str, str] = {
-    "gpus": "`chopper_gpu_*` but `chopper_gpu_workload_info`: each device's identity and latest sample",
-    "workloads": "`chopper_gpu_workload_info`, `chopper_agent_workload_*`",
-    "host": "`chopper_host_*`",
-    "ranks": "`chopper_rank_*`",
-    "self": "the other `chopper_agent_*`: identity, backend health, sampler, buffers, markers, access checks, "
-            "streams, ranks",
-    "reloads": "`chopper_agent_token_file_reloads*`, `chopper_agent_tls_reloads*`",
-    "delivery": "`chopper_agent_delivery_*`",
-}
-
 
 def markdown() -> str:
     """``docs/METRICS.md``: the catalog as tables (regenerate with ``python -m agent.catalog``)."""
@@ -210,34 +210,29 @@ def markdown() -> str:
     from agent.steps import MAX_PHASE_SERIES
     from chopper.attribution.phases import MAX_PHASES_PER_STEP, OTHER
 
-    lines = catalog_markdown(
-        "Metric catalog", "agent.catalog", "docs/METRICS.md",
-        "A value a backend cannot read (for example matrix activity on MI300X) is left out of the scrape rather "
-        "than exported as NaN.", METRICS)
-    lines += ["", "## Phase time (`chopper_rank_phase_seconds_total{phase}`)", "",
-              "Per rank, the seconds each named phase took over the summarised steps: per step the union of that",
-              "name's windows (a phase entered twice counts both, nested phases each count, so phases need not add",
-              "up to the step time), as in `StepSummary.phase_times` and `chopper attribute --json` (`phase_s`).",
-              "There is no step label: `rate()` of it next to `chopper_rank_step_seconds_total` shows which phase",
+    own = ["", "## Phase time (`chopper_rank_phase_seconds_total{phase}`)", "",
+           "Per rank, the seconds each named phase took over the summarised steps: per step the union of that",
+           "name's windows (a phase entered twice counts both, nested phases each count, so phases need not add",
+           "up to the step time), as in `StepSummary.phase_times` and `chopper attribute --json` (`phase_s`).",
+           "There is no step label: `rate()` of it next to `chopper_rank_step_seconds_total` shows which phase",
               f"grew when steps got slower. The first {MAX_PHASE_SERIES} names a rank sends get their own series; the",
               f"time of later names adds to `phase=\"{OTHER}\"` (a phase a user names `{OTHER}` shares it), so a",
-              "client that invents names cannot grow the scrape. A summary itself keeps a step's",
+           "client that invents names cannot grow the scrape. A summary itself keeps a step's",
               f"{MAX_PHASES_PER_STEP} longest names, the rest summed as `{OTHER}`.", "",
-              "## Retired ranks (`chopper_agent_ranks_retired_total{reason}`)", "",
-              "A `(job, rank)` and all its `chopper_rank_*` series go once no rank of its job has sent a marker for",
-              "`rank_idle_s` (reason `idle`; a rank with a step open stays, and steps waiting for samples are",
-              "summarised first). At most `max_ranks` are tracked, so they bound every per-rank series and all the",
-              "agent's per-rank state. A new rank when that many are tracked makes room (reason `limit`): the rank",
-              "silent longest without an open step and without a summary pending goes, else the one silent longest",
-              "if it has been silent `rank_idle_s` (a trainer that died inside a step); else the new rank's batch is",
-              "refused, its markers rejected as `too_many_ranks`, and the live ranks keep their state. A rank that",
-              "sends again starts from zero, as after an agent restart; Prometheus' `rate()` and `increase()` handle",
-              "the reset (docs/CONFIG.md)."]
-    lines += reason_table("Rejection reasons (`chopper_agent_markers_rejected_total{reason}`)",
-                          {**REJECTION_REASONS, **ADMISSION_REASONS})
-    lines += refusal_tables("chopper_agent")
-    lines += section_table("chopper_agent", SECTIONS)
-    return "\n".join(lines) + "\n"
+           "## Retired ranks (`chopper_agent_ranks_retired_total{reason}`)", "",
+           "A `(job, rank)` and all its `chopper_rank_*` series go once no rank of its job has sent a marker for",
+           "`rank_idle_s` (reason `idle`; a rank with a step open stays, and steps waiting for samples are",
+           "summarised first). At most `max_ranks` are tracked, so they bound every per-rank series and all the",
+           "agent's per-rank state. A new rank when that many are tracked makes room (reason `limit`): the rank",
+           "silent longest without an open step and without a summary pending goes, else the one silent longest",
+           "if it has been silent `rank_idle_s` (a trainer that died inside a step); else the new rank's batch is",
+           "refused, its markers rejected as `too_many_ranks`, and the live ranks keep their state. A rank that",
+           "sends again starts from zero, as after an agent restart; Prometheus' `rate()` and `increase()` handle",
+           "the reset (docs/CONFIG.md)."]
+    own += reason_table("Rejection reasons (`chopper_agent_markers_rejected_total{reason}`)",
+                        {**REJECTION_REASONS, **ADMISSION_REASONS})
+    return catalog_doc("Metric catalog", "agent.catalog", "A value a backend cannot read (for example matrix activity "
+                       "on MI300X) is left out of the scrape rather than exported as NaN.", METRICS, own, SECTIONS)
 
 
 if __name__ == "__main__":

@@ -12,11 +12,23 @@ from __future__ import annotations
 
 from aggregator.jobs import CAUSES, REJECTION_REASONS
 from aggregator.wal import SET_ASIDE
-from chopper.daemon.exposition import MetricSpec, catalog_markdown, reason_table, refusal_tables, section_table
+from chopper.daemon.exposition import MetricSpec, catalog_doc, reason_table
 
 JOB = ("job",)
 RANK = ("job", "rank", "node", "gpu")
 WINDOW = "window"
+
+# The sections of ``AggregatorCollector.collect()``, each built on its own (``Sections``; ``job`` and
+# ``ranks`` once per job, so a job that cannot be exported costs its own series), and the series each
+# one holds: the values of the ``section`` label of ``chopper_aggregator_metrics_section_errors_total``.
+SECTIONS: dict[str, str] = {
+    "job": "one job's `chopper_job_*` but `chopper_job_rank_*`",
+    "ranks": "one job's `chopper_job_rank_*`",
+    "self": "the other `chopper_aggregator_*`: identity, ledger, joins, step index, jobs and ranks, access checks",
+    "store": "`chopper_aggregator_store_*`",
+    "wal": "`chopper_aggregator_wal_*`",
+    "tls": "`chopper_aggregator_tls_reloads*`",
+}
 
 METRICS: tuple[MetricSpec, ...] = (
     # Per job.
@@ -135,40 +147,24 @@ METRICS: tuple[MetricSpec, ...] = (
 
 BY_NAME: dict[str, MetricSpec] = {m.name: m for m in METRICS}
 
-# The sections of ``AggregatorCollector.collect()``, each built on its own (``Sections``; ``job`` and
-# ``ranks`` once per job, so a job that cannot be exported costs its own series), and the series each
-# one holds: the values of the ``section`` label of ``chopper_aggregator_metrics_section_errors_total``.
-SECTIONS: dict[str, str] = {
-    "job": "one job's `chopper_job_*` but `chopper_job_rank_*`",
-    "ranks": "one job's `chopper_job_rank_*`",
-    "self": "the other `chopper_aggregator_*`: identity, ledger, joins, step index, jobs and ranks, access checks",
-    "store": "`chopper_aggregator_store_*`",
-    "wal": "`chopper_aggregator_wal_*`",
-    "tls": "`chopper_aggregator_tls_reloads*`",
-}
-
 
 def markdown() -> str:
     """``docs/AGGREGATOR_METRICS.md``: the catalog as tables (``python -m aggregator.catalog``)."""
-    lines = catalog_markdown(
-        "Aggregator metric catalog", "aggregator.catalog", "docs/AGGREGATOR_METRICS.md",
-        "`window` is `1m` or `5m` of finalized steps by the aggregator's receive time. With `rank_series_top_k` = "
-        "k > 0, jobs of more than k ranks export `chopper_job_rank_*` only for the k ranks with the largest decayed "
-        "compute excess. A value that is not known (no step in the window, no FLOPs) is left out of the scrape "
-        "rather than exported as NaN.", METRICS)
-    lines += ["", "## Causes (`cause` label of the step-time metrics)", "",
-              "They add up to the step time: `ideal`, `matrix_util_loss`, `dvfs_<cause>` (DVFS loss by throttle",
-              "cause), `exposed_comm` (after the straggler split), `straggler_wait`, `idle`, and `compute_unknown`",
-              "(compute time at the observed clock of steps without FLOPs). See docs/ATTRIBUTION.md.", "",
-              " ".join(f"`{c}`" for c in CAUSES)]
-    lines += reason_table("Rejection reasons (`chopper_aggregator_summaries_rejected_total{reason}`)",
-                          REJECTION_REASONS)
-    lines += reason_table("Set-aside reasons (`chopper_aggregator_wal_set_aside_total{reason}`)", SET_ASIDE, intro=(
+    own = ["", "## Causes (`cause` label of the step-time metrics)", "",
+           "They add up to the step time: `ideal`, `matrix_util_loss`, `dvfs_<cause>` (DVFS loss by throttle",
+           "cause), `exposed_comm` (after the straggler split), `straggler_wait`, `idle`, and `compute_unknown`",
+           "(compute time at the observed clock of steps without FLOPs). See docs/ATTRIBUTION.md.", "",
+           " ".join(f"`{c}`" for c in CAUSES)]
+    own += reason_table("Rejection reasons (`chopper_aggregator_summaries_rejected_total{reason}`)", REJECTION_REASONS)
+    own += reason_table("Set-aside reasons (`chopper_aggregator_wal_set_aside_total{reason}`)", SET_ASIDE, intro=(
         "What recovery moved to `store_dir/_wal/quarantine/` instead of replaying; the aggregator starts",
         "whatever the log directory holds. See docs/ARCHITECTURE.md (delivery and durability)."))
-    lines += refusal_tables("chopper_aggregator", token_file=False)
-    lines += section_table("chopper_aggregator", SECTIONS)
-    return "\n".join(lines) + "\n"
+    notes = ("`window` is `1m` or `5m` of finalized steps by the aggregator's receive time. With `rank_series_top_k` "
+             "= k > 0, jobs of more than k ranks export `chopper_job_rank_*` only for the k ranks with the largest "
+             "decayed compute excess. A value that is not known (no step in the window, no FLOPs) is left out of the "
+             "scrape rather than exported as NaN.")
+    return catalog_doc("Aggregator metric catalog", "aggregator.catalog", notes, METRICS, own, SECTIONS,
+                       token_file=False)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 T = TypeVar("T")
 
+# Each daemon's catalog doc, under docs/.
+DOCS = {"agent": "METRICS.md", "aggregator": "AGGREGATOR_METRICS.md"}
 # Seconds between two log lines of one failing section: a scrape every few seconds must not
 # write a traceback every few seconds; the counter keeps the total.
 SECTION_LOG_PERIOD_S = 300.0
@@ -147,22 +149,35 @@ class Sections:
                              total, exc_info=True)
 
 
-def catalog_markdown(title: str, module: str, doc: str, notes: str, metrics: Iterable[MetricSpec]) -> list[str]:
-    """The head of a catalog's doc: title, how it is made, ``notes`` (one paragraph), and the table of ``metrics``.
+def catalog_doc(title: str, module: str, notes: str, metrics: Iterable[MetricSpec], own: Iterable[str],
+                sections: Mapping[str, str], token_file: bool = True) -> str:
+    """A daemon's metric catalog as Markdown, what ``python -m <module>`` prints.
+
+    In order: the title, how the doc is made, ``notes``, the table of ``metrics``; the daemon's
+    ``own`` sections (lines); the tables of the refusals and refused reloads (``refusal_tables``);
+    the table of its collector's ``sections``.
 
     Args:
         title: The doc's heading.
-        module: The catalog's module (``agent.catalog``); ``python -m <module>`` prints the doc.
-        doc: The doc's path (``docs/METRICS.md``).
-        notes: What the reader needs to read this catalog's table, after the rules common to both.
+        module: The catalog's module (``agent.catalog``): its metrics are named ``chopper_<daemon>_*``.
+        notes: One paragraph: what the reader needs for this catalog's table, after the common rules.
+        metrics: The catalog.
+        own: The daemon's own sections, as lines.
+        sections: The collector's sections and the series of each (``Sections``).
+        token_file: Whether the daemon has a token file (its reloads have a table too).
     """
-    intro = (f"Generated from `{module.replace('.', '/')}.py` by `python -m {module} > {doc}`; a test fails when this "
-             "file and the catalog disagree. Names follow `chopper_<subsystem>_<name>_<unit>` in base units; counters "
-             f"end in `_total`; step numbers are never labels. {notes}")
+    daemon = module.partition(".")[0]
+    prefix = f"chopper_{daemon}"
+    intro = (f"Generated from `{module.replace('.', '/')}.py` by `python -m {module} > docs/{DOCS[daemon]}`; a test "
+             "fails when this file and the catalog disagree. Names follow `chopper_<subsystem>_<name>_<unit>` in base "
+             f"units; counters end in `_total`; step numbers are never labels. {notes}")
     lines = [f"# {title}", "", *textwrap.wrap(intro, width=104), "",
              "| name | type | labels | help |", "|---|---|---|---|"]
     lines += [f"| `{m.name}` | {m.kind} | {', '.join(m.labels)} | {m.help} |" for m in metrics]
-    return lines
+    lines += own
+    lines += refusal_tables(prefix, token_file)
+    lines += section_table(prefix, sections)
+    return "\n".join(lines) + "\n"
 
 
 def reason_table(heading: str, reasons: Mapping[str, str], intro: Iterable[str] = ()) -> list[str]:

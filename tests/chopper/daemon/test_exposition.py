@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from chopper.daemon.exposition import Families, MetricSpec, Sections, catalog_markdown, reason_table
+from chopper.daemon.exposition import Families, MetricSpec, Sections, catalog_doc, reason_table
 
 CATALOG = {m.name: m for m in (
     MetricSpec("x_up", "gauge", "Up.", ("node",)),
@@ -88,9 +88,14 @@ def test_a_section_that_raises_leaves_none_of_its_series_and_is_counted(caplog: 
         "event=metrics_section_failed section=bad failures_not_logged=1 total=3"]
 
 
-def test_reason_table_and_catalog_head() -> None:
-    assert reason_table("R", {"a": "why a"}, intro=("Intro.",)) == [
-        "", "## R", "", "Intro.", "", "| reason | meaning |", "|---|---|", "| `a` | why a |"]
-    head = catalog_markdown("T", "x.catalog", "docs/X.md", "Notes.", CATALOG.values())
-    assert head[0] == "# T" and "`python -m x.catalog > docs/X.md`" in " ".join(head)
-    assert head[-1] == "| `x_section_errors_total` | counter | section | Failed sections. |"
+def test_a_catalog_doc_has_its_table_its_own_sections_then_the_shared_ones() -> None:
+    own = reason_table("R", {"a": "why a"}, intro=("Intro.",))
+    assert own == ["", "## R", "", "Intro.", "", "| reason | meaning |", "|---|---|", "| `a` | why a |"]
+    doc = catalog_doc("T", "aggregator.catalog", "Notes.", CATALOG.values(), own, {"s": "`x_up`"}, token_file=False)
+    assert doc.startswith("# T\n") and "`python -m aggregator.catalog > docs/AGGREGATOR_METRICS.md`" in doc
+    order = ["| `x_section_errors_total` | counter | section | Failed sections. |", "## R",
+             "## Refusal reasons (`chopper_aggregator_rpc_refused_total{reason}`)",
+             "## Refused reloads (`chopper_aggregator_tls_reloads_refused_total`, `reason`)",
+             "## Collector sections (`chopper_aggregator_metrics_section_errors_total{section}`)", "| `s` | `x_up` |"]
+    assert [doc.index(part) for part in order] == sorted(doc.index(part) for part in order)
+    assert "token_file_reloads" not in doc and "token file:" not in doc
