@@ -65,20 +65,22 @@ def build_parser() -> argparse.ArgumentParser:
     capture.add_argument("--timeout", type=_positive(float), default=600.0,
                          help="seconds to wait for the ranks to finish (default 600)")
     attribute = sub.add_parser("attribute", help="per-step time attribution of a recorded run")
-    attribute.add_argument("run_dir", metavar="RUN_DIR", help="recorded run directory (chopper record)")
+    attribute.add_argument("run_dir", metavar="RUN_DIR",
+                           help="recorded run directory (chopper record or capture), or the aggregator's store_dir")
     attribute.add_argument("--json", action="store_true", help="print JSON instead of a table")
     attribute.add_argument("--job", default=None, help="only this job")
     report = sub.add_parser("report", help="write a self-contained HTML report with plots of a recorded run "
                                            "and/or its Kineto traces")
     report.add_argument("path", metavar="RUN_OR_TRACE_DIR",
-                        help="recorded run directory (chopper record), Kineto trace file, directory of traces "
-                             "(*.json, *.json.gz, one per rank), or a directory holding a run and its traces")
+                        help="recorded run directory (chopper record), the aggregator's store_dir, Kineto trace "
+                             "file, directory of traces (*.json, *.json.gz at any depth, one per rank), or a "
+                             "directory holding a run and its traces (chopper capture)")
     report.add_argument("-o", "--output", required=True, help="HTML file to write")
     report.add_argument("--job", default=None, help="only this job of the recorded run")
     report.add_argument("--quiet", action="store_true", help="no progress bar (drawn only on a terminal anyway)")
     trace = sub.add_parser("trace", help="kernel-level analysis of PyTorch-profiler (Kineto) traces, one per rank")
     trace.add_argument("paths", metavar="PATH", nargs="+",
-                       help="trace files (.json / .json.gz) and/or directories of them, one job")
+                       help="trace files (.json / .json.gz) and/or directories holding them at any depth, one job")
     trace.add_argument("--json", action="store_true", help="print JSON instead of tables")
     trace.add_argument("--top", type=_positive(int), default=10, help="rows of each top-N table (default 10)")
     return parser
@@ -197,22 +199,12 @@ def _report(args: argparse.Namespace) -> int:
 
 def _trace(args: argparse.Namespace) -> int:
     import json
-    from pathlib import Path
 
     from chopper.trace import TraceError, load_traces
     from chopper.trace.report import analyze, format_text
 
     try:
-        files: list[Path] = []
-        for p in map(Path, args.paths):
-            if p.is_dir():
-                found = sorted([*p.glob("*.json"), *p.glob("*.json.gz")])
-                if not found:
-                    raise TraceError(f"{p}: no .json or .json.gz traces in this directory. Point at the trace files")
-                files += found
-            else:
-                files.append(p)
-        traces = load_traces(files)
+        traces = load_traces(args.paths)
     except TraceError as exc:
         print(f"chopper trace: {exc}", file=sys.stderr)
         return 2

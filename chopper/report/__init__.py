@@ -3,10 +3,13 @@
 ``build_report(path, out)`` does, in order:
 
 1. find the inputs (``find_inputs``): a recorded run (``devices``/``samples``/``markers`` tables),
-   Kineto traces (a ``*.json``/``*.json.gz`` file, or such files at any depth under the directory,
-   one per rank), or both (a capture directory: run tables plus a ``traces/`` folder or trace
-   files beside them);
-2. read and attribute the run (``chopper.attribution.attribute``);
+   the aggregator's step store (``job=<job>/`` partitions), Kineto traces (found by
+   ``chopper.trace.discover.trace_files``: a ``*.json``/``*.json.gz`` file, or such files at any
+   depth under the directory, one per rank), or both (a capture directory: run tables plus a
+   ``traces/`` folder or trace files beside them);
+2. read and attribute the run (``chopper.attribution.attribute``), or read the store's rows,
+   attributed already (``chopper.attribution.store_reader``); a store has no GPU samples, so
+   the figures drawn from them are named in the summary instead;
 3. read the traces, one progress stage per file, and run every trace analysis once, one stage per
    rank (``chopper.report.traces``); beside a run, CPU-only traces (a capture on a machine without
    GPU) are read too, for the capture section only;
@@ -35,12 +38,10 @@ if TYPE_CHECKING:
     from chopper.trace import Trace
 
 __all__ = ["Progress", "ReportError", "TextProgress", "build_report", "classify_input", "find_inputs",
-           "terminal_progress", "trace_files"]
+           "terminal_progress"]
 
 # (stage, done, total): called before each stage and once with done == total at the end.
 Progress = Callable[[str, int, int], None]
-
-TRACE_SUFFIXES = (".json", ".json.gz")
 
 
 class ReportError(ValueError):
@@ -79,54 +80,56 @@ def terminal_progress(stream: IO[str] | None = None) -> Progress | None:
     return TextProgress(stream) if isatty is not None and isatty() else None
 
 
-def trace_files(path: Path) -> list[Path]:
-    """``path`` itself when it is a ``.json``/``.json.gz`` file, else every such file at any depth under it."""
-    if path.is_file():
-        return [path] if path.name.endswith(TRACE_SUFFIXES) else []
-    return sorted(p for p in path.rglob("*") if p.is_file() and p.name.endswith(TRACE_SUFFIXES))
+def find_inputs(path: str | Path) -> tuple[str | None, list[Path]]:
+    """What ``path`` holds: a recorded run, an aggregator's step store or neither, and its Kineto trace files.
 
-
-def find_inputs(path: str | Path) -> tuple[bool, list[Path]]:
-    """What ``path`` holds: whether it is a recorded run, and its Kineto trace files.
-
-    A directory with any of the run's table files counts as a run (``read_run`` then names what
-    is missing). Trace files are ``path`` itself when it is a ``.json``/``.json.gz`` file, else
-    every such file at any depth under the directory (``traces/``, per-rank folders, beside the
-    run's tables).
+    A directory laid out as the aggregator's store (``job=<job>/`` partitions,
+    ``chopper.attribution.store_reader.is_step_store``) is a store; else a directory with any of
+    the run's table files is a run (``read_run`` then names what is missing). Trace files are
+    found by ``chopper.trace.discover.trace_files``, the rule of every command (``path`` itself
+    when it is a ``.json``/``.json.gz`` file, else every such file at any depth under it).
 
     Returns:
-        ``(is_run, trace_files)``; at least one of them is set.
+        ``(source, trace_files)``: ``source`` is ``"run"``, ``"store"`` or None; at least one of
+        them is set.
 
     Raises:
-        ReportError: ``path`` does not exist, or holds neither a run nor traces.
+        ReportError: ``path`` does not exist, or holds neither a run, a store nor traces.
     """
+    from chopper.attribution.store_reader import is_step_store
     from chopper.runs.rundir import TABLES, table_files
+    from chopper.trace.discover import trace_files
 
     base = Path(path)
     if not base.exists():
-        raise ReportError(f"{str(base)!r} does not exist; pass a recorded run directory (chopper record), a "
-                          "Kineto trace file or a directory of Kineto traces")
+        raise ReportError(f"{str(base)!r} does not exist; pass a recorded run directory (chopper record), an "
+                          "aggregator's store_dir, a Kineto trace file or a directory of Kineto traces")
+    files = trace_files(base)
     if base.is_file():
-        if base.name.endswith(TRACE_SUFFIXES):
-            return False, [base]
+        if files:
+            return None, files
         raise ReportError(f"{str(base)!r} is a file; pass a recorded run directory (devices/samples/markers "
                           "as .parquet or .csv), a Kineto trace (*.json, *.json.gz) or a directory of them")
+    if is_step_store(base):
+        return "store", files
     is_run = any(f.exists() for table in TABLES for f in table_files(base, table))
-    files = trace_files(base)
     if not is_run and not files:
-        raise ReportError(f"{str(base)!r} is neither a recorded run (no devices/samples/markers .parquet or .csv) "
-                          "nor a trace directory (no *.json or *.json.gz); record one with chopper record")
-    return is_run, files
+        raise ReportError(f"{str(base)!r} is neither a recorded run (no devices/samples/markers .parquet or .csv), "
+                          "an aggregator's step store (no job=* partitions) nor a trace directory (no *.json or "
+                          "*.json.gz); record one with chopper record")
+    return ("run" if is_run else None), files
 
 
 def classify_input(path: str | Path) -> str:
-    """``"run"``, ``"traces"`` or ``"run+traces"``: what ``find_inputs`` finds at ``path``.
+    """``"run"``, ``"store"``, ``"traces"``, or ``"run+traces"``: what ``find_inputs`` finds at ``path``.
 
     Raises:
-        ReportError: ``path`` does not exist, or is neither a run nor traces.
+        ReportError: ``path`` does not exist, or is neither a run, a store nor traces.
     """
-    is_run, files = find_inputs(path)
-    return "run+traces" if is_run and files else "run" if is_run else "traces"
+    source, files = find_inputs(path)
+    if source is None:
+        return "traces"
+    return f"{source}+traces" if files else source
 
 
 class _Stages:
@@ -147,12 +150,13 @@ class _Stages:
 
 def build_report(path: str | Path, out: str | Path, *, job: str | None = None,
                  progress: Progress | None = None) -> Path:
-    """Write the HTML report of a recorded run, of a job's traces, or of both, to ``out``.
+    """Write the HTML report of a recorded run or a step store, of a job's traces, or of both, to ``out``.
 
     Args:
-        path: Recorded run directory, Kineto trace file, directory of traces, or a directory with both.
+        path: Recorded run directory, the aggregator's store_dir, Kineto trace file, directory of
+            traces, or a directory with a run and its traces.
         out: HTML file to write; its parent directory must exist.
-        job: Only this job of the recorded run (all jobs when None); traces are one job already.
+        job: Only this job of the run or store (all jobs when None); traces are one job already.
         progress: Called with ``(stage, done, total)`` before each stage (one per trace file and per
             rank among them) and once with ``done == total`` at the end; see ``terminal_progress``.
 
@@ -160,12 +164,13 @@ def build_report(path: str | Path, out: str | Path, *, job: str | None = None,
         ``out`` as a ``Path``.
 
     Raises:
-        ReportError: ``path`` is neither a run nor traces, or the run has no complete step.
-        chopper.runs.rundir.RunDirError, chopper.attribution.AttributionError: The run is malformed.
+        ReportError: ``path`` is neither a run, a store nor traces, or the run has no complete step.
+        chopper.runs.rundir.RunDirError, chopper.attribution.AttributionError: The run is malformed,
+            or the store cannot be read or has no rows (of ``job``).
         chopper.trace.TraceError: A trace is bad (the message names the file), or the traces mix jobs.
         OSError: ``out`` cannot be written.
     """
-    is_run, files = find_inputs(path)
+    source, files = find_inputs(path)
     target = Path(out)
     # Checked first so that a typo in -o does not cost the whole report.
     if not target.parent.is_dir():
@@ -175,10 +180,10 @@ def build_report(path: str | Path, out: str | Path, *, job: str | None = None,
     specs = list(figures.FIGURES)
     # One stage per file read and per rank analysed (one rank per file), the straggler lead, figures, HTML.
     trace_stages = 2 * len(files) + (1 if len(files) >= 2 else 0)
-    stage = _Stages(progress, (2 if is_run else 0) + trace_stages + len(specs) + 1)
+    stage = _Stages(progress, {"run": 2, "store": 1, None: 0}[source] + trace_stages + len(specs) + 1)
     run = result = trace_set = None
     summaries: list[Section] = []
-    if is_run:
+    if source == "run":
         from chopper.attribution import attribute
         from chopper.runs.rundir import read_run
 
@@ -190,12 +195,21 @@ def build_report(path: str | Path, out: str | Path, *, job: str | None = None,
             problems = "".join(f"\n  {p}" for p in result.problems)
             raise ReportError(f"no complete step in {str(path)!r} (no step_begin/step_end pair); record while a "
                               f"job marks steps with chopper.step(){problems}")
-        summaries.append(html.Section("summary", "Summary", summary_blocks(result)))
+    elif source == "store":
+        from chopper.attribution.store_reader import read_step_store
+
+        stage("reading step store")
+        result = read_step_store(path, job=job)
+    if result is not None:
+        blocks = summary_blocks(result)
+        if run is None:
+            blocks.append(html.TextBlock(_WITHOUT_SAMPLES, [s.title for s in specs if s.needs == ("run",)]))
+        summaries.append(html.Section("summary", "Summary", blocks))
     if files:
         from chopper.report import traces
 
         # Beside a run (a capture), CPU-only traces still place each profiled step on the run's clock.
-        loaded = traces.load(files, stage, require_gpu=not is_run)
+        loaded = traces.load(files, stage, require_gpu=result is None)
         with_kernels = [t for t in loaded if len(t.kernel_columns)]
         if with_kernels:
             trace_set = traces.analyze_traces(with_kernels, stage)
@@ -214,8 +228,8 @@ def build_report(path: str | Path, out: str | Path, *, job: str | None = None,
         section.blocks.append(block)
     stage("writing HTML")
     parts = []
-    if run is not None and result is not None:
-        parts.append(_subtitle(run, result, job))
+    if result is not None:
+        parts.append(_subtitle(run, result, job, Path(path)))
     if trace_set is not None:
         parts.append(_trace_subtitle(trace_set, Path(path)))
     page = html.render(f"Chopper report: {Path(path).resolve().name}", " — ".join(parts),
@@ -229,13 +243,22 @@ def _anchor(title: str) -> str:
     return "".join(c if c.isalnum() else "-" for c in title.lower()).strip("-")
 
 
-def _subtitle(run: RecordedRun, result: Attribution, job: str | None) -> str:
+# What a report of the aggregator's step store says in place of the figures drawn from samples.
+_WITHOUT_SAMPLES = ("Not drawn: the aggregator's step store keeps one row per rank and step, not the GPU samples "
+                    "(devices and samples tables of a recorded run) these figures are drawn from; record a run "
+                    "with chopper record to see them:")
+
+
+def _subtitle(run: RecordedRun | None, result: Attribution, job: str | None, path: Path) -> str:
     steps = result.steps
-    span_s = (run.samples["ts_ns"].max() - run.samples["ts_ns"].min()) / 1e9 if len(run.samples) else 0.0
     jobs = ", ".join(sorted(steps["job"].astype(str).unique()))
-    return (f"{run.path} · job{'s' if steps['job'].nunique() > 1 else ''} {jobs}"
-            f"{' (--job)' if job else ''} · {steps.groupby(['job', 'rank']).ngroups} ranks · "
-            f"{len(run.devices)} GPUs · {steps['step'].nunique()} steps · {span_s:.1f} s of samples")
+    head = (f"{run.path if run is not None else f'{path} (aggregator step store)'} · "
+            f"job{'s' if steps['job'].nunique() > 1 else ''} {jobs}{' (--job)' if job else ''} · "
+            f"{steps.groupby(['job', 'rank']).ngroups} ranks · ")
+    if run is None:
+        return head + f"{steps[['node', 'gpu']].drop_duplicates().shape[0]} GPUs · {steps['step'].nunique()} steps"
+    span_s = (run.samples["ts_ns"].max() - run.samples["ts_ns"].min()) / 1e9 if len(run.samples) else 0.0
+    return head + f"{len(run.devices)} GPUs · {steps['step'].nunique()} steps · {span_s:.1f} s of samples"
 
 
 def _ms(value: Any) -> str:

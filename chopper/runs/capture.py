@@ -16,6 +16,8 @@ The command, in steps:
    passed; at the timeout it tells the ranks still profiling to stop (``STOP_STEPS``).
 4. Let the last samples of the window arrive, stop recording, write the run and
    ``capture.jsonl`` (what each rank reported). A rejected request removes the directory again.
+   The directory is laid out for ``chopper.trace.discover``: ``chopper report`` and ``chopper
+   attribute`` find the traces under ``traces/`` (``TRACES_DIR``) beside the run's tables.
 
 Exit codes: 0 every chosen rank wrote a full trace; 1 a rank is missing or partial, or the agent
 went away (what was recorded is still written); 2 the request was refused (no such job, a capture
@@ -42,7 +44,6 @@ if TYPE_CHECKING:
 # After the reply: samples of the last profiled step reach the recorder within a batch interval
 # and a tick, so this pause keeps the window's tail in the run.
 TAIL_S = 0.5
-TRACES_DIR = "traces"
 
 
 @dataclass
@@ -65,6 +66,7 @@ def run_capture(target: str, job: str, steps: int, ranks: list[int], out: Path, 
     from chopper.proto.chopper.v1 import agent_pb2 as pb
     from chopper.runs import consumer
     from chopper.runs.record import RecordError, check_output, record
+    from chopper.trace.discover import TRACES_DIR
 
     problem = bounds_problem(steps, timeout_s)
     if problem is not None:
@@ -148,7 +150,7 @@ def _remove(out: Path, created: bool) -> None:
 
 
 def _write_manifest(out: Path, job: str, steps: int, reply: Any) -> None:
-    """``capture.jsonl``: one header line, then one line per rank (not ``.json``: trace globs skip it)."""
+    """``capture.jsonl``: one header line, then one line per rank (not ``.json``: trace discovery skips it)."""
     lines = [{"capture_id": reply.capture_id, "job": job, "steps": steps, "sample_hz": reply.sample_hz,
               "started_ns": reply.started_ns, "ended_ns": reply.ended_ns,
               "missing_ranks": list(reply.missing_ranks)}]

@@ -35,6 +35,7 @@ import pandas as pd
 from chopper.trace import Trace, load_traces
 from chopper.trace.analyses.temporal import gpu_activity, union_ns
 from chopper.trace.classify import COMMUNICATION, COMPUTATION
+from chopper.trace.discover import trace_files
 
 _STEP_PREFIX = "ProfilerStep#"
 _NS = 1e9
@@ -131,9 +132,9 @@ def join(steps: pd.DataFrame, traces: Sequence[Trace]) -> pd.DataFrame:
 def join_capture(run_dir: str | Path, steps: pd.DataFrame) -> pd.DataFrame | None:
     """:func:`join` for a capture directory: its traces read (CPU-only ones too) and joined.
 
-    The traces are found as ``chopper report`` finds them (``chopper.report.trace_files``: any
-    ``.json``/``.json.gz`` at any depth, ``traces/`` for a ``chopper capture``), so both commands
-    join the same files.
+    The traces are found as every command finds them (``chopper.trace.discover.trace_files``: any
+    ``.json``/``.json.gz`` at any depth, ``traces/`` for a ``chopper capture``), so ``chopper
+    report`` and ``chopper attribute`` join the same files.
 
     Returns:
         The join, or None when ``run_dir`` holds no traces.
@@ -141,9 +142,7 @@ def join_capture(run_dir: str | Path, steps: pd.DataFrame) -> pd.DataFrame | Non
     Raises:
         chopper.trace.TraceError: a trace is unreadable or two claim one rank.
     """
-    from chopper.report import trace_files
-
-    files = trace_files(Path(run_dir))
+    files = trace_files(run_dir)
     if not files:
         return None
     return join(steps, load_traces(files, require_gpu=False))

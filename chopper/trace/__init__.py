@@ -1,13 +1,15 @@
 """Kernel-level analysis of Kineto / PyTorch-profiler traces (CUDA and ROCm).
 
-Facade: :func:`load_trace`, :func:`load_traces`, :class:`Trace`, :class:`TraceError`. The
-hierarchy lives in :mod:`chopper.trace.hierarchy`, analyses in :mod:`chopper.trace.analyses`.
+Facade: :func:`load_trace`, :func:`load_traces`, :class:`Trace`, :class:`TraceError`. Which
+files are traces is :mod:`chopper.trace.discover`; the hierarchy lives in
+:mod:`chopper.trace.hierarchy`, analyses in :mod:`chopper.trace.analyses`.
 """
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from chopper.trace.discover import trace_files
 from chopper.trace.reader import Trace, TraceError, read_trace
 
 __all__ = ["Trace", "TraceError", "check_one_job", "load_trace", "load_traces"]
@@ -48,25 +50,29 @@ def load_traces(paths: Iterable[str | Path] | str | Path, require_gpu: bool = Tr
     """Read the traces of one job, one per rank, sorted by rank.
 
     Args:
-        paths: Trace files, or a directory holding them (``*.json`` and ``*.json.gz``).
+        paths: Trace files and/or directories; a directory stands for the traces
+            :func:`chopper.trace.discover.trace_files` finds in it (``*.json``/``*.json.gz`` at any
+            depth). A file is read whatever its name.
         require_gpu: As in :func:`chopper.trace.reader.read_trace`.
 
     Returns:
         The traces sorted by rank.
 
     Raises:
-        TraceError: any trace is bad, two files claim the same rank, or the files disagree on
-            the world size (two jobs mixed); the message names both files.
+        TraceError: a directory holds no trace, any trace is bad, two files claim the same rank,
+            or the files disagree on the world size (two jobs mixed); the message names the
+            directory or both files.
     """
-    if isinstance(paths, str | Path) and Path(paths).is_dir():
-        folder = Path(paths)
-        files = sorted([*folder.glob("*.json"), *folder.glob("*.json.gz")])
-        if not files:
-            raise TraceError(f"{folder}: no .json or .json.gz traces in this directory. Point at the trace files")
-    elif isinstance(paths, str | Path):
-        files = [Path(paths)]
-    else:
-        files = [Path(p) for p in paths]
+    files: list[Path] = []
+    for p in map(Path, [paths] if isinstance(paths, str | Path) else paths):
+        if not p.is_dir():
+            files.append(p)
+            continue
+        found = trace_files(p)
+        if not found:
+            raise TraceError(f"{p}: no .json or .json.gz traces in this directory or below it. Point at the "
+                             "trace files")
+        files += found
     traces = sorted((read_trace(f, require_gpu) for f in files), key=lambda t: t.rank)
     check_one_job(traces)
     return traces

@@ -12,6 +12,7 @@ import torch
 from chopper.profiler import MAX_SECONDS, MAX_STEPS, STOP_STEPS, CaptureControl, ProfilerWindow
 from chopper.proto.chopper.v1 import agent_pb2 as pb
 from chopper.runs.capture import bounds_problem
+from chopper.trace.discover import trace_files
 
 
 class Clock:
@@ -145,6 +146,7 @@ def test_the_control_profiles_the_commanded_steps_and_reports_the_trace(tmp_path
     assert (busy["capture_id"], busy["error"]) == ("c7", "this process is already capturing")
     assert (done["capture_id"], done["rank"], done["pid"], done["steps"], done["error"]) == ("c6", 2, 1234, 2, "")
     assert done["trace_path"] == str(tmp_path / "traces" / "rank2.pt.trace.json.gz")
+    assert trace_files(tmp_path) == [Path(done["trace_path"])]  # where every command looks for traces
     assert traced_steps(done["trace_path"]) == ["ProfilerStep#0", "ProfilerStep#1"]
     assert 0 < done["begin_ns"] < done["end_ns"]
 
