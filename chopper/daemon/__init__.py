@@ -2,5 +2,6 @@
 
 Settings from defaults, YAML, environment and flags (``settings``); gRPC serving with access checks,
 TLS and bearer tokens (``serving``, ``access``, ``ratelimit``, ``tls``, ``auth``, ``grpc_decode``,
-``listen_check``); process life under systemd and signals (``sdnotify``, ``stopsignals``, ``logs``).
+``listen_check``); ``/metrics`` over HTTP (``metrics_http``); process life under systemd and signals
+(``entrypoint``: the shared ``main``, ``sdnotify``, ``stopsignals``, ``logs``).
 """
