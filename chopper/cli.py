@@ -9,6 +9,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from chopper import __version__
 from chopper.daemon.settings import ConfigError
 from chopper.runs import connect
 
@@ -30,6 +31,7 @@ def _positive(kind: Callable[[str], float]) -> Callable[[str], float]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="chopper", description="Step-aligned GPU efficiency telemetry.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="run an agent and a real 2-rank PyTorch training job, with a live step table")
     demo.add_argument("--duration", type=_positive(float), default=60.0, help="seconds of training (default 60)")
