@@ -5,8 +5,6 @@ import logging
 import time
 
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 
 from agent import catalog
 from agent.backends.simulated import SimulatedBackend
@@ -15,6 +13,7 @@ from agent.daemon import Agent
 from agent.host import HostSampler
 from agent.metrics import AgentCollector
 from tests.support.hazards import HazardOutcome
+from tests.support.scrape import scrape, section_errors
 
 
 def sampled_agent() -> Agent:
@@ -25,25 +24,11 @@ def sampled_agent() -> Agent:
     return agent
 
 
-def scrape(collector: AgentCollector) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(collector)
-    out: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
-    for family in text_string_to_metric_families(generate_latest(registry).decode()):
-        for s in family.samples:
-            out.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = s.value
-    return out
-
-
-def section_errors(m: dict[str, dict[tuple[tuple[str, str], ...], float]]) -> dict[str, float]:
-    return {dict(labels)["section"]: v for labels, v in m["chopper_agent_metrics_section_errors_total"].items()}
-
-
 def test_the_collector_sections_are_the_documented_ones() -> None:
     collector = AgentCollector(sampled_agent())
     assert list(collector.fills) == list(catalog.SECTIONS)
     m = scrape(collector)
-    assert section_errors(m) == dict.fromkeys(catalog.SECTIONS, 0.0)  # every section, 0 from the first scrape
+    assert section_errors(m, "agent") == dict.fromkeys(catalog.SECTIONS, 0.0)  # every section, 0 from the first scrape
     assert "chopper_gpu_power_watts" in m and "chopper_host_load1" in m and "chopper_agent_info" in m
 
 
@@ -53,8 +38,7 @@ def test_the_collector_sections_are_the_documented_ones() -> None:
 def test_a_failing_section_costs_its_own_families_only(caplog: pytest.LogCaptureFixture,
                                                        hazard: HazardOutcome) -> None:
     agent = sampled_agent()
-    now = [0.0]
-    collector = AgentCollector(agent, clock=lambda: now[0])
+    collector = AgentCollector(agent)
     healthy = scrape(collector)
     agent.latest[1] = object()  # type: ignore[assignment]  # GPU 0 is exported first, then GPU 1 fails
 
@@ -69,7 +53,7 @@ def test_a_failing_section_costs_its_own_families_only(caplog: pytest.LogCapture
     assert not [name for name in m if name.startswith("chopper_rank_")]
     kept = {name for name in healthy if not name.startswith(("chopper_gpu_", "chopper_rank_"))}
     assert kept <= set(m) and "chopper_host_load1" in kept and "chopper_agent_backend_up" in kept
-    errors = section_errors(m)
+    errors = section_errors(m, "agent")
     assert errors == {**dict.fromkeys(catalog.SECTIONS, 0.0), "gpus": 2.0, "ranks": 2.0}
     lines = [r.getMessage() for r in caplog.records if r.name == "agent.metrics"]
     assert sorted(line.split()[1] for line in lines) == ["section=gpus", "section=ranks"]  # once each, 2 scrapes
