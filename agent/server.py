@@ -5,8 +5,9 @@ is registered through ``chopper.daemon.grpc_decode.checked_service``, so a garbl
 counted (``chopper_agent_messages_undecodable_total{method}``) and answered with a clear
 ``INVALID_ARGUMENT`` before the servicer sees it, instead of gRPC's generic internal error. The
 server listens on a unix socket (for trainers; its life is ``agent.unix_socket``) and optionally
-on TCP, over TLS or mutual TLS when configured. Every RPC passes ``chopper.daemon.access``: size and per-client rate
-limits, and a bearer token for ``RequestCapture`` when ``token_file`` is set (docs/SECURITY.md).
+on TCP, over TLS or mutual TLS when configured. Every RPC passes ``chopper.daemon.access``: size
+and per-client rate limits, and a bearer token for ``RequestCapture`` when ``token_file`` is set
+(docs/SECURITY.md).
 """
 from __future__ import annotations
 
