@@ -228,15 +228,16 @@ def _record(args: argparse.Namespace, security: connect.ClientSecurity) -> int:
     from chopper.runs.record import OutputNotEmpty, RecordError, check_output, record
     from chopper.runs.rundir import RunDirError
 
+    def failed(exc: Exception) -> int:
+        # A non-empty --out is the user's to fix (2); anything else failed on the way (1).
+        print(f"chopper: {exc}", file=sys.stderr)
+        return 2 if isinstance(exc, OutputNotEmpty) else 1
+
     try:
         # Checked here as well as in record() so that the refusal comes before the banner.
         check_output(Path(args.out), args.force)
-    except OutputNotEmpty as exc:
-        print(f"chopper: {exc}", file=sys.stderr)
-        return 2
     except RecordError as exc:
-        print(f"chopper: {exc}", file=sys.stderr)
-        return 1
+        return failed(exc)
     # Ctrl-C and SIGTERM end the recording, and what was collected is still written.
     stop = StopSignals()
     since_ns = 1 if args.since_buffer else time.time_ns()
@@ -246,12 +247,8 @@ def _record(args: argparse.Namespace, security: connect.ClientSecurity) -> int:
         stats = record(
             args.agent, Path(args.out), args.duration, since_ns, stop.event, force=args.force, security=security,
         )
-    except OutputNotEmpty as exc:
-        print(f"chopper: {exc}", file=sys.stderr)
-        return 2
     except (RecordError, RunDirError, consumer.AgentUnreachable, OSError) as exc:
-        print(f"chopper: {exc}", file=sys.stderr)
-        return 1
+        return failed(exc)
     finally:
         stop.restore()
     if stats.agent_error is not None:

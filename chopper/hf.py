@@ -30,7 +30,6 @@ transformers.
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
 try:
@@ -42,7 +41,6 @@ except ImportError as e:  # pragma: no cover - exercised in environments without
     ) from e
 
 import chopper
-from chopper.identity import process as _identity
 
 logger = logging.getLogger("chopper.hf")
 
@@ -79,11 +77,7 @@ class ChopperCallback(TrainerCallback):  # type: ignore[misc]
 
         if self.instrumentation is not None or model is None or optimizer is None:
             return
-        if self.client is None and chopper._client is None:
-            job = self.job
-            if job is None and _identity.default_job(os.environ) == "default":
-                job = getattr(args, "run_name", None) or None
-            chopper.init(job=job)
+        if ctorch.start_callback_client(self.client, self.job, lambda: getattr(args, "run_name", None)):
             self._started_client = True
         # The Trainer's optimizer is accelerate's AcceleratedOptimizer: instrument hooks the one inside.
         inst = ctorch.instrument(model, optimizer, self.flops_per_step, self.tokens_per_step,
@@ -105,11 +99,8 @@ class ChopperCallback(TrainerCallback):  # type: ignore[misc]
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Remove the hooks and flush the markers."""
+        import chopper.pytorch as ctorch
+
         inst, self.instrumentation = self.instrumentation, None
-        if inst is not None:
-            inst.remove()
-            if inst.errors:
-                logger.warning("event=hook_errors errors=%s", dict(inst.errors))
-        if self._started_client:
-            self._started_client = False
-            chopper.shutdown()
+        started, self._started_client = self._started_client, False
+        ctorch.end_callback(inst, inst.errors if inst is not None else {}, started, logger)

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 from collections import Counter
 from typing import Any
 
@@ -55,7 +54,6 @@ except ImportError:  # pragma: no cover - pytorch_lightning-only environments
 import torch
 
 import chopper
-from chopper.identity import process as _identity
 
 logger = logging.getLogger("chopper.lightning")
 
@@ -147,11 +145,8 @@ class _ChopperHooks:
         """Start the client if needed, wrap ``torch.distributed`` and hook the optimizers' steps."""
         import chopper.pytorch as ctorch
 
-        if self.client is None and chopper._client is None:
-            job = self.job
-            if job is None and _identity.default_job(os.environ) == "default":
-                job = getattr(getattr(trainer, "logger", None), "name", None) or None
-            chopper.init(job=job)
+        if ctorch.start_callback_client(self.client, self.job,
+                                        lambda: getattr(getattr(trainer, "logger", None), "name", None)):
             self._started_client = True
         self._marks = self.client if self.client is not None else chopper
         model = getattr(trainer.strategy, "model", None) or pl_module
@@ -218,14 +213,11 @@ class _ChopperHooks:
         self._handles.clear()
         with contextlib.suppress(Exception):
             self._end_step()
+        import chopper.pytorch as ctorch
+
         inst, self._inst = self._inst, None
-        if inst is not None:
-            inst.remove()
-        if self.errors:
-            logger.warning("event=hook_errors errors=%s", dict(self.errors))
-        if self._started_client:
-            self._started_client = False
-            chopper.shutdown()
+        started, self._started_client = self._started_client, False
+        ctorch.end_callback(inst, self.errors, started, logger)
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         """Restore ``torch.distributed``, close open markers, flush a client started here."""

@@ -168,12 +168,9 @@ class CaptureControl:
     def __init__(self, target: str, job: str, rank: int, pid: int, metadata: tuple[tuple[str, str], ...],
                  initial_backoff_s: float, max_backoff_s: float) -> None:
         self.target = target
-        self.job = job
-        self.rank = rank
-        self.pid = pid
+        self._who: dict[str, Any] = {"job": job, "rank": rank, "pid": pid}  # as ControlHello and CaptureResult say it
         self._metadata = metadata
-        self._initial_backoff = initial_backoff_s
-        self._max_backoff = max_backoff_s
+        self._backoff_s = (initial_backoff_s, max_backoff_s)
         # A command is pending or a window runs: the client's hot path reads only this.
         self.active = False
         self.results: list[dict[str, Any]] = []  # how each capture of this process ended, as reported
@@ -255,7 +252,7 @@ class CaptureControl:
             return
         self._window = None
         self.active = self._cmd is not None
-        path, error = window.finish(self.rank, error)
+        path, error = window.finish(self._who["rank"], error)
         logger.info("event=capture_done id=%s steps=%d path=%r error=%r", window.capture_id, window.done, path, error)
         self._report(window.capture_id, path, window.done, error, window.begin_ns, window.end_ns)
 
@@ -270,9 +267,8 @@ class CaptureControl:
 
     def _report(self, capture_id: str, path: str, steps: int, error: str, begin_ns: int, end_ns: int) -> None:
         """Tell the agent how this rank's part ended, from a short-lived thread (never blocks training)."""
-        result: dict[str, Any] = {"capture_id": capture_id, "job": self.job, "rank": self.rank, "pid": self.pid,
-                                  "trace_path": path, "steps": steps, "error": error, "begin_ns": begin_ns,
-                                  "end_ns": end_ns}
+        result: dict[str, Any] = {"capture_id": capture_id, **self._who, "trace_path": path, "steps": steps,
+                                  "error": error, "begin_ns": begin_ns, "end_ns": end_ns}
         self.results.append(result)
 
         def send() -> None:
@@ -306,11 +302,12 @@ class CaptureControl:
             from chopper.proto.chopper.v1 import agent_pb2, agent_pb2_grpc
         except Exception:
             return
-        backoff = self._initial_backoff
+        initial, most = self._backoff_s
+        backoff = initial
         channel = grpc.insecure_channel(self.target)
         try:
             stub = agent_pb2_grpc.AgentStub(channel)
-            hello = agent_pb2.ControlHello(job=self.job, rank=self.rank, pid=self.pid)
+            hello = agent_pb2.ControlHello(**self._who)
             while not self._stop_event.is_set():
                 try:
                     call = stub.Control(hello, wait_for_ready=False, metadata=self._metadata)
@@ -318,7 +315,7 @@ class CaptureControl:
                     if self._stop_event.is_set():
                         call.cancel()
                     for command in call:
-                        backoff = self._initial_backoff
+                        backoff = initial
                         if command.HasField("capture"):
                             self._on_command(command.capture)
                 except grpc.RpcError as e:
@@ -328,7 +325,7 @@ class CaptureControl:
                     logger.debug("event=control_error", exc_info=True)
                 self._lost()
                 self._stop_event.wait(backoff)
-                backoff = min(backoff * 2, self._max_backoff)
+                backoff = min(backoff * 2, most)
         finally:
             channel.close()
 

@@ -86,10 +86,11 @@ import functools
 import gc
 import itertools
 import logging
+import os
 import threading
 import weakref
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -97,6 +98,7 @@ import torch.distributed as dist
 from torch import nn
 
 import chopper
+from chopper.identity import process as _identity
 
 logger = logging.getLogger("chopper.pytorch")
 
@@ -689,3 +691,34 @@ def instrument(model: nn.Module, optimizer: Any, flops_per_step: float | None = 
         with contextlib.suppress(TypeError):
             _active.add(obj)
     return inst
+
+
+def start_callback_client(client: chopper.Client | None, job: str | None,
+                          framework_job: Callable[[], str | None]) -> bool:
+    """A framework callback's client: start the process-wide one unless ``client`` is given or one runs.
+
+    The job is ``job``, else what the environment names (``chopper.init``), else, when it names
+    none, ``framework_job()`` (the Trainer's run name, the Lightning logger's name).
+
+    Returns:
+        True when a client was started here: the callback then flushes it at its end
+        (``end_callback``).
+    """
+    if client is not None or chopper._client is not None:
+        return False
+    if job is None and _identity.default_job(os.environ) == "default":
+        job = framework_job() or None
+    chopper.init(job=job)
+    return True
+
+
+def end_callback(inst: Instrumentation | None, errors: Mapping[str, int], started_client: bool,
+                 log: logging.Logger) -> None:
+    """A framework callback's end: remove ``inst``'s hooks, warn once of hook ``errors`` (by hook),
+    and flush and stop the client when the callback started it."""
+    if inst is not None:
+        inst.remove()
+    if errors:
+        log.warning("event=hook_errors errors=%s", dict(errors))
+    if started_client:
+        chopper.shutdown()

@@ -28,7 +28,15 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from chopper.report import trace_figures
-from chopper.report.spec import FigureSpec, ReportData, new_figure, no_data
+from chopper.report.spec import (
+    ATTRIBUTION_SECTION,
+    HARDWARE_SECTION,
+    STRAGGLER_SECTION,
+    FigureSpec,
+    ReportData,
+    new_figure,
+    no_data,
+)
 from chopper.schema import THROTTLE_CAUSES
 
 F64 = npt.NDArray[np.float64]
@@ -589,10 +597,6 @@ def _samples(data: ReportData) -> pd.DataFrame:
     keys = pd.MultiIndex.from_tuples(list(ranks), names=["node", "gpu"])
     return samples[pd.MultiIndex.from_frame(samples[["node", "gpu"]]).isin(keys)]
 
-
-ATTRIBUTION_SECTION = "Step-time attribution"
-HARDWARE_SECTION = "GPU clocks, power and temperature"
-STRAGGLER_SECTION = "Stragglers"
 
 FIGURES: list[FigureSpec] = [
     FigureSpec(

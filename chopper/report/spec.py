@@ -1,5 +1,5 @@
 """What every figure module shares: the report's inputs (``ReportData``), the registry entry
-(``FigureSpec``) and the figure factory (``new_figure``).
+(``FigureSpec``), the section titles and the figure factory (``new_figure``).
 
 Kept apart from ``figures`` so that the run figures (``figures``) and the trace figures
 (``trace_figures``) both build on it and ``figures.FIGURES`` can list both without an import cycle.
@@ -17,6 +17,16 @@ if TYPE_CHECKING:
     from chopper.attribution import Attribution
     from chopper.report.traces import TraceSet
     from chopper.runs.rundir import RecordedRun
+
+# The titles of the figure sections, run figures first (``figures``), then trace figures
+# (``trace_figures``): a figure names its section, and sections appear in the order of their
+# first figure in ``figures.FIGURES``.
+ATTRIBUTION_SECTION = "Step-time attribution"
+HARDWARE_SECTION = "GPU clocks, power and temperature"
+STRAGGLER_SECTION = "Stragglers"
+KERNEL_SECTION = "GPU time from traces"
+HOST_SECTION = "Launch overhead and idle time from traces"
+CROSS_SECTION = "Stragglers from traces"
 
 
 @dataclass(frozen=True)

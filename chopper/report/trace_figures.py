@@ -21,7 +21,15 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter
 
-from chopper.report.spec import FigureSpec, ReportData, new_figure, no_data
+from chopper.report.spec import (
+    CROSS_SECTION,
+    HOST_SECTION,
+    KERNEL_SECTION,
+    FigureSpec,
+    ReportData,
+    new_figure,
+    no_data,
+)
 
 if TYPE_CHECKING:
     from chopper.report.traces import TraceSet
@@ -448,10 +456,6 @@ def _traces(data: ReportData) -> TraceSet:
     assert data.traces is not None
     return data.traces
 
-
-KERNEL_SECTION = "GPU time from traces"
-HOST_SECTION = "Launch overhead and idle time from traces"
-CROSS_SECTION = "Stragglers from traces"
 
 TRACE_FIGURES: list[FigureSpec] = [
     FigureSpec(
