@@ -10,8 +10,10 @@ communication.
 from __future__ import annotations
 
 import functools
+import importlib
 import json
 import os
+import sys
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -367,3 +369,11 @@ def test_failing_hook_is_counted_and_disabled() -> None:
     inst.remove()
     assert inst.errors["forward"] == 1 and "forward" in inst.disabled
     assert inst.errors["optimizer"] == 1
+
+
+def test_the_old_name_chopper_torch_warns_and_is_the_same_api(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delitem(sys.modules, "chopper.torch", raising=False)  # a cached module would not warn again
+    with pytest.warns(DeprecationWarning, match=r"chopper\.torch is deprecated .*import chopper\.pytorch"):
+        old = importlib.import_module("chopper.torch")
+    assert old.instrument is ctorch.instrument and old.Instrumentation is ctorch.Instrumentation
+    assert old.__all__ == ctorch.__all__
