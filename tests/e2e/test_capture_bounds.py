@@ -20,9 +20,9 @@ import grpc
 import pytest
 
 from chopper.demo.run import free_port
+from chopper.profiler import MAX_STEPS
 from chopper.proto.chopper.v1 import agent_pb2 as pb
 from chopper.proto.chopper.v1 import agent_pb2_grpc
-from chopper.profiler import MAX_STEPS
 from tests.e2e.capture_bound_job import JOB
 from tests.e2e.test_capture import step_events
 from tests.support.daemons import AgentProcess
