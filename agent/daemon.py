@@ -43,10 +43,11 @@ from agent.config import AgentSettings
 from agent.delivery import Forwarder, delivery_tls
 from agent.markers import ClosedStep, IngestResult, MarkerIngest, RankState
 from agent.podresources import device_ids
-from agent.sampler import BackendHealth, BackendSampler, FixedRateTicker
+from agent.sampler import BackendSampler, FixedRateTicker
 from agent.state import AgentView
 from agent.steps import RankFigures, RankFiguresNow, SummaryQueue, summarize
 from agent.workload import PciAddressed, build_tracker
+from chopper import __version__
 from chopper.daemon.access import Refusals
 from chopper.proto.chopper.v1 import agent_pb2 as pb
 from chopper.schema import DeviceInfo, MarkerKind, Sample
@@ -154,8 +155,8 @@ class Agent:
         self.backend = backend
         # isinstance on a runtime-checkable Protocol inspects attributes: decide once, not per batch.
         self._observer = backend if isinstance(backend, MarkerObserver) else None
-        self.host = host
-        self.realtime_ns = realtime_ns
+        self._host = host
+        self._realtime_ns = realtime_ns
         # Reads the backend on each tick; owns its health and reopen backoff.
         self.sampler = BackendSampler(backend, self._set_devices, realtime_ns)
         self.devices: list[DeviceInfo] = []
@@ -166,7 +167,7 @@ class Agent:
         self.latest: dict[int, Sample] = {}
         self.latest_host: HostSample | None = None
         # Attribution totals per (job, rank), guarded by the state lock.
-        self.rank_figures: dict[tuple[str, int], RankFigures] = {}
+        self._rank_figures: dict[tuple[str, int], RankFigures] = {}
         self.rejected: Counter[str] = Counter()
         self.fields_dropped: Counter[str] = Counter()  # marker fields cleared, the markers kept, by field
         self.undecodable: Counter[str] = Counter()
@@ -211,11 +212,6 @@ class Agent:
         # What /metrics reads (agent.state).
         self.view = AgentView(self)
 
-    @property
-    def health(self) -> BackendHealth:
-        """The backend's health, as the sampler keeps it."""
-        return self.sampler.health
-
     # -- lifecycle ---------------------------------------------------------------------------
 
     def open_backend(self) -> None:
@@ -247,10 +243,10 @@ class Agent:
     def tick(self, now_ns: int) -> None:
         """One sampling tick: backend, host, buffers, then any step summaries now covered."""
         samples = self.sampler.sample(now_ns)
-        if self.host is not None and now_ns - self._last_host_ns >= HOST_INTERVAL_NS:
+        if self._host is not None and now_ns - self._last_host_ns >= HOST_INTERVAL_NS:
             self._last_host_ns = now_ns
             try:
-                self.latest_host = self.host.sample(now_ns)
+                self.latest_host = self._host.sample(now_ns)
             except Exception as exc:  # host metrics are a side dish; never let them stop GPU sampling
                 log.warning("event=host_sample_failed error=%r", str(exc))
         with self._state_lock:
@@ -268,7 +264,7 @@ class Agent:
                 )
             # Under the same lock as the pop, so retirement never sees a step in neither place.
             for summary in summaries:
-                self.rank_figures.setdefault((summary.job, summary.rank), RankFigures()).add(summary)
+                self._rank_figures.setdefault((summary.job, summary.rank), RankFigures()).add(summary)
         if samples:
             jobs = self.workloads.jobs() if self.workloads is not None else {}
             self.samples.extend(_sample_to_pb(s, jobs.get(s.gpu, "")) for s in samples)
@@ -296,7 +292,7 @@ class Agent:
 
     def push_markers(self, batch: pb.MarkerBatch) -> IngestResult:
         """Validate and store one batch from a trainer; forwards markers to a simulating backend."""
-        now_ns = self.realtime_ns()
+        now_ns = self._realtime_ns()
         key = (batch.job, batch.rank)
         with self._marker_lock:
             if key not in self._activity and len(self._activity) >= self.settings.max_ranks \
@@ -375,7 +371,7 @@ class Agent:
         """Drop every trace of one rank (caller holds both locks)."""
         self._activity.forget(key)
         self._ingest.ranks.pop(key, None)
-        self.rank_figures.pop(key, None)
+        self._rank_figures.pop(key, None)
 
     def tracked_ranks(self) -> int:
         with self._marker_lock:
@@ -383,9 +379,9 @@ class Agent:
 
     def rank_figures_now(self) -> dict[tuple[str, int], RankFiguresNow]:
         """Per (job, rank): seconds by cause, collective seconds, tokens, rolling MFU and flag counts, consistently."""
-        now = self.realtime_ns()
+        now = self._realtime_ns()
         with self._state_lock:
-            return {k: f.snapshot(now) for k, f in self.rank_figures.items()}
+            return {k: f.snapshot(now) for k, f in self._rank_figures.items()}
 
     def socket_served_again(self) -> None:
         """Count one recreation of the trainers' socket (``agent.unix_socket.SocketKeeper``, its only caller)."""
@@ -405,8 +401,6 @@ class Agent:
             ]
 
     def info(self) -> pb.AgentInfo:
-        from agent import __version__
-
         return pb.AgentInfo(
             node=self.settings.node, backend=self.backend.name, version=__version__,
             sample_hz=self.settings.sample_hz, devices=[pb.DeviceInfo(**dataclasses.asdict(d)) for d in self.devices],

@@ -1,28 +1,33 @@
-"""Prometheus exposition of the agent: one custom collector that reads ``Agent`` at scrape time.
+"""Prometheus exposition of the agent: one custom collector that reads the agent's view at scrape time.
 
 Per the house style (prometheus/client_python), ``collect()`` builds fresh metric families from
 the catalog on every scrape; there are no module-global gauges and the registry is passed in.
 Each section of a scrape (``fills``, documented by ``catalog.SECTIONS``) is built on its own: one
 that raises loses its own series only, counted in
 ``chopper_agent_metrics_section_errors_total{section}`` and logged.
-Clocks are exported in hertz (base units) although samples carry MHz.
+The collector reads only ``Agent.view`` (``agent.state.AgentView``), never the agent's parts, so a
+new metric touches the view and this module. Clocks are exported in hertz (base units) although
+samples carry MHz.
 """
 from __future__ import annotations
 
 import logging
 import time
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from agent.catalog import BY_NAME
-from agent.daemon import Agent
 from chopper import __version__
 from chopper.daemon.auth import Reloaded
 from chopper.daemon.exposition import Families, Sections
 from chopper.proto.chopper.v1 import agent_pb2 as pb
 from chopper.schema import THROTTLE_CAUSES, MarkerKind
+
+if TYPE_CHECKING:
+    from agent.daemon import Agent
 
 MHZ = 1e6
 # Every RPC of the Agent service, each with its undecodable-message count (0 until one arrives).
@@ -32,16 +37,21 @@ logger = logging.getLogger("agent.metrics")
 
 
 class AgentCollector(Collector):
-    """Exports GPU, host, rank and self metrics of one ``Agent``.
+    """Exports GPU, host, rank and self metrics of one ``Agent``, read through its ``view`` only.
+
+    Args:
+        agent: The agent whose ``view`` is read; nothing else of it is.
+        clock: Monotonic seconds, for the rate at which failing sections are logged.
 
     Attributes:
+        view: What every scrape reads.
         files: The file sets the running agent re-reads, by name: ``token_file``, ``tls`` (its gRPC
             listener's) and ``aggregator_tls`` (delivery's), those that are set; filled in once the
             agent serves (``agent/main.py``; /metrics starts first). Their reloads are counted there.
     """
 
     def __init__(self, agent: Agent, clock: Callable[[], float] = time.monotonic) -> None:
-        self.agent = agent
+        self.view = agent.view
         self.files: dict[str, Reloaded] = {}
         # In the order of catalog.SECTIONS, which documents them (a test keeps the two equal).
         self.fills: dict[str, Callable[[Families], None]] = {
@@ -55,13 +65,12 @@ class AgentCollector(Collector):
         fam = Families(BY_NAME)
         for name, fill in self.fills.items():
             self.sections.run(fam, name, fill)
-        self.sections.export(fam, "chopper_agent_metrics_section_errors_total", (self.agent.settings.node,))
+        self.sections.export(fam, "chopper_agent_metrics_section_errors_total", (self.view.node,))
         return iter(fam)
 
     def _gpus(self, fam: Families) -> None:
-        agent = self.agent
-        latest = dict(agent.latest)
-        for d in agent.devices:
+        latest = self.view.latest_samples
+        for d in self.view.devices:
             gl = (d.node, str(d.gpu), d.vendor, d.model)
             fam.add("chopper_gpu_info", (*gl, d.uuid), 1.0)
             fam.add("chopper_gpu_gfx_clock_max_hertz", gl, d.max_gfx_clock_mhz * MHZ)
@@ -91,24 +100,21 @@ class AgentCollector(Collector):
                 fam.add("chopper_gpu_throttle_seconds_total", (*gl, cause), getattr(s, f"throttle_{cause}_s"))
 
     def _workloads(self, fam: Families) -> None:
-        tracker = self.agent.workloads
-        if tracker is None:
-            return
-        node = self.agent.settings.node
-        for gpu, owners in tracker.table().items():
+        node = self.view.node
+        for gpu, owners in self.view.workload_owners.items():
             for w in owners:
                 fam.add("chopper_gpu_workload_info", (node, str(gpu), w.job, w.pod, w.namespace, w.container, w.source),
                         1.0)
-        for source in tracker.sources:
-            fam.add("chopper_agent_workload_source_up", (node, source.name), 1.0 if source.health.up else 0.0)
-            for kind, count in sorted(source.health.errors.items()):
-                fam.add("chopper_agent_workload_errors_total", (node, source.name, kind), float(count))
+        for name, health in self.view.workload_sources.items():
+            fam.add("chopper_agent_workload_source_up", (node, name), 1.0 if health.up else 0.0)
+            for kind, count in sorted(health.errors.items()):
+                fam.add("chopper_agent_workload_errors_total", (node, name, kind), float(count))
 
     def _host(self, fam: Families) -> None:
-        h = self.agent.latest_host
+        h = self.view.host
         if h is None:
             return
-        node = (self.agent.settings.node,)
+        node = (self.view.node,)
         fam.add("chopper_host_cpu_busy_ratio", node, h.cpu_ratio)
         fam.add("chopper_host_memory_used_bytes", node, h.mem_used_bytes)
         fam.add("chopper_host_memory_total_bytes", node, h.mem_total_bytes)
@@ -117,9 +123,9 @@ class AgentCollector(Collector):
         fam.add("chopper_host_load1", node, h.load1)
 
     def _ranks(self, fam: Families) -> None:
-        node = self.agent.settings.node
-        figures = self.agent.rank_figures_now()
-        for (job, rank), st in self.agent.rank_states():
+        node = self.view.node
+        figures = self.view.rank_figures
+        for (job, rank), st in self.view.rank_states:
             rl = (node, job, str(rank), str(st.gpu))
             for kind, count in st.received.items():
                 fam.add("chopper_rank_markers_received_total", (*rl, kind.label), float(count))
@@ -143,46 +149,42 @@ class AgentCollector(Collector):
                     fam.add("chopper_rank_flagged_steps_total", (*rl, flag), float(count))
 
     def _self(self, fam: Families) -> None:
-        agent = self.agent
-        node = agent.settings.node
-        backend = agent.backend.name
-        health = agent.health
+        view = self.view
+        node, backend = view.node, view.backend
         fam.add("chopper_agent_info", (node, backend, __version__), 1.0)
-        fam.add("chopper_agent_backend_up", (node, backend), 1.0 if health.up else 0.0)
+        fam.add("chopper_agent_backend_up", (node, backend), 1.0 if view.backend_up else 0.0)
+        errors = view.backend_errors
         for kind in ("open", "device_lost", "error"):
-            fam.add("chopper_agent_backend_errors_total", (node, backend, kind), float(health.errors.get(kind, 0)))
-        fam.add("chopper_agent_backend_sample_seconds", (node, backend), health.last_sample_s)
-        fam.add("chopper_agent_sample_rate_hertz", (node,), 1e9 / agent.ticker.period_ns)
-        ticker = agent.ticker
-        fam.add("chopper_agent_sampler_ticks_total", (node,), float(ticker.ticks_total))
-        fam.add("chopper_agent_sampler_missed_ticks_total", (node,), float(ticker.missed_ticks_total))
-        fam.add("chopper_agent_sampler_lag_seconds", (node,), ticker.last_lag_s)
-        for name, buf in (("samples", agent.samples), ("markers", agent.markers), ("step_summaries", agent.summaries)):
-            fam.add("chopper_agent_buffer_items", (node, name), float(len(buf)))
-            fam.add("chopper_agent_buffer_capacity_items", (node, name), float(buf.capacity))
-            fam.add("chopper_agent_buffer_overwritten_total", (node, name), float(buf.overwritten_total))
-        for reason, count in sorted(agent.rejected.items()):
+            fam.add("chopper_agent_backend_errors_total", (node, backend, kind), float(errors.get(kind, 0)))
+        fam.add("chopper_agent_backend_sample_seconds", (node, backend), view.backend_sample_s)
+        fam.add("chopper_agent_sample_rate_hertz", (node,), view.sample_rate_hz)
+        fam.add("chopper_agent_sampler_ticks_total", (node,), float(view.sampler_ticks_total))
+        fam.add("chopper_agent_sampler_missed_ticks_total", (node,), float(view.sampler_missed_ticks_total))
+        fam.add("chopper_agent_sampler_lag_seconds", (node,), view.sampler_lag_s)
+        for name, fill in view.buffers.items():
+            fam.add("chopper_agent_buffer_items", (node, name), float(fill.items))
+            fam.add("chopper_agent_buffer_capacity_items", (node, name), float(fill.capacity))
+            fam.add("chopper_agent_buffer_overwritten_total", (node, name), float(fill.overwritten_total))
+        for reason, count in sorted(view.markers_rejected.items()):
             fam.add("chopper_agent_markers_rejected_total", (node, reason), float(count))
-        for name, count in sorted(agent.fields_dropped.items()):
+        for name, count in sorted(view.marker_fields_dropped.items()):
             fam.add("chopper_agent_marker_fields_dropped_total", (node, name), float(count))
+        undecodable = view.messages_undecodable
         for method in AGENT_METHODS:
-            fam.add("chopper_agent_messages_undecodable_total", (node, method), float(agent.undecodable.get(method, 0)))
-        for (rpc, reason), count in sorted(agent.refusals.snapshot().items()):
+            fam.add("chopper_agent_messages_undecodable_total", (node, method), float(undecodable.get(method, 0)))
+        for (rpc, reason), count in sorted(view.rpc_refused.items()):
             fam.add("chopper_agent_rpc_refused_total", (node, rpc, reason), float(count))
-        fam.add("chopper_agent_socket_recreated_total", (node,), float(agent.socket_recreated))
-        fam.add("chopper_agent_marker_streams", (node,), float(agent.open_streams["PushMarkers"]))
-        fam.add("chopper_agent_subscribers", (node,), float(agent.open_streams["Subscribe"]))
-        fam.add("chopper_agent_step_summaries_total", (node,), float(agent.summaries_total))
-        fam.add("chopper_agent_ranks", (node,), float(agent.tracked_ranks()))
-        for reason, count in sorted(agent.ranks_retired.items()):
+        fam.add("chopper_agent_socket_recreated_total", (node,), float(view.socket_recreated_total))
+        fam.add("chopper_agent_marker_streams", (node,), float(view.marker_streams))
+        fam.add("chopper_agent_subscribers", (node,), float(view.subscribers))
+        fam.add("chopper_agent_step_summaries_total", (node,), float(view.step_summaries_total))
+        fam.add("chopper_agent_ranks", (node,), float(view.tracked_ranks))
+        for reason, count in sorted(view.ranks_retired.items()):
             fam.add("chopper_agent_ranks_retired_total", (node, reason), float(count))
 
     def _delivery(self, fam: Families) -> None:
-        delivery = self.agent.delivery
-        if delivery is None:
-            return
-        node = self.agent.settings.node
-        for replica, d in sorted(delivery.snapshot().items()):
+        node = self.view.node
+        for replica, d in sorted(self.view.delivery.items()):
             rl = (node, replica)
             fam.add("chopper_agent_delivery_sent_total", rl, float(d["sent"]))
             fam.add("chopper_agent_delivery_acked_total", rl, float(d["acked"]))
@@ -191,7 +193,7 @@ class AgentCollector(Collector):
             fam.add("chopper_agent_delivery_pending_items", rl, float(d["pending"]))
 
     def _reloads(self, fam: Families) -> None:
-        node = self.agent.settings.node
+        node = self.view.node
         for name, files in sorted(self.files.items()):
             if name == "token_file":
                 fam.add("chopper_agent_token_file_reloads_total", (node,), float(files.reloads))

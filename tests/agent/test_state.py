@@ -8,12 +8,15 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from agent import catalog
 from agent.backends.simulated import SimulatedBackend
 from agent.config import load_settings
 from agent.daemon import Agent
+from agent.host import HostSampler
 from agent.metrics import AgentCollector
-from agent.state import BufferFill
+from agent.state import AgentView, BufferFill
 from chopper.proto.chopper.v1 import agent_pb2 as pb
+from tests.support import scrape as support
 
 
 def scrape(agent: Agent) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -24,10 +27,10 @@ def scrape(agent: Agent) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]
             for f in text_string_to_metric_families(text) for s in f.samples}
 
 
-@pytest.fixture
-def agent() -> Agent:
+def busy_agent(host: HostSampler | None = None) -> Agent:
+    """Two simulated GPUs sampled 3 times, one rank with one step summarised, one marker rejected."""
     settings = load_settings(["--node", "n1", "--backend", "simulated", "--sim-gpus", "2", "--sample-hz", "10"], env={})
-    agent = Agent(settings, SimulatedBackend("n1", gpus=2))
+    agent = Agent(settings, SimulatedBackend("n1", gpus=2), host=host)
     agent.open_backend()
     now = time.time_ns() - 1_000_000_000  # a second ago, so the ticks below cover the step
     steps = [pb.Marker(kind=pb.MARKER_KIND_STEP_BEGIN, step=0, ts_ns=now),
@@ -38,6 +41,11 @@ def agent() -> Agent:
         agent.ticker.run_due_tick(time.monotonic_ns())  # one tick of the sampler: Agent.tick, counted
     agent.count(agent.undecodable, "Subscribe")
     return agent
+
+
+@pytest.fixture
+def agent() -> Agent:
+    return busy_agent()
 
 
 def test_view_reads_what_the_scrape_exports(agent: Agent) -> None:
@@ -77,4 +85,20 @@ def test_view_returns_copies(agent: Agent) -> None:
     view.markers_rejected["step_never_began"] = 99
     view.backend_errors["open"] = 5
     view.latest_samples.clear()
-    assert agent.rejected["step_never_began"] == 1 and agent.health.errors == {} and len(agent.latest) == 2
+    assert agent.rejected["step_never_began"] == 1 and agent.sampler.health.errors == {} and len(agent.latest) == 2
+
+
+def test_the_collector_reads_the_view_only() -> None:
+    class ViewOnly:
+        """All that AgentCollector may read of an agent."""
+
+        def __init__(self, view: AgentView) -> None:
+            self.view = view
+
+    agent = busy_agent(HostSampler())
+    through_view = support.scrape(AgentCollector(ViewOnly(agent.view)))  # type: ignore[arg-type]
+    assert support.section_errors(through_view, "agent") == dict.fromkeys(catalog.SECTIONS, 0.0)
+    through_agent = support.scrape(AgentCollector(agent))
+    assert {name: set(series) for name, series in through_view.items()} == \
+        {name: set(series) for name, series in through_agent.items()}
+    assert "chopper_host_load1" in through_view and "chopper_rank_tokens_total" in through_view
