@@ -28,7 +28,7 @@ def test_device_lost_then_recovered() -> None:
     agent = Agent(settings, backend_for(node), realtime_ns=lambda: now[0])
     agent.open_backend()
     agent.tick(now[0])
-    assert agent.health.up and len(agent.samples) == 2
+    assert agent.sampler.health.up and len(agent.samples) == 2
 
     answer = node.nv.nvmlDeviceGetFieldValues.side_effect
 
@@ -38,7 +38,7 @@ def test_device_lost_then_recovered() -> None:
     node.nv.nvmlDeviceGetFieldValues.side_effect = lost
     now[0] = node.at(1)
     agent.tick(now[0])
-    assert not agent.health.up and agent.health.errors["device_lost"] == 1
+    assert not agent.sampler.health.up and agent.sampler.health.errors["device_lost"] == 1
     text = scrape(agent)
     assert 'chopper_agent_backend_up{backend="nvidia",node="node-a"} 0.0' in text
     assert 'chopper_agent_backend_errors_total{backend="nvidia",kind="device_lost",node="node-a"} 1.0' in text
@@ -47,7 +47,7 @@ def test_device_lost_then_recovered() -> None:
     # Within the backoff nothing is retried; after it, the backend is reopened and samples flow.
     node.nv.nvmlDeviceGetFieldValues.side_effect = answer
     agent.tick(now[0] + 500_000_000)
-    assert not agent.health.up and len(agent.samples) == 2
+    assert not agent.sampler.health.up and len(agent.samples) == 2
     agent.tick(now[0] + 1_000_000_000)
-    assert agent.health.up and len(agent.samples) == 4
+    assert agent.sampler.health.up and len(agent.samples) == 4
     assert node.nv.nvmlInit.call_count == 2
