@@ -8,8 +8,8 @@ defines raises ``AttributeError`` when the dashboards are rendered, so a renamed
 from __future__ import annotations
 
 from agent.catalog import METRICS as AGENT_METRICS
-from agent.catalog import MetricSpec
 from aggregator.catalog import METRICS as AGGREGATOR_METRICS
+from chopper.daemon.exposition import MetricSpec
 
 PREFIX = "chopper_"
 CATALOG: dict[str, MetricSpec] = {m.name: m for m in (*AGENT_METRICS, *AGGREGATOR_METRICS)}

@@ -2,6 +2,7 @@
 
 Settings from defaults, YAML, environment and flags (``settings``); gRPC serving with access checks,
 TLS and bearer tokens (``serving``, ``access``, ``ratelimit``, ``tls``, ``auth``, ``grpc_decode``,
-``listen_check``); ``/metrics`` over HTTP (``metrics_http``); process life under systemd and signals
+``listen_check``); metric catalogs' exposition, guarded ``collect()`` sections and catalog docs
+(``exposition``); ``/metrics`` over HTTP (``metrics_http``); process life under systemd and signals
 (``entrypoint``: the shared ``main``, ``sdnotify``, ``stopsignals``, ``logs``).
 """
