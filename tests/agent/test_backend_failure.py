@@ -1,6 +1,6 @@
 """A backend that loses its GPU mid-run never stops the agent: it reports, retries and recovers.
 
-The NVML seam is faked with the recorded H100 values of the nvidia backend's own tests.
+The NVML seam is faked with the H100 fixture the nvidia backend's own tests read (``tests.support.nvml_fake``).
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from agent.config import load_settings
 from agent.daemon import Agent
 from agent.metrics import AgentCollector
-from tests.agent.backends.test_nvidia import FakeNode, backend_for, load_fixture
+from tests.support.nvml_fake import FakeNode, backend_for, load_fixture
 
 
 def scrape(agent: Agent) -> str:

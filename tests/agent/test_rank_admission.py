@@ -1,11 +1,12 @@
 """Room for a new (job, rank) at max_ranks: finished ranks go, live ranks inside a step stay, the rest is refused."""
 from __future__ import annotations
 
-from tests.agent.test_rank_retire import BEGIN, END, Node
+from tests.support.markers import BEGIN, END
+from tests.support.simulated_node import SimulatedNode
 
 
 def test_ranks_inside_a_step_are_kept_and_the_new_rank_is_refused_and_counted() -> None:
-    node = Node("--max-ranks", "2", "--rank-idle-s", "60")
+    node = SimulatedNode("--max-ranks", "2", "--rank-idle-s", "60")
     node.send("train", 0, (BEGIN, 0))
     node.send("train", 1, (BEGIN, 0))
     node.at(1)
@@ -18,7 +19,7 @@ def test_ranks_inside_a_step_are_kept_and_the_new_rank_is_refused_and_counted() 
 
 
 def test_a_rank_silent_inside_a_step_for_rank_idle_s_makes_room() -> None:
-    node = Node("--max-ranks", "2", "--rank-idle-s", "60")
+    node = SimulatedNode("--max-ranks", "2", "--rank-idle-s", "60")
     node.send("dead", 0, (BEGIN, 0))  # a trainer that died inside a step
     node.send("live", 0, (BEGIN, 0))
     node.at(59)
@@ -31,7 +32,7 @@ def test_a_rank_silent_inside_a_step_for_rank_idle_s_makes_room() -> None:
 
 
 def test_a_rank_waiting_for_its_summary_is_not_forgotten_for_room() -> None:
-    node = Node("--max-ranks", "1")
+    node = SimulatedNode("--max-ranks", "1")
     node.send("done", 0, (BEGIN, 0))
     node.at(0.5)
     node.send("done", 0, (END, 0))  # closed, its summary waits for a sample after its end

@@ -1,41 +1,12 @@
 """Retirement of silent ranks keeps what is still in flight: open steps, pending summaries, live siblings."""
 from __future__ import annotations
 
-from agent.backends.simulated import SimulatedBackend
-from agent.config import load_settings
-from agent.daemon import Agent
-from chopper.proto.chopper.v1 import agent_pb2 as pb
-
-S = 10**9
-BEGIN, END = pb.MARKER_KIND_STEP_BEGIN, pb.MARKER_KIND_STEP_END
-T0 = 1_800_000_000 * S
-
-
-class Node:
-    """An agent on a simulated node with a clock the test moves."""
-
-    def __init__(self, *flags: str) -> None:
-        self.now = T0
-        settings = load_settings(["--node", "n", "--backend", "simulated", "--sim-gpus", "2", *flags], env={})
-        self.agent = Agent(settings, SimulatedBackend("n", gpus=2), realtime_ns=lambda: self.now)
-        self.agent.open_backend()
-        self.seq: dict[tuple[str, int], int] = {}
-
-    def send(self, job: str, rank: int, *markers: tuple[pb.MarkerKind, int]) -> None:
-        seq = self.seq[(job, rank)] = self.seq.get((job, rank), 0) + 1
-        self.agent.push_markers(pb.MarkerBatch(
-            job=job, rank=rank, gpu=rank, seq=seq, pid=100 + rank,
-            markers=[pb.Marker(kind=k, ts_ns=self.now, step=step) for k, step in markers]))
-
-    def at(self, seconds: float) -> None:
-        self.now = T0 + int(seconds * S)
-
-    def tracked(self) -> set[tuple[str, int]]:
-        return {key for key, _ in self.agent.rank_states()}
+from tests.support.markers import BEGIN, END
+from tests.support.simulated_node import SimulatedNode
 
 
 def test_an_open_step_outlives_the_silence_and_still_closes() -> None:
-    node = Node("--rank-idle-s", "10")
+    node = SimulatedNode("--rank-idle-s", "10")
     node.send("j", 0, (BEGIN, 0))
     node.at(60)  # a step of a minute without a marker: a checkpoint save, say
     node.agent.tick(node.now)
@@ -48,7 +19,7 @@ def test_an_open_step_outlives_the_silence_and_still_closes() -> None:
 
 
 def test_pending_summaries_are_made_before_the_rank_goes() -> None:
-    node = Node("--rank-idle-s", "10")
+    node = SimulatedNode("--rank-idle-s", "10")
     node.send("j", 0, (BEGIN, 0))
     node.at(1)
     node.send("j", 0, (END, 0))
@@ -61,7 +32,7 @@ def test_pending_summaries_are_made_before_the_rank_goes() -> None:
 
 
 def test_a_rank_goes_only_when_its_whole_job_is_silent() -> None:
-    node = Node("--rank-idle-s", "10")
+    node = SimulatedNode("--rank-idle-s", "10")
     for rank in (0, 1):
         node.send("j", rank, (BEGIN, 0), (END, 0))
     node.send("k", 0, (BEGIN, 0), (END, 0))
@@ -77,7 +48,7 @@ def test_a_rank_goes_only_when_its_whole_job_is_silent() -> None:
 
 
 def test_the_limit_evicts_ranks_without_an_open_step_first() -> None:
-    node = Node("--max-ranks", "2")
+    node = SimulatedNode("--max-ranks", "2")
     node.send("old", 0, (BEGIN, 0))  # in a step
     node.at(1)
     node.send("mid", 0, (BEGIN, 0), (END, 0))

@@ -5,18 +5,13 @@ import pytest
 from agent.backends.base import BackendError, BackendUnavailable, DeviceLost
 from agent.sampler import REOPEN_BACKOFF_S, BackendSampler, FixedRateTicker
 from chopper.schema import DeviceInfo, Sample
+from tests.support.fake_clock import FakeClock
 
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1_000_000_000
-
-    def __call__(self) -> int:
-        return self.now
+S = 1_000_000_000
 
 
 def test_no_drift_and_missed_ticks_counted() -> None:
-    clock = FakeClock()
+    clock = FakeClock(S)
     stamps: list[int] = []
     ticker = FixedRateTicker(100.0, stamps.append, monotonic_ns=clock, realtime_ns=clock)
     due = clock.now
@@ -34,7 +29,7 @@ def test_no_drift_and_missed_ticks_counted() -> None:
 
 
 def test_failing_tick_is_counted_not_fatal() -> None:
-    clock = FakeClock()
+    clock = FakeClock(S)
 
     def boom(_: int) -> None:
         raise RuntimeError("backend exploded")
@@ -71,11 +66,8 @@ class FlakyBackend:
         self.closes += 1
 
 
-S = 1_000_000_000
-
-
 def test_reopen_backoff_doubles_to_its_cap_and_resets_after_a_reopen() -> None:
-    clock = FakeClock()
+    clock = FakeClock(S)
     backend = FlakyBackend()
     opened: list[int] = []
     sampler = BackendSampler(backend, lambda devices: opened.append(len(devices)), realtime_ns=clock)
@@ -99,7 +91,7 @@ def test_reopen_backoff_doubles_to_its_cap_and_resets_after_a_reopen() -> None:
 
 
 def test_a_failed_read_is_counted_and_retried_next_tick_without_a_reopen() -> None:
-    clock = FakeClock()
+    clock = FakeClock(S)
     backend = FlakyBackend()
     sampler = BackendSampler(backend, lambda devices: None, realtime_ns=clock)
     sampler.open()
@@ -111,7 +103,7 @@ def test_a_failed_read_is_counted_and_retried_next_tick_without_a_reopen() -> No
 
 
 def test_first_open_failure_is_retried_but_an_unavailable_backend_is_raised() -> None:
-    clock = FakeClock()
+    clock = FakeClock(S)
     backend = FlakyBackend()
     opened: list[int] = []
     sampler = BackendSampler(backend, lambda devices: opened.append(len(devices)), realtime_ns=clock)

@@ -10,60 +10,22 @@ from pathlib import Path
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import generate_latest
 
-from agent.backends.simulated import SimulatedBackend
-from agent.config import load_settings
-from agent.daemon import Agent
-from agent.metrics import AgentCollector
-from agent.server import TelemetryHub, build_server
 from chopper.proto.chopper.v1 import agent_pb2 as pb
 from chopper.proto.chopper.v1 import agent_pb2_grpc
-
-
-class Running:
-    def __init__(self, tmp: Path, **overrides: str) -> None:
-        argv = ["--node", "n1", "--backend", "simulated", "--sim-gpus", "2", "--sample-hz", "50",
-                "--socket-path", str(tmp / "a.sock"), "--max-message-bytes", "65536"]
-        for key, value in overrides.items():
-            argv += ["--" + key.replace("_", "-"), value]
-        self.settings = load_settings(argv, env={})
-        self.hub = TelemetryHub()
-        self.agent = Agent(self.settings, SimulatedBackend(self.settings.node, gpus=2), notify=self.hub.notify)
-        self.agent.open_backend()
-        self.server = build_server(self.agent, self.hub, self.settings)
-        self.agent.start()
-        self.target = f"unix://{self.settings.socket_path}"
-        self.channel = grpc.insecure_channel(self.target)
-        self.stub = agent_pb2_grpc.AgentStub(self.channel)
-
-    def stop(self) -> None:
-        self.channel.close()
-        self.server.stop(0)
-        self.agent.stop()
+from tests.support.markers import steps_batch
+from tests.support.running_servers import RunningAgent
 
 
 @pytest.fixture
-def running(tmp_path: Path) -> Iterator[Running]:
-    r = Running(tmp_path)
+def running(tmp_path: Path) -> Iterator[RunningAgent]:
+    r = RunningAgent(tmp_path)
     yield r
     r.stop()
 
 
-def steps_batch(first: int, count: int, t0: int, job: str = "j") -> pb.MarkerBatch:
-    markers = []
-    for i, step in enumerate(range(first, first + count)):
-        t = t0 + i * 40_000_000
-        markers += [
-            pb.Marker(kind=pb.MARKER_KIND_STEP_BEGIN, step=step, ts_ns=t),
-            pb.Marker(kind=pb.MARKER_KIND_PHASE_BEGIN, step=step, ts_ns=t + 1_000_000, name="forward"),
-            pb.Marker(kind=pb.MARKER_KIND_PHASE_END, step=step, ts_ns=t + 30_000_000, name="forward"),
-            pb.Marker(kind=pb.MARKER_KIND_STEP_END, step=step, ts_ns=t + 35_000_000, flops=1e12, tokens=256),
-        ]
-    return pb.MarkerBatch(job=job, rank=1, gpu=1, seq=1, pid=os.getpid(), markers=markers)
-
-
-def test_markers_in_summaries_out(running: Running) -> None:
+def test_markers_in_summaries_out(running: RunningAgent) -> None:
     t0 = time.time_ns()
     # since_ns replays what the buffers hold, so the subscription cannot miss the markers below.
     stream = running.stub.Subscribe(pb.SubscribeRequest(step_summaries=True, markers=True, since_ns=t0))
@@ -84,7 +46,7 @@ def test_markers_in_summaries_out(running: Running) -> None:
     assert 0 < first.mean_gfx_clock_mhz <= 2100 and first.mean_power_w > 0 and first.energy_j > 0
 
 
-def test_rejections_are_answered_and_counted(running: Running) -> None:
+def test_rejections_are_answered_and_counted(running: RunningAgent) -> None:
     bad = pb.MarkerBatch(job="j", rank=0, gpu=0, seq=1, markers=[
         pb.Marker(kind=pb.MARKER_KIND_STEP_END, step=9, ts_ns=time.time_ns()),
     ])
@@ -95,7 +57,7 @@ def test_rejections_are_answered_and_counted(running: Running) -> None:
     assert running.stub.GetInfo(pb.GetInfoRequest()).backend == "simulated"  # still serving
 
 
-def test_garbled_and_oversized_messages(running: Running) -> None:
+def test_garbled_and_oversized_messages(running: RunningAgent) -> None:
     push_raw = running.channel.stream_unary("/chopper.v1.Agent/PushMarkers")  # bytes in, bytes out
     with pytest.raises(grpc.RpcError) as err:
         push_raw(iter([b"\xff\xff\xff\x07garbage"]))
@@ -111,7 +73,7 @@ def test_garbled_and_oversized_messages(running: Running) -> None:
     assert running.stub.GetInfo(pb.GetInfoRequest()).node == "n1"
 
 
-def test_health_socket_mode_and_info(running: Running) -> None:
+def test_health_socket_mode_and_info(running: RunningAgent) -> None:
     health = health_pb2_grpc.HealthStub(running.channel)
     status = health.Check(health_pb2.HealthCheckRequest(service="chopper.v1.Agent")).status
     assert status == health_pb2.HealthCheckResponse.SERVING
@@ -125,7 +87,7 @@ def test_optional_tcp_listener(tmp_path: Path) -> None:
     from chopper.demo.run import free_port
 
     address = f"127.0.0.1:{free_port()}"
-    r = Running(tmp_path, grpc_listen=address)
+    r = RunningAgent(tmp_path, grpc_listen=address)
     try:
         with grpc.insecure_channel(address) as channel:
             assert agent_pb2_grpc.AgentStub(channel).GetInfo(pb.GetInfoRequest(), timeout=5).node == "n1"
@@ -133,14 +95,12 @@ def test_optional_tcp_listener(tmp_path: Path) -> None:
         r.stop()
 
 
-def test_metrics_exposition(running: Running) -> None:
+def test_metrics_exposition(running: RunningAgent) -> None:
     running.stub.PushMarkers(iter([steps_batch(0, 3, time.time_ns())]))
     deadline = time.monotonic() + 5
     while running.agent.summaries_total < 3 and time.monotonic() < deadline:
         time.sleep(0.02)
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(AgentCollector(running.agent))
-    text = generate_latest(registry).decode()
+    text = generate_latest(running.registry).decode()
     assert 'chopper_rank_markers_received_total{gpu="1",job="j",kind="phase_end",node="n1",rank="1"} 3.0' in text
     assert 'chopper_rank_steps_total{gpu="1",job="j",node="n1",rank="1"} 3.0' in text
     assert 'chopper_agent_backend_up{backend="simulated",node="n1"} 1.0' in text

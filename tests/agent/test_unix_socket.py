@@ -9,32 +9,31 @@ from pathlib import Path
 
 import grpc
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import generate_latest
 
-from agent.metrics import AgentCollector
 from agent.unix_socket import SocketInUse, SocketKeeper, remove_socket
 from chopper.proto.chopper.v1 import agent_pb2 as pb
 from chopper.proto.chopper.v1 import agent_pb2_grpc
-from tests.agent.test_server import Running
 from tests.support.hazards import HazardOutcome
+from tests.support.running_servers import RunningAgent
 
 
-def keeper_of(r: Running) -> SocketKeeper:
+def keeper_of(r: RunningAgent) -> SocketKeeper:
     return SocketKeeper(r.server, r.settings, r.agent.socket_served_again)
 
 
 def test_second_agent_on_same_socket_refused(tmp_path: Path) -> None:
-    r = Running(tmp_path)
+    r = RunningAgent(tmp_path)
     try:
         with pytest.raises(SocketInUse, match="served by another running agent"):
-            Running(tmp_path)
+            RunningAgent(tmp_path)
     finally:
         r.stop()
 
 
 def test_removed_socket_is_served_again_with_its_mode(tmp_path: Path) -> None:
     sub = tmp_path / "run"
-    r = Running(tmp_path, socket_path=str(sub / "a.sock"))
+    r = RunningAgent(tmp_path, socket_path=str(sub / "a.sock"))
     keeper = keeper_of(r)
     try:
         open_stream = r.stub.GetInfo(pb.GetInfoRequest(), timeout=5)
@@ -49,9 +48,7 @@ def test_removed_socket_is_served_again_with_its_mode(tmp_path: Path) -> None:
         assert r.stub.GetInfo(pb.GetInfoRequest(), timeout=5).node == "n1"  # the old connection still works
         (sub / "a.sock").unlink()  # removed again: the new spare replaces the first, not beside it
         assert keeper.check() is True and len(r.server.spares) == 1
-        registry = CollectorRegistry()
-        registry.register(AgentCollector(r.agent))
-        assert "chopper_agent_socket_recreated_total{node=\"n1\"} 2.0" in generate_latest(registry).decode()
+        assert "chopper_agent_socket_recreated_total{node=\"n1\"} 2.0" in generate_latest(r.registry).decode()
     finally:
         r.stop()
 
@@ -60,7 +57,7 @@ def test_removed_socket_is_served_again_with_its_mode(tmp_path: Path) -> None:
                     promise="the agent serving its socket again never removes what is not a stale socket")
 def test_keeper_leaves_a_file_put_at_the_socket_path(tmp_path: Path, caplog: pytest.LogCaptureFixture,
                                                      hazard: HazardOutcome) -> None:
-    r = Running(tmp_path)
+    r = RunningAgent(tmp_path)
     keeper = keeper_of(r)
     sock = Path(r.settings.socket_path)
     try:

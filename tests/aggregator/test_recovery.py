@@ -1,94 +1,26 @@
 """Crash and restart in process: acknowledged summaries survive, resends are duplicates, the store holds each once.
 
 A "crash" drops the ``Aggregator``, its job table, store buffer and ledger without ``close`` (the
-state a kill -9 leaves: only what is on disk); the next life is built on the same directory.
+state a kill -9 leaves: only what is on disk); the next life is built on the same directory
+(``tests.support.aggregator_life``).
 """
 from __future__ import annotations
 
 from pathlib import Path
 
-import pandas as pd
 import pytest
 
-from aggregator.jobs import JobTable
-from aggregator.ledger import Ledger
-from aggregator.service import Aggregator
-from aggregator.store import Store
-from aggregator.wal import BATCH, FILES, Wal, _encode, read_segment
-from chopper.proto.chopper.v1 import agent_pb2 as pb
+from aggregator.wal import BATCH, FILES, _encode, read_segment
 from chopper.proto.chopper.v1 import aggregator_pb2 as apb
+from tests.support.aggregator_life import FakeAgent, life, run_steps, stored
+from tests.support.fake_clock import START_NS, FakeClock
 from tests.support.summaries import NS, summary
-
-
-class FakeAgent:
-    """The agent's side of ``agent/delivery.py``: numbered summaries, resend after the last ack received."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.incarnation = f"inc-{name}"
-        self.buffer: list[pb.StepSummary] = []
-        self.acked = 0
-
-    def produce(self, summaries: list[pb.StepSummary]) -> None:
-        self.buffer += summaries
-
-    def deliver(self, core: Aggregator, batch: int = 3, lose_last_ack: bool = False) -> None:
-        """Send everything after the last ack in batches; the last ack may be lost in a crash."""
-        seq = self.acked + 1
-        while seq <= len(self.buffer):
-            seqs = list(range(seq, min(seq + batch, len(self.buffer) + 1)))
-            acked = core.deliver(apb.SummaryBatch(agent=self.name, incarnation=self.incarnation, seq=seqs,
-                                                  summaries=[self.buffer[s - 1] for s in seqs]))
-            seq = seqs[-1] + 1
-            if not (lose_last_ack and seq > len(self.buffer)):
-                self.acked = acked
-
-    def reconnect(self, core: Aggregator) -> None:
-        """A new stream's handshake tells what the (new) aggregator holds."""
-        self.acked = max(self.acked, core.deliver(apb.SummaryBatch(agent=self.name, incarnation=self.incarnation)))
-
-
-class Clock:
-    """Receive time that advances one second per step, so jobs pass their 1.5 s join period."""
-
-    def __init__(self) -> None:
-        self.ns = 1_700_000_000 * NS
-
-    def __call__(self) -> int:
-        return self.ns
-
-
-def life(root: Path, clock: Clock, segment_bytes: int = 64 << 20, recover: bool = True) -> Aggregator:
-    core = Aggregator(Ledger(), JobTable(step_timeout_s=30.0, join_s=1.5),
-                      Store(root, flush_rows=35, flush_interval_s=3600.0), clock=clock,
-                      wal=Wal(root / "_wal", commit_interval_s=0.0, segment_bytes=segment_bytes))
-    if recover:
-        core.recover()
-    return core
-
-
-def run_steps(core: Aggregator, clock: Clock, agents: list[FakeAgent], steps: range, nodes: tuple[int, ...] = (0, 1),
-              lose_ack: int | None = None) -> None:
-    """Job "j": ranks 0-3 on agent 0, 4-7 on agent 1; job "k": ranks 0-1 on agent 0; each step delivered."""
-    for step in steps:
-        clock.ns += NS
-        for n in nodes:
-            agents[n].produce([summary("j", r, step) for r in range(4 * n, 4 * n + 4)])
-            if n == 0:
-                agents[0].produce([summary("k", r, step) for r in range(2)])
-            agents[n].deliver(core, lose_last_ack=n == lose_ack)
-
-
-def stored(root: Path) -> pd.DataFrame:
-    frame = pd.read_parquet(root)
-    frame["job"] = frame["job"].astype(str)
-    return frame
 
 
 @pytest.mark.parametrize("crashes", [1, 2])
 def test_restart_loses_and_doubles_nothing(tmp_path: Path, crashes: int) -> None:
     agents = [FakeAgent("node0"), FakeAgent("node1")]
-    clock = Clock()
+    clock = FakeClock(START_NS)
     core = life(tmp_path, clock)
     run_steps(core, clock, agents, range(0, 6))
     run_steps(core, clock, agents, range(6, 7), nodes=(0,))  # step 6 of "j" stays open: node1 has not reported
@@ -118,11 +50,11 @@ def test_restart_loses_and_doubles_nothing(tmp_path: Path, crashes: int) -> None
 
 def test_resent_batch_is_a_duplicate_after_restart(tmp_path: Path) -> None:
     agent = FakeAgent("node0")
-    core = life(tmp_path, Clock())
+    core = life(tmp_path, FakeClock(START_NS))
     agent.produce([summary("j", r, 0) for r in range(4)])
     agent.deliver(core, batch=4, lose_last_ack=True)
     del core
-    core = life(tmp_path, Clock())
+    core = life(tmp_path, FakeClock(START_NS))
     # The agent resends the batch whose ack it never got: the rebuilt ledger knows every number.
     acked = core.deliver(apb.SummaryBatch(agent="node0", incarnation=agent.incarnation, seq=[1, 2, 3, 4],
                                           summaries=agent.buffer))
@@ -133,7 +65,7 @@ def test_resent_batch_is_a_duplicate_after_restart(tmp_path: Path) -> None:
 
 def test_torn_tail_is_not_acknowledged_and_is_resent(tmp_path: Path) -> None:
     agent = FakeAgent("node0")
-    core = life(tmp_path, Clock())
+    core = life(tmp_path, FakeClock(START_NS))
     agent.produce([summary("j", r, s) for s in range(2) for r in range(4)])
     agent.deliver(core, batch=4)
     assert agent.acked == 8
@@ -142,7 +74,7 @@ def test_torn_tail_is_not_acknowledged_and_is_resent(tmp_path: Path) -> None:
     segment = sorted((tmp_path / "_wal").glob("segment-*.log"))[-1]
     with segment.open("ab") as f:
         f.write(b"\x40\x00\x00\x00torn")
-    core = life(tmp_path, Clock())
+    core = life(tmp_path, FakeClock(START_NS))
     assert core.wal is not None and core.wal.stats()["torn_records_total"] == 1
     agent.reconnect(core)
     assert agent.acked == 8
@@ -152,13 +84,13 @@ def test_torn_tail_is_not_acknowledged_and_is_resent(tmp_path: Path) -> None:
 
 def test_log_stays_bounded_and_keeps_the_ledger(tmp_path: Path) -> None:
     agent = FakeAgent("node0")
-    clock = Clock()
+    clock = FakeClock(START_NS)
     core = life(tmp_path, clock, segment_bytes=1024 * 1024)
     assert core.wal is not None
     core.wal.segment_bytes = 1  # rotate at every tick
     seen = []
     for step in range(20):
-        clock.ns += NS
+        clock.now += NS
         agent.produce([summary("j", r, step) for r in range(8)])
         agent.deliver(core, batch=8)
         core.tick()
@@ -170,7 +102,7 @@ def test_log_stays_bounded_and_keeps_the_ledger(tmp_path: Path) -> None:
     core.wal.sync(core.wal.appended_lsn)  # the flusher creates a rotated segment's file when it gets there
     assert len(list((tmp_path / "_wal").glob("segment-*.log"))) == core.wal.stats()["segments"]
     del core
-    core = life(tmp_path, Clock())
+    core = life(tmp_path, FakeClock(START_NS))
     agent.reconnect(core)
     assert agent.acked == 160  # the ledger snapshot heads the remaining segments
     core.close()
@@ -182,7 +114,7 @@ def test_log_stays_bounded_and_keeps_the_ledger(tmp_path: Path) -> None:
 
 def test_records_that_pass_the_checksum_but_do_not_decode_do_not_block_the_start(tmp_path: Path) -> None:
     agent = FakeAgent("node0")
-    core = life(tmp_path, Clock())
+    core = life(tmp_path, FakeClock(START_NS))
     agent.produce([summary("j", r, s) for s in range(2) for r in range(4)])
     agent.deliver(core, batch=4)
     assert agent.acked == 8
@@ -195,7 +127,7 @@ def test_records_that_pass_the_checksum_but_do_not_decode_do_not_block_the_start
         f.write(_encode(BATCH, last + 1, b"\xff\xff\xff not a SummaryBatch"))
         f.write(_encode(FILES, last + 2, b"job=j/bad.parquet"))
         f.write(_encode(FILES, last + 3, b"\xff\xfe not utf-8"))
-    core = life(tmp_path, Clock(), recover=False)
+    core = life(tmp_path, FakeClock(START_NS), recover=False)
     assert core.recover()["unreadable"] == 3  # the bad batch, the corrupt store file, the non-UTF-8 list
     agent.reconnect(core)
     assert agent.acked == 8

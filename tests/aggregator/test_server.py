@@ -8,62 +8,19 @@ from pathlib import Path
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 
 from aggregator import catalog
-from aggregator.jobs import JobTable
-from aggregator.ledger import Ledger
-from aggregator.metrics import AggregatorCollector
-from aggregator.server import build_server
-from aggregator.service import Aggregator
-from aggregator.store import Store
 from chopper.proto.chopper.v1 import aggregator_pb2 as apb
-from chopper.proto.chopper.v1 import aggregator_pb2_grpc
-from tests.support.summaries import NS, summary
+from tests.support.fake_clock import START_NS
+from tests.support.running_servers import RunningAggregator
+from tests.support.summaries import summary
 
 ROOT = Path(__file__).resolve().parents[2]
-T0 = 1_700_000_000 * NS
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = T0
-
-    def __call__(self) -> int:
-        return self.now
-
-
-class Running:
-    def __init__(self, tmp: Path, top_k: int = 0) -> None:
-        self.clock = Clock()
-        self.store = Store(tmp / "steps", flush_rows=1_000_000)
-        self.core = Aggregator(Ledger(), JobTable(30.0, join_s=5.0), self.store, recent_steps_per_job=3,
-                               clock=self.clock)
-        self.server, port = build_server(self.core, "127.0.0.1:0")
-        self.channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-        self.stub = aggregator_pb2_grpc.AggregatorStub(self.channel)
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(AggregatorCollector(self.core, top_k))
-
-    def scrape(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-        text = generate_latest(self.registry).decode()
-        return {(s.name, tuple(sorted(s.labels.items()))): s.value
-                for f in text_string_to_metric_families(text) for s in f.samples}
-
-    def settle(self) -> None:
-        """Let the jobs' join period pass, so that steps with every rank complete."""
-        self.clock.now += 5 * NS
-        self.core.tick()
-
-    def stop(self) -> None:
-        self.channel.close()
-        self.server.stop(0)
 
 
 @pytest.fixture
-def running(tmp_path: Path) -> Iterator[Running]:
-    r = Running(tmp_path)
+def running(tmp_path: Path) -> Iterator[RunningAggregator]:
+    r = RunningAggregator(tmp_path)
     yield r
     r.stop()
 
@@ -74,7 +31,7 @@ def batch(agent: str, inc: str, seqs: list[int], steps: list[int], ranks: list[i
     return b
 
 
-def test_deliver_acks_and_duplicates_are_not_counted_twice(running: Running) -> None:
+def test_deliver_acks_and_duplicates_are_not_counted_twice(running: RunningAggregator) -> None:
     a = [batch("n0", "i0", [1, 2], [0], [0, 1]), batch("n0", "i0", [1, 2, 3, 4], [0, 1], [0, 1])]
     b = [batch("n1", "i1", [1, 2, 3, 4], [0, 1], [2, 3], hot=3), batch("n1", "i1", [3, 4], [1], [2, 3], hot=3)]
     acks = [(ack.incarnation, ack.acked_seq) for ack in running.stub.Deliver(iter(a))]
@@ -100,7 +57,7 @@ def test_deliver_acks_and_duplicates_are_not_counted_twice(running: Running) -> 
     assert running.store.rows_written_total == 8
 
 
-def test_query_steps_returns_the_last_n(running: Running) -> None:
+def test_query_steps_returns_the_last_n(running: RunningAggregator) -> None:
     running.stub.Deliver(iter([batch("n0", "i0", list(range(1, 11)), [0, 1, 2, 3, 4], [0, 1], hot=1)])).next()
     running.settle()
     got = running.stub.QuerySteps(apb.QueryStepsRequest(job="j", last=2))
@@ -114,7 +71,7 @@ def test_query_steps_returns_the_last_n(running: Running) -> None:
     assert not running.stub.QuerySteps(apb.QueryStepsRequest(job="other")).steps
 
 
-def test_garbled_and_invalid_messages_are_refused_and_counted(running: Running) -> None:
+def test_garbled_and_invalid_messages_are_refused_and_counted(running: RunningAggregator) -> None:
     raw = running.channel.stream_stream("/chopper.v1.Aggregator/Deliver", request_serializer=None,
                                         response_deserializer=None)
     with pytest.raises(grpc.RpcError) as err:
@@ -139,12 +96,12 @@ def test_garbled_and_invalid_messages_are_refused_and_counted(running: Running) 
 
 
 def test_rank_series_top_k_keeps_the_worst_ranks(tmp_path: Path) -> None:
-    r = Running(tmp_path, top_k=2)
+    r = RunningAggregator(tmp_path, top_k=2)
     try:
         hot = {5, 11}
         summaries = [summary("big", rank, step, hot=rank in hot) for step in range(3) for rank in range(16)]
-        r.core.jobs.add(summaries, T0)
-        r.core.jobs.add([summary("small", rank, 0) for rank in range(2)], T0)
+        r.core.jobs.add(summaries, START_NS)
+        r.core.jobs.add([summary("small", rank, 0) for rank in range(2)], START_NS)
         r.settle()
         m = r.scrape()
         shown = {dict(labels)["rank"] for (name, labels) in m if name == "chopper_job_rank_step_time_seconds"
@@ -162,7 +119,7 @@ def test_docs_aggregator_metrics_md_is_current() -> None:
         "run: python -m aggregator.catalog > docs/AGGREGATOR_METRICS.md")
 
 
-def test_names_follow_house_style_and_every_exported_name_is_cataloged(running: Running) -> None:
+def test_names_follow_house_style_and_every_exported_name_is_cataloged(running: RunningAggregator) -> None:
     names = [m.name for m in catalog.METRICS]
     assert len(names) == len(set(names))
     for m in catalog.METRICS:

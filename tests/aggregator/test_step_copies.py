@@ -18,8 +18,9 @@ from aggregator.store import ASIDE_DIR
 from chopper.demo.run import metric_sum
 from chopper.proto.chopper.v1 import agent_pb2 as pb
 from chopper.proto.chopper.v1 import aggregator_pb2 as apb
-from tests.aggregator.test_recovery import Clock, life, stored
+from tests.support.aggregator_life import life, stored
 from tests.support.daemons import AggregatorProcess
+from tests.support.fake_clock import START_NS, FakeClock
 from tests.support.grpc_delivery import deliver
 from tests.support.hazards import HazardOutcome
 from tests.support.summaries import NS, summary
@@ -90,12 +91,12 @@ def test_digest_tells_content_apart() -> None:
                     promise="each (job, rank, step) stored once; identical copies counted as duplicates and "
                             "acknowledged, others counted and set aside; the index survives the restart")
 def test_copies_across_a_restart_in_process(tmp_path: Path, hazard: HazardOutcome) -> None:
-    clock = Clock()
+    clock = FakeClock(START_NS)
     core = life(tmp_path, clock)
     steps = _steps("d", 4, range(9))
 
     def send(agent: str, incarnation: str, summaries: list[pb.StepSummary]) -> int:
-        clock.ns += 2 * NS
+        clock.now += 2 * NS
         return core.deliver(apb.SummaryBatch(agent=agent, incarnation=incarnation,
                                              seq=range(1, len(summaries) + 1), summaries=summaries))
 
@@ -166,7 +167,7 @@ def test_redelivery_to_a_real_aggregator_is_stored_once(tmp_path: Path, hazard: 
 
 
 def test_store_files_the_index_cannot_read_do_not_stop_the_start(tmp_path: Path) -> None:
-    clock = Clock()
+    clock = FakeClock(START_NS)
     core = life(tmp_path, clock)
     core.deliver(apb.SummaryBatch(agent="node0", incarnation="i0", seq=[1, 2], summaries=_steps("d", 2, range(1))))
     core.close()

@@ -11,8 +11,9 @@ import pytest
 
 from aggregator.wal import BATCH, LEDGER, QUARANTINE, Wal, _encode, file_header, parse_segment
 from chopper.demo.run import metric_sum
-from tests.aggregator.test_recovery import Clock, FakeAgent, life, run_steps, stored
+from tests.support.aggregator_life import FakeAgent, life, run_steps, stored
 from tests.support.daemons import AggregatorProcess
+from tests.support.fake_clock import START_NS, FakeClock
 from tests.support.grpc_delivery import deliver
 from tests.support.hazards import HazardOutcome
 from tests.support.summaries import summary
@@ -121,7 +122,7 @@ def _strays(wal_dir: Path) -> dict[str, str]:
                             "by reason, and every acknowledged summary is still stored once")
 def test_recovery_sets_aside_what_it_cannot_read(tmp_path: Path, hazard: HazardOutcome) -> None:
     agents = [FakeAgent("node0"), FakeAgent("node1")]
-    clock = Clock()
+    clock = FakeClock(START_NS)
     core = life(tmp_path, clock)
     run_steps(core, clock, agents, range(0, 3))
     del core  # kill -9

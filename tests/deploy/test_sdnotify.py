@@ -4,11 +4,9 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
-import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -20,31 +18,8 @@ from agent.sampler import FixedRateTicker
 from chopper.daemon.sdnotify import Notifier, ProgressCheck, Supervision, thread_check
 from chopper.demo.run import free_port
 from chopper.runs import consumer
-
-
-class FakeSystemd:
-    """The receiving end of ``$NOTIFY_SOCKET``: a bound unix datagram socket."""
-
-    def __init__(self, address: str) -> None:
-        self.address = address
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.sock.bind("\0" + address[1:] if address.startswith("@") else address)
-
-    def recv(self, timeout_s: float = 20.0) -> dict[str, str]:
-        self.sock.settimeout(timeout_s)
-        data = self.sock.recv(4096).decode()
-        return dict(line.split("=", 1) for line in data.splitlines())
-
-    def pending(self) -> list[dict[str, str]]:
-        """Every message already queued, without waiting."""
-        out = []
-        while True:
-            try:
-                self.sock.settimeout(0.0)
-                data = self.sock.recv(4096).decode()
-            except BlockingIOError:
-                return out
-            out.append(dict(line.split("=", 1) for line in data.splitlines()))
+from tests.support.fake_systemd import FakeSystemd
+from tests.support.polling import wait_until
 
 
 @pytest.fixture
@@ -139,7 +114,7 @@ def test_hung_sampler_withholds_pings_until_it_moves_again(systemd: FakeSystemd)
         now[0] = 3.0
         assert supervision.check_once() == "sampler made no progress for over 1 s"
         release.set()
-        assert wait_for(lambda: ticker.ticks_total > 4)
+        assert wait_until(lambda: ticker.ticks_total > 4, interval_s=0.01)
         now[0] = 3.5
         assert supervision.check_once() is None
     finally:
@@ -150,15 +125,6 @@ def test_hung_sampler_withholds_pings_until_it_moves_again(systemd: FakeSystemd)
         {"STATUS": "serving"}, {"WATCHDOG": "1"},
     ]
     assert supervision.pings_total == 3
-
-
-def wait_for(predicate, timeout_s: float = 10.0) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 def _agent(tmp_path: Path, metrics: str) -> tuple[list[str], object]:

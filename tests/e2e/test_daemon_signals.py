@@ -20,8 +20,8 @@ import pytest
 
 from chopper.daemon.stopsignals import POLL_S, signal_name
 from chopper.runs import consumer
-from tests.deploy.test_sdnotify import FakeSystemd
 from tests.support.daemons import AgentProcess, AggregatorProcess, Daemon
+from tests.support.fake_systemd import FakeSystemd
 from tests.support.hazards import HazardOutcome
 from tests.support.pki import write_token
 from tests.support.polling import wait_until

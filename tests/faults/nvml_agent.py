@@ -1,8 +1,8 @@
 """``python -m tests.faults.nvml_agent ARGS``: ``chopper-agent ARGS`` over a fake NVML whose GPUs can fall off the bus.
 
-The fake is the nvidia backend tests' ``FakeNode`` (an autospec'd ``pynvml`` answering with the
-recorded H100 fixture), installed as the ``pynvml`` module: the vendor-library seam, the only
-place the project fakes. ``SIGUSR1`` makes every NVML call that reads a device raise
+The fake is ``tests.support.nvml_fake.FakeNode`` (an autospec'd ``pynvml`` answering with the H100
+fixture the nvidia backend's tests read), installed as the ``pynvml`` module: the vendor-library
+seam, the only place the project fakes. ``SIGUSR1`` makes every NVML call that reads a device raise
 ``NVMLError_GpuIsLost`` (what NVML says when a GPU falls off the bus); ``SIGUSR2`` brings the GPUs
 back. Everything else is the real agent (``agent.main.main``), whose main thread wakes every
 ``chopper.daemon.stopsignals.POLL_S`` seconds, so these handlers run within that whichever thread the
@@ -17,7 +17,7 @@ from typing import Any
 
 import pynvml
 
-from tests.agent.backends.test_nvidia import FakeNode, load_fixture
+from tests.support.nvml_fake import FakeNode, load_fixture
 
 DEVICE_CALLS = ("nvmlDeviceGetFieldValues", "nvmlDeviceGetHandleByIndex", "nvmlDeviceGetCount")
 

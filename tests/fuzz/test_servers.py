@@ -21,19 +21,14 @@ import grpc
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 
-from agent.metrics import AgentCollector
 from aggregator.config import AggregatorSettings
-from aggregator.server import _batch_problem, build_server
+from aggregator.server import _batch_problem
 from chopper.daemon.grpc_decode import Garbled, decoder
 from chopper.proto.chopper.v1 import agent_pb2 as pb
 from chopper.proto.chopper.v1 import aggregator_pb2 as apb
-from chopper.proto.chopper.v1 import aggregator_pb2_grpc
-from tests.agent.test_server import Running as RunningAgent
-from tests.agent.test_server import steps_batch
-from tests.aggregator.test_server import Running as RunningAggregator
+from tests.support.markers import steps_batch
+from tests.support.running_servers import RunningAgent, RunningAggregator
 from tests.support.strategies import fuzz, wire
 from tests.support.summaries import summary
 
@@ -114,28 +109,9 @@ def _counts_garbled(method: str, kind: str, decoded: list) -> bool:
     return False
 
 
-def _scrape(registry: CollectorRegistry) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    text = generate_latest(registry).decode()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value for f in text_string_to_metric_families(text)
-            for s in f.samples}
-
-
 # The fuzz loop calls far faster than the per-client rate limits allow (100 calls/s): a refusal
 # for rate would hide what the servicer does with the message, so both servers run without them.
 NO_LIMITS = {"rate_limit_calls_per_s": "0", "rate_limit_messages_per_s": "0"}
-
-
-class UnlimitedAggregator(RunningAggregator):
-    """The aggregator tests' in-process server (``tests/aggregator/test_server.py``), without rate limits."""
-
-    def __init__(self, tmp: Path) -> None:
-        super().__init__(tmp)
-        self.channel.close()
-        self.server.stop(0)
-        self.server, port = build_server(self.core, "127.0.0.1:0",
-                                         settings=AggregatorSettings(**{k: float(v) for k, v in NO_LIMITS.items()}))
-        self.channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-        self.stub = aggregator_pb2_grpc.AggregatorStub(self.channel)
 
 
 @pytest.fixture
@@ -156,9 +132,7 @@ def _calls(methods: dict) -> st.SearchStrategy[list[tuple[str, list[bytes]]]]:
 @given(_calls(AGENT))
 def test_agent_answers_every_request_and_keeps_serving(agent: RunningAgent,
                                                        calls: list[tuple[str, list[bytes]]]) -> None:
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(AgentCollector(agent.agent))
-    before, counted_before = _scrape(registry), Counter(agent.agent.undecodable)
+    before, counted_before = agent.scrape(), Counter(agent.agent.undecodable)
     garbled: Counter[str] = Counter()
     rejected, aborted = 0, False
     for method, messages in calls:
@@ -169,7 +143,7 @@ def test_agent_answers_every_request_and_keeps_serving(agent: RunningAgent,
             aborted |= not replies
     good = agent.stub.PushMarkers(iter([steps_batch(0, 1, time.time_ns(), job="after-fuzz")]), timeout=10)
     assert (good.accepted, good.rejected) == (4, 0), "the agent keeps serving after the fuzz batch"
-    after = _scrape(registry)
+    after = agent.scrape()
     node = agent.settings.node
     for method in AGENT:
         assert agent.agent.undecodable[method] - counted_before[method] == garbled[method], method
@@ -183,7 +157,7 @@ def test_agent_answers_every_request_and_keeps_serving(agent: RunningAgent,
 
 @pytest.fixture
 def aggregator(tmp_path: Path) -> Iterator[RunningAggregator]:
-    r = UnlimitedAggregator(tmp_path)
+    r = RunningAggregator(tmp_path, settings=AggregatorSettings(**{k: float(v) for k, v in NO_LIMITS.items()}))
     yield r
     r.stop()
 

@@ -20,7 +20,8 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from aggregator.wal import Record, Wal, parse_segment, read_segment
-from tests.aggregator.test_recovery import Clock, FakeAgent, life, run_steps
+from tests.support.aggregator_life import FakeAgent, life, run_steps
+from tests.support.fake_clock import START_NS, FakeClock
 from tests.support.strategies import edit, fuzz
 
 ROOT = Path(tempfile.mkdtemp(prefix="chopper-fuzz-wal-"))
@@ -29,8 +30,8 @@ ROOT = Path(tempfile.mkdtemp(prefix="chopper-fuzz-wal-"))
 def _crashed_store() -> Path:
     """A store whose aggregator died (no ``close``) after 4 steps of two agents: flushed files and a log."""
     root = ROOT / "crashed"
-    core = life(root, Clock(), segment_bytes=1 << 20)
-    run_steps(core, Clock(), [FakeAgent("a0"), FakeAgent("a1")], range(4))
+    core = life(root, FakeClock(START_NS), segment_bytes=1 << 20)
+    run_steps(core, FakeClock(START_NS), [FakeAgent("a0"), FakeAgent("a1")], range(4))
     assert core.wal is not None
     core.wal.close()  # the flusher stops; what is on disk is what a kill -9 leaves
     return root
@@ -99,7 +100,7 @@ def test_recovery_of_a_mutated_log(edits: list[tuple[str, int, bytes]]) -> None:
             target.write_bytes(b"")
     replayed = [_key(r) for r in Wal(wal_dir).replay()]
     assert set(replayed) <= GENUINE, "only records the aggregator wrote are replayed"
-    core = life(root, Clock())  # recover() runs here
+    core = life(root, FakeClock(START_NS))  # recover() runs here
     agent = FakeAgent("a2")
-    run_steps(core, Clock(), [agent], range(10, 12), nodes=(0,))
+    run_steps(core, FakeClock(START_NS), [agent], range(10, 12), nodes=(0,))
     core.close()

@@ -24,22 +24,21 @@ from chopper.daemon.serving import SecureServer
 from chopper.daemon.settings import ConfigError
 from chopper.daemon.tls import ClientTLS
 from chopper.proto.chopper.v1 import agent_pb2 as pb
-from tests.agent.test_server import Running
-from tests.security.test_tls import Served
 from tests.support.pki import Pki, write_token
 from tests.support.polling import wait_until
+from tests.support.running_servers import RunningAgent, ServedAggregator
 
 CAPTURE = pb.CaptureRequest(job="nobody", steps=1, out_dir="/tmp/chopper-test-capture")
 
 
-def refused(running: Running, rpc: str, reason: str) -> int:
+def refused(running: RunningAgent, rpc: str, reason: str) -> int:
     return running.agent.refusals.snapshot().get((rpc, reason), 0)
 
 
 @pytest.fixture
-def agent(tmp_path: Path) -> Iterator[Running]:
+def agent(tmp_path: Path) -> Iterator[RunningAgent]:
     """An in-process agent on a unix socket, with a 64 KiB message limit."""
-    running = Running(tmp_path)
+    running = RunningAgent(tmp_path)
     yield running
     running.stop()
 
@@ -47,7 +46,7 @@ def agent(tmp_path: Path) -> Iterator[Running]:
 def test_request_capture_needs_a_token_of_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     token_file = tmp_path / "agent.token"
     write_token(token_file, "s3cret-one")
-    running = Running(tmp_path, token_file=str(token_file))
+    running = RunningAgent(tmp_path, token_file=str(token_file))
     try:
         stub = running.stub
         with pytest.raises(grpc.RpcError) as err:
@@ -83,8 +82,8 @@ def test_request_capture_needs_a_token_of_the_file(tmp_path: Path, capsys: pytes
 def test_a_client_over_its_rate_limit_is_refused_and_counted_while_others_are_served(pki: Pki) -> None:
     # One call per 100 s: a bucket holds one call (never less), and no token comes back during the burst however
     # slowly its mTLS handshakes go; the size of a burst and the refill are test_ratelimit's, on a fake clock.
-    served = Served(AggregatorSettings(tls_cert=pki.server.cert, tls_key=pki.server.key, tls_client_ca=pki.ca,
-                                       rate_limit_calls_per_s=0.01))
+    served = ServedAggregator(AggregatorSettings(tls_cert=pki.server.cert, tls_key=pki.server.key,
+                                                 tls_client_ca=pki.ca, rate_limit_calls_per_s=0.01))
     try:
         greedy = ClientTLS(pki.ca, pki.client_a.cert, pki.client_a.key)
         codes = [served.query(greedy) for _ in range(6)]
@@ -99,7 +98,7 @@ def test_a_client_over_its_rate_limit_is_refused_and_counted_while_others_are_se
 
 
 def test_a_flooding_trainer_is_cut_without_blocking_or_raising(tmp_path: Path) -> None:
-    running = Running(tmp_path, rate_limit_messages_per_s="20")
+    running = RunningAgent(tmp_path, rate_limit_messages_per_s="20")
     # One marker per batch and no batching delay: far more messages per second than the limit.
     client = chopper.Client("flood", 0, 0, running.target, max_batch=1, flush_interval_s=0.0, control=False)
     try:
@@ -122,7 +121,7 @@ def test_a_flooding_trainer_is_cut_without_blocking_or_raising(tmp_path: Path) -
         running.stop()
 
 
-def test_oversized_messages_are_refused_and_counted(agent: Running) -> None:
+def test_oversized_messages_are_refused_and_counted(agent: RunningAgent) -> None:
     running = agent
     limit = running.settings.max_message_bytes
     push_raw = running.channel.stream_unary("/chopper.v1.Agent/PushMarkers")
@@ -141,7 +140,7 @@ def test_socket_mode_and_group(tmp_path: Path) -> None:
     candidates = [g for g in (grp.getgrall() if os.geteuid() == 0 else map(grp.getgrgid, os.getgroups()))
                   if g.gr_gid != os.getegid()]
     group = candidates[0] if candidates else grp.getgrgid(os.getegid())
-    running = Running(tmp_path, socket_group=group.gr_name)
+    running = RunningAgent(tmp_path, socket_group=group.gr_name)
     try:
         st = os.stat(running.settings.socket_path)
         assert stat.S_IMODE(st.st_mode) == 0o660 and st.st_gid == group.gr_gid
@@ -149,7 +148,7 @@ def test_socket_mode_and_group(tmp_path: Path) -> None:
         running.stop()
     with pytest.raises(ConfigError, match="socket_group: no group 'no-such-group-here'"):
         (tmp_path / "other").mkdir()
-        Running(tmp_path / "other", socket_group="no-such-group-here")
+        RunningAgent(tmp_path / "other", socket_group="no-such-group-here")
 
 
 def test_tcp_listeners_bind_loopback_unless_told_otherwise(caplog: pytest.LogCaptureFixture) -> None:

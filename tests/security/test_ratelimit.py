@@ -3,11 +3,13 @@ from __future__ import annotations
 
 from chopper.daemon.access import client_identity, stream_client
 from chopper.daemon.ratelimit import BURST_S, RateLimiter, StreamSlots
-from tests.agent.test_sampler import FakeClock as Clock  # any number serves as seconds here
+from tests.support.fake_clock import FakeClock
+
+START_S = 1e9  # the limiter reads seconds: any start serves on which a float still resolves 0.2 s steps
 
 
 def test_burst_then_rate_then_refill() -> None:
-    clock = Clock()
+    clock = FakeClock(START_S)
     limiter = RateLimiter(5.0, clock)
     burst = int(5.0 * BURST_S)
     assert [limiter.admit("a") for _ in range(burst + 1)] == [True] * burst + [False]
@@ -19,13 +21,13 @@ def test_burst_then_rate_then_refill() -> None:
 
 
 def test_zero_rate_admits_everything_and_keeps_no_state() -> None:
-    limiter = RateLimiter(0.0, Clock())
+    limiter = RateLimiter(0.0, FakeClock(START_S))
     assert all(limiter.admit(i) for i in range(10_000)) and len(limiter) == 0
     assert limiter.stream_bucket() is None
 
 
 def test_a_flood_of_identities_cannot_grow_memory() -> None:
-    limiter = RateLimiter(1.0, Clock(), max_keys=100)
+    limiter = RateLimiter(1.0, FakeClock(START_S), max_keys=100)
     for i in range(10_000):
         limiter.admit(("ipv4:10.0.0.1", i))
     assert len(limiter) == 100

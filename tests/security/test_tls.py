@@ -13,65 +13,28 @@ from pathlib import Path
 
 import grpc
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
 
 from aggregator.config import AggregatorSettings
-from aggregator.jobs import JobTable
-from aggregator.ledger import Ledger
-from aggregator.metrics import AggregatorCollector
-from aggregator.server import build_server
-from aggregator.service import Aggregator
 from chopper.daemon.tls import ClientTLS
-from chopper.proto.chopper.v1 import aggregator_pb2 as apb
-from chopper.proto.chopper.v1 import aggregator_pb2_grpc
 from tests.support.hazards import HazardOutcome
 from tests.support.pki import Authority, Pki
-
-
-class Served:
-    """An in-process aggregator on 127.0.0.1 with the given settings."""
-
-    def __init__(self, settings: AggregatorSettings) -> None:
-        self.core = Aggregator(Ledger(), JobTable(30.0), None, recent_steps_per_job=3)
-        self.server, port = build_server(self.core, "127.0.0.1:0", settings=settings)
-        self.address = f"127.0.0.1:{port}"
-
-    def query(self, tls: ClientTLS | None) -> grpc.StatusCode:
-        """One QuerySteps call over a fresh connection; its status code."""
-        if tls is None:
-            channel = grpc.insecure_channel(self.address)
-        else:
-            channel = grpc.secure_channel(self.address, tls.credentials())
-        try:
-            aggregator_pb2_grpc.AggregatorStub(channel).QuerySteps(apb.QueryStepsRequest(job="j"), timeout=5)
-            return grpc.StatusCode.OK
-        except grpc.RpcError as exc:
-            return exc.code()
-        finally:
-            channel.close()
-
-    def scrape(self) -> str:
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(AggregatorCollector(self.core))
-        return generate_latest(registry).decode()
-
-    def stop(self) -> None:
-        self.server.stop(0).wait(5)
+from tests.support.running_servers import ServedAggregator
 
 
 @pytest.fixture
-def mutual(pki: Pki) -> Iterator[Served]:
-    served = Served(AggregatorSettings(tls_cert=pki.server.cert, tls_key=pki.server.key, tls_client_ca=pki.ca))
+def mutual(pki: Pki) -> Iterator[ServedAggregator]:
+    settings = AggregatorSettings(tls_cert=pki.server.cert, tls_key=pki.server.key, tls_client_ca=pki.ca)
+    served = ServedAggregator(settings)
     yield served
     served.stop()
 
 
-def refused_calls(served: Served) -> int:
+def refused_calls(served: ServedAggregator) -> int:
     return sum(served.core.refusals.snapshot().values())
 
 
 @pytest.mark.parametrize("client", ["wrong_ca", "expired", "no_certificate", "plaintext", "distrusts_server"])
-def test_each_tls_failure_is_refused_before_any_rpc_while_good_clients_are_served(mutual: Served, pki: Pki,
+def test_each_tls_failure_is_refused_before_any_rpc_while_good_clients_are_served(mutual: ServedAggregator, pki: Pki,
                                                                                   client: str) -> None:
     tls = {
         "wrong_ca": ClientTLS(pki.ca, pki.stranger.cert, pki.stranger.key),  # signed by another CA
@@ -90,7 +53,7 @@ def test_each_tls_failure_is_refused_before_any_rpc_while_good_clients_are_serve
                     promise="gRPC's own TLS refuses each before any RPC, good clients are served, a renewal is "
                     "taken without a restart and a broken one keeps the old certificate; no TLS byte passes "
                     "through Python")
-def test_grpc_tls_refuses_every_bad_client_and_no_python_thread_carries_tls(mutual: Served, pki: Pki,
+def test_grpc_tls_refuses_every_bad_client_and_no_python_thread_carries_tls(mutual: ServedAggregator, pki: Pki,
                                                                            hazard: HazardOutcome) -> None:
     good = ClientTLS(pki.ca, pki.client_a.cert, pki.client_a.key)
     bad = [ClientTLS(pki.ca, pki.stranger.cert, pki.stranger.key), ClientTLS(pki.ca, pki.expired.cert, pki.expired.key),
@@ -106,7 +69,7 @@ def test_grpc_tls_refuses_every_bad_client_and_no_python_thread_carries_tls(mutu
 
 
 def test_server_tls_without_client_certificates_refuses_only_plaintext(pki: Pki) -> None:
-    served = Served(AggregatorSettings(tls_cert=pki.server.cert, tls_key=pki.server.key))
+    served = ServedAggregator(AggregatorSettings(tls_cert=pki.server.cert, tls_key=pki.server.key))
     try:
         assert served.query(ClientTLS(pki.ca)) == grpc.StatusCode.OK
         assert served.query(None) == grpc.StatusCode.UNAVAILABLE
@@ -115,8 +78,8 @@ def test_server_tls_without_client_certificates_refuses_only_plaintext(pki: Pki)
 
 
 def test_rate_limits_key_a_mutual_tls_client_by_its_certificate(pki: Pki) -> None:
-    served = Served(AggregatorSettings(tls_cert=pki.server.cert, tls_key=pki.server.key, tls_client_ca=pki.ca,
-                                       rate_limit_calls_per_s=1.0))
+    served = ServedAggregator(AggregatorSettings(tls_cert=pki.server.cert, tls_key=pki.server.key,
+                                                 tls_client_ca=pki.ca, rate_limit_calls_per_s=1.0))
     try:
         a = ClientTLS(pki.ca, pki.client_a.cert, pki.client_a.key)
         codes = [served.query(a) for _ in range(4)]  # a full bucket holds 2 s of calls: 2
@@ -131,7 +94,7 @@ def test_renewed_server_certificate_is_served_without_a_restart(tmp_path: Path, 
     cert, key = tmp_path / "server.pem", tmp_path / "server.key"
     shutil.copy(pki.server.cert, cert)
     shutil.copy(pki.server.key, key)
-    served = Served(AggregatorSettings(tls_cert=str(cert), tls_key=str(key)))
+    served = ServedAggregator(AggregatorSettings(tls_cert=str(cert), tls_key=str(key)))
     try:
         renewed_ca = Authority(tmp_path, "renewed-ca")
         trusts_renewed = ClientTLS(renewed_ca.ca)
@@ -150,7 +113,7 @@ def test_a_half_written_renewal_keeps_the_certificate_in_force(tmp_path: Path, p
     cert, key = tmp_path / "server.pem", tmp_path / "server.key"
     shutil.copy(pki.server.cert, cert)
     shutil.copy(pki.server.key, key)
-    served = Served(AggregatorSettings(tls_cert=str(cert), tls_key=str(key)))
+    served = ServedAggregator(AggregatorSettings(tls_cert=str(cert), tls_key=str(key)))
     try:
         renewed = Authority(tmp_path, "renewed-ca").issue("chopper-server", server=True)
         shutil.copy(renewed.cert, cert)  # the new chain is in place, its key not yet
