@@ -1,8 +1,6 @@
 """The job side of a capture: torch.profiler bounded in steps and seconds whatever the agent asked (real torch)."""
 from __future__ import annotations
 
-import gzip
-import json
 import threading
 from pathlib import Path
 
@@ -13,6 +11,7 @@ from chopper.profiler import MAX_SECONDS, MAX_STEPS, STOP_STEPS, CaptureControl,
 from chopper.proto.chopper.v1 import agent_pb2 as pb
 from chopper.runs.capture import bounds_problem
 from chopper.trace.discover import trace_files
+from tests.support.profiler_traces import step_events
 
 
 class Clock:
@@ -28,9 +27,7 @@ def profiling() -> bool:
 
 
 def traced_steps(path: str) -> list[str]:
-    with gzip.open(path, "rt") as fh:
-        return sorted(e["name"] for e in json.load(fh)["traceEvents"]
-                      if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#"))
+    return sorted(e["name"] for e in step_events(path))
 
 
 def run(window: ProfilerWindow, steps: int, clock: Clock, step_s: float) -> str:

@@ -1,7 +1,6 @@
 """``chopper capture`` against a real agent process and the real demo training job (docs/CAPTURE.md)."""
 from __future__ import annotations
 
-import gzip
 import json
 import subprocess
 import sys
@@ -14,6 +13,7 @@ import pytest
 from chopper.demo.run import metric_sum
 from tests.support.daemons import AgentProcess
 from tests.support.polling import wait_until
+from tests.support.profiler_traces import step_events
 from tests.support.training import start_training, stop_training
 
 # Training outlives every CLI start-up and captured step however loaded the machine is; each test
@@ -24,17 +24,6 @@ TRAINING_S = 120.0
 def capture(target: str, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "-m", "chopper.cli", "capture", "--agent", target, *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def step_events(path: Path) -> list[dict]:
-    """The ``ProfilerStep#`` annotations of one Kineto trace.
-
-    Read as JSON rather than with ``chopper.trace.load_traces``: on a CPU-only machine the traces
-    hold no GPU kernels, which the kernel-level reader refuses by design.
-    """
-    with gzip.open(path, "rt") as fh:
-        events = json.load(fh)["traceEvents"]
-    return [e for e in events if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#")]
 
 
 def profiler_steps(trace_dir: Path) -> dict[int, int]:

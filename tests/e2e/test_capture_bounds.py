@@ -24,9 +24,9 @@ from chopper.profiler import MAX_STEPS
 from chopper.proto.chopper.v1 import agent_pb2 as pb
 from chopper.proto.chopper.v1 import agent_pb2_grpc
 from tests.e2e.capture_bound_job import JOB
-from tests.e2e.test_capture import step_events
 from tests.support.daemons import AgentProcess
 from tests.support.polling import wait_until
+from tests.support.profiler_traces import step_events
 from tests.support.training import stop_training
 
 pytestmark = pytest.mark.slow
