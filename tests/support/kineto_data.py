@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-KINETO_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "kineto"
+# tests/support/kineto_data.py -> the repository -> the folder that holds it and shared/.
+KINETO_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "kineto"
 
 # Tests on the real traces skip, with this reason, only where shared/ is not beside the clone.
 requires_kineto = pytest.mark.skipif(
