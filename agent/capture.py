@@ -12,7 +12,7 @@ in steps:
 4. Wait until every chosen rank reported (``report``), its process went away, or the timeout.
 5. Tell each chosen rank still profiling to stop (``CaptureCommand{steps: STOP_STEPS}``): a
    capture never outlives its timeout. Each process also stops on its own after ``MAX_STEPS``
-   steps or ``MAX_SECONDS`` (``chopper.runs.capture.ProfilerWindow``), whatever an agent asked.
+   steps or ``MAX_SECONDS`` (``chopper.profiler.ProfilerWindow``), whatever an agent asked.
 6. Answer with each rank's result and the ranks that never reported.
 
 Nothing guards ``RequestCapture`` but the socket's mode and group (and the TLS listener's client
@@ -35,8 +35,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from agent.sampler import FixedRateTicker
+from chopper.profiler import DEFAULT_SECONDS, MAX_SECONDS, MAX_STEPS, STOP_STEPS
 from chopper.proto.chopper.v1 import agent_pb2 as pb
-from chopper.runs.capture import DEFAULT_SECONDS, MAX_SECONDS, MAX_STEPS, STOP_STEPS
 
 if TYPE_CHECKING:
     from agent.config import AgentSettings

@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from chopper.profiler import DEFAULT_SECONDS, MAX_SECONDS, MAX_STEPS
-from chopper.profiler import STOP_STEPS as STOP_STEPS  # agent/capture.py imports the bounds from here
 
 if TYPE_CHECKING:
     from chopper.runs.connect import ClientSecurity

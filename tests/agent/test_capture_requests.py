@@ -11,8 +11,8 @@ import pytest
 from agent.capture import MAX_TIMEOUT_S, CaptureInvalid, CaptureManager, log_access
 from agent.config import load_settings
 from agent.sampler import FixedRateTicker
+from chopper.profiler import MAX_STEPS, STOP_STEPS
 from chopper.proto.chopper.v1 import agent_pb2 as pb
-from chopper.runs.capture import MAX_STEPS, STOP_STEPS
 
 
 @pytest.mark.parametrize(("fields", "message"), [
