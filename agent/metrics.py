@@ -5,8 +5,8 @@ the catalog on every scrape; there are no module-global gauges and the registry 
 Each section of a scrape (``fills``, documented by ``catalog.SECTIONS``) is built on its own: one
 that raises loses its own series only, counted in
 ``chopper_agent_metrics_section_errors_total{section}`` and logged.
-The collector reads only ``Agent.view`` (``agent.state.AgentView``), never the agent's parts, so a
-new metric touches the view and this module. Clocks are exported in hertz (base units) although
+The collector is given the agent's view (``agent.state.AgentView``) and nothing else of the agent,
+so a new metric touches the view and this module. Clocks are exported in hertz (base units) although
 samples carry MHz.
 """
 from __future__ import annotations
@@ -27,7 +27,7 @@ from chopper.proto.chopper.v1 import agent_pb2 as pb
 from chopper.schema import THROTTLE_CAUSES, MarkerKind
 
 if TYPE_CHECKING:
-    from agent.daemon import Agent
+    from agent.state import AgentView
 
 MHZ = 1e6
 # Every RPC of the Agent service, each with its undecodable-message count (0 until one arrives).
@@ -37,10 +37,10 @@ logger = logging.getLogger("agent.metrics")
 
 
 class AgentCollector(Collector):
-    """Exports GPU, host, rank and self metrics of one ``Agent``, read through its ``view`` only.
+    """Exports GPU, host, rank and self metrics of one agent, read through its view only.
 
     Args:
-        agent: The agent whose ``view`` is read; nothing else of it is.
+        view: The agent's view (``Agent.view``); the collector holds nothing else of the agent.
         clock: Monotonic seconds, for the rate at which failing sections are logged.
 
     Attributes:
@@ -50,8 +50,8 @@ class AgentCollector(Collector):
             agent serves (``agent/main.py``; /metrics starts first). Their reloads are counted there.
     """
 
-    def __init__(self, agent: Agent, clock: Callable[[], float] = time.monotonic) -> None:
-        self.view = agent.view
+    def __init__(self, view: AgentView, clock: Callable[[], float] = time.monotonic) -> None:
+        self.view = view
         self.files: dict[str, Reloaded] = {}
         # In the order of catalog.SECTIONS, which documents them (a test keeps the two equal).
         self.fills: dict[str, Callable[[Families], None]] = {

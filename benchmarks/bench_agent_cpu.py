@@ -121,7 +121,7 @@ def run(measure_s: float = 20.0, warmup_s: float = 3.0) -> dict[str, Any]:
         agent.open_backend()
         server = build_server(agent, hub, settings)
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(AgentCollector(agent))
+        registry.register(AgentCollector(agent.view))
         httpd, _ = start_http_server(0, addr="127.0.0.1", registry=registry)
         metrics_url = f"http://127.0.0.1:{httpd.server_address[1]}/metrics"
 

@@ -17,7 +17,7 @@ from tests.support.nvml_fake import FakeNode, backend_for, load_fixture
 
 def scrape(agent: Agent) -> str:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(AgentCollector(agent))
+    registry.register(AgentCollector(agent.view))
     return generate_latest(registry).decode()
 
 

@@ -25,7 +25,7 @@ def sampled_agent() -> Agent:
 
 
 def test_the_collector_sections_are_the_documented_ones() -> None:
-    collector = AgentCollector(sampled_agent())
+    collector = AgentCollector(sampled_agent().view)
     assert list(collector.fills) == list(catalog.SECTIONS)
     m = scrape(collector)
     assert section_errors(m, "agent") == dict.fromkeys(catalog.SECTIONS, 0.0)  # every section, 0 from the first scrape
@@ -38,7 +38,7 @@ def test_the_collector_sections_are_the_documented_ones() -> None:
 def test_a_failing_section_costs_its_own_families_only(caplog: pytest.LogCaptureFixture,
                                                        hazard: HazardOutcome) -> None:
     agent = sampled_agent()
-    collector = AgentCollector(agent)
+    collector = AgentCollector(agent.view)
     healthy = scrape(collector)
     agent.latest[1] = object()  # type: ignore[assignment]  # GPU 0 is exported first, then GPU 1 fails
 

@@ -62,7 +62,7 @@ class RunningAgent:
         self.channel = grpc.insecure_channel(self.target)
         self.stub = agent_pb2_grpc.AgentStub(self.channel)
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(AgentCollector(self.agent))
+        self.registry.register(AgentCollector(self.agent.view))
 
     def scrape(self) -> Samples:
         """The agent's ``/metrics`` now."""
