@@ -72,7 +72,7 @@ def _serve(settings: AgentSettings, stop: StopSignals) -> int:
         agent.stop()
         return 2
     try:
-        server = build_server(agent, hub, settings)
+        server, grpc_bound = build_server(agent, hub, settings)
     except (SocketInUse, ConfigError, OSError, RuntimeError) as exc:
         print(f"chopper-agent: cannot serve gRPC: {exc}", file=sys.stderr)
         httpd.shutdown()
@@ -85,7 +85,7 @@ def _serve(settings: AgentSettings, stop: StopSignals) -> int:
                     settings.socket_mode)
     log.info(
         "event=started node=%s backend=%s gpus=%d socket=%s grpc=%s metrics=http://%s/metrics sample_hz=%g",
-        settings.node, backend.name, len(agent.devices), settings.socket_path, settings.grpc_listen or "-",
+        settings.node, backend.name, len(agent.devices), settings.socket_path, grpc_bound or "-",
         metrics_addr, settings.sample_hz,
     )
     log_access(settings)

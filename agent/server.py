@@ -230,11 +230,15 @@ class AgentServicer:
 TOKEN_RPCS = frozenset({"RequestCapture"})
 
 
-def build_server(agent: Agent, hub: TelemetryHub, settings: AgentSettings) -> SecureServer:
+def build_server(agent: Agent, hub: TelemetryHub, settings: AgentSettings) -> tuple[SecureServer, str]:
     """A started gRPC server on the unix socket (and TCP when configured, over TLS with ``tls_cert``), with health.
 
     The socket is created reachable by its owner only and only then given ``socket_group`` and
     ``socket_mode`` (``agent.unix_socket.serve_socket``), so no other user can connect in between.
+
+    Returns:
+        The server and the TCP address it bound (``grpc_listen``'s host with the port the socket
+        got, so port 0 reads as the port picked), or "" without ``grpc_listen``.
     """
     handlers = checked_service(AGENT_SERVICE, AgentServicer(agent, hub), partial(agent.count, agent.undecodable),
                                fixes=GARBLED_FIXES, unread=UNREAD_REQUESTS)
@@ -246,7 +250,9 @@ def build_server(agent: Agent, hub: TelemetryHub, settings: AgentSettings) -> Se
     )
     sock = Path(settings.socket_path)
     prepare_socket_path(sock)
+    bound = ""
     if settings.grpc_listen:
-        server.add_tcp(settings.grpc_listen, server_tls(settings), key="grpc_listen")
+        port = server.add_tcp(settings.grpc_listen, server_tls(settings), key="grpc_listen")
+        bound = f"{settings.grpc_listen.rpartition(':')[0]}:{port}"
     serve_socket(server, sock, settings)
-    return server
+    return server, bound

@@ -119,7 +119,7 @@ def run(measure_s: float = 20.0, warmup_s: float = 3.0) -> dict[str, Any]:
         hub = TelemetryHub()
         agent = Agent(settings, backend, HostSampler(), notify=hub.notify)  # type: ignore[arg-type]
         agent.open_backend()
-        server = build_server(agent, hub, settings)
+        server, _ = build_server(agent, hub, settings)
         registry = CollectorRegistry(auto_describe=False)
         registry.register(AgentCollector(agent.view))
         httpd, _ = start_http_server(0, addr="127.0.0.1", registry=registry)

@@ -117,4 +117,5 @@ def test_port_0_listeners_log_the_ports_they_bound_and_serve_there(tmp_path: Pat
         assert 'chopper_agent_info{backend="simulated",node="n0"' in scrape(f"http://{metrics}/metrics")
         assert consumer.wait_for_info(grpc, timeout_s=30).node == "n0"
         # The start line names the address bound too, not the :0 asked for.
-        log.wait_for(rf"event=started .* metrics=http://{metrics}/metrics ")
+        started = log.wait_for(r"event=started .* grpc=(\S+) metrics=http://(\S+)/metrics ")
+        assert (started[1], started[2]) == (grpc, metrics), started[0]

@@ -56,7 +56,7 @@ class RunningAgent:
         self.hub = TelemetryHub()
         self.agent = Agent(self.settings, SimulatedBackend(self.settings.node, gpus=2), notify=self.hub.notify)
         self.agent.open_backend()
-        self.server = build_agent_server(self.agent, self.hub, self.settings)
+        self.server, _ = build_agent_server(self.agent, self.hub, self.settings)
         self.agent.start()
         self.target = f"unix://{self.settings.socket_path}"
         self.channel = grpc.insecure_channel(self.target)
