@@ -17,18 +17,11 @@ from aggregator.store import Store, partition_dir
 from aggregator.wal import WalError
 from chopper.attribution.columns import STEP_COLUMNS
 from chopper.attribution.store_reader import is_step_store, read_step_store
+from tests.support.fake_clock import FakeClock
 from tests.support.summaries import NS, summary
 
 # 2024-03-09T23:59:58Z: two seconds before midnight, so rows land in two date partitions.
 T0 = 1_710_028_798 * NS
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def run_jobs(store: Store) -> JobTable:
@@ -42,7 +35,7 @@ def run_jobs(store: Store) -> JobTable:
 
 
 def test_rows_partitioned_by_job_and_day_and_flushed_on_close(tmp_path: Path) -> None:
-    clock = FakeClock()
+    clock = FakeClock(0.0)
     store = Store(tmp_path / "steps", flush_rows=1000, flush_interval_s=60.0, clock=clock)
     run_jobs(store)
     assert store.buffered_rows == 40 and not (tmp_path / "steps").exists()  # below both thresholds
@@ -61,7 +54,7 @@ def test_rows_partitioned_by_job_and_day_and_flushed_on_close(tmp_path: Path) ->
 
 
 def test_flush_by_rows_and_by_interval_and_restart_appends(tmp_path: Path) -> None:
-    clock = FakeClock()
+    clock = FakeClock(0.0)
     root = tmp_path / "s"
     store = Store(root, flush_rows=10, flush_interval_s=10.0, clock=clock)
     table = JobTable(step_timeout_s=30.0, join_s=0.0)
@@ -70,10 +63,10 @@ def test_flush_by_rows_and_by_interval_and_restart_appends(tmp_path: Path) -> No
     store.append(table.add([summary("j", r, 1) for r in range(8)], T0 + NS).rows)
     assert (store.buffered_rows, store.rows_written_total) == (0, 16)  # flush_rows reached
     store.append(table.add([summary("j", r, 2) for r in range(8)], T0 + 2 * NS).rows)
-    clock.t = 9.9
+    clock.now = 9.9
     store.maybe_flush()
     assert store.buffered_rows == 8
-    clock.t = 10.0
+    clock.now = 10.0
     store.maybe_flush()
     assert store.rows_written_total == 24 and store.files_written_total == 2
     again = Store(root, flush_rows=1, clock=clock)  # a restarted aggregator appends part-1
@@ -91,7 +84,7 @@ def test_failed_write_is_counted_and_rows_kept(tmp_path: Path) -> None:
 
 
 def test_one_failing_partition_keeps_only_its_rows_and_writes_nothing_twice(tmp_path: Path) -> None:
-    clock = FakeClock()
+    clock = FakeClock(0.0)
     root = tmp_path / "steps"
     store = Store(root, flush_rows=1000, flush_interval_s=60.0, clock=clock)
     run_jobs(store)
@@ -113,7 +106,8 @@ def test_a_failing_log_before_the_write_keeps_every_row_and_is_counted(tmp_path:
         if failing:
             raise WalError("write-ahead log: fsync failed (disk full)")
 
-    store = Store(tmp_path / "steps", flush_rows=1000, flush_interval_s=60.0, clock=FakeClock(), before_write=log_files)
+    store = Store(tmp_path / "steps", flush_rows=1000, flush_interval_s=60.0, clock=FakeClock(0.0),
+                  before_write=log_files)
     run_jobs(store)
     assert store.flush() is False  # not raised: the tick and shutdown go on
     assert store.flush_errors_total == 1 and store.buffered_rows == 40 and store.rows_written_total == 0

@@ -6,15 +6,11 @@ import json
 import logging
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent import futures
 from pathlib import Path
-from typing import Any
 
-import grpc
 import pytest
 
 import chopper
@@ -23,58 +19,11 @@ from chopper.identity import process as _identity
 from chopper.identity.jobname import job_name_problem
 from chopper.proto.chopper.v1 import agent_pb2, agent_pb2_grpc
 from chopper.schema import ClockSource, MarkerKind
+from tests.support.client_under_test import FLUSH_S, fast_client, invariant_holds
+from tests.support.marker_recorder import Recorder, short_socket_path, start_server
 from tests.support.polling import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
-# Shutdown timeout where the test needs every marker delivered: shutdown returns as soon as the flush is
-# done, so a generous one costs nothing and lets a starved machine finish it.
-FLUSH_S = 30.0
-
-
-class Recorder(agent_pb2_grpc.AgentServicer):
-    """A minimal agent: keeps every batch it receives, answers with the count when a stream ends."""
-
-    def __init__(self) -> None:
-        self.batches: list[agent_pb2.MarkerBatch] = []
-        self.cond = threading.Condition()
-        self.streams = 0
-
-    def PushMarkers(self, request_iterator: Iterator[agent_pb2.MarkerBatch], context: grpc.ServicerContext):
-        with self.cond:
-            self.streams += 1
-        n = 0
-        for batch in request_iterator:
-            with self.cond:
-                self.batches.append(batch)
-                self.cond.notify_all()
-            n += len(batch.markers)
-        return agent_pb2.PushMarkersResponse(accepted=n)
-
-    def markers(self) -> list[agent_pb2.Marker]:
-        with self.cond:
-            return [m for b in self.batches for m in b.markers]
-
-    def wait_for(self, pred: Callable[[list[agent_pb2.Marker]], bool], timeout: float = 30.0) -> bool:
-        with self.cond:
-            return self.cond.wait_for(lambda: pred([m for b in self.batches for m in b.markers]), timeout)
-
-
-def start_server(path: Path, servicer: agent_pb2_grpc.AgentServicer) -> grpc.Server:
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-    agent_pb2_grpc.add_AgentServicer_to_server(servicer, server)
-    assert server.add_insecure_port(f"unix://{path}") != 0
-    server.start()
-    return server
-
-
-def short_socket_path(tmp_path: Path) -> Iterator[Path]:
-    """A socket path in ``tmp_path``, or in /tmp where that is too long for a unix socket."""
-    path = tmp_path / "agent.sock"
-    if len(str(path)) < 100:  # sun_path holds 108 bytes
-        yield path
-        return
-    with tempfile.TemporaryDirectory(prefix="chp", dir="/tmp") as d:
-        yield Path(d) / "agent.sock"
 
 
 @pytest.fixture
@@ -96,19 +45,6 @@ def counter_clock(start: int = 1_700_000_000_000_000_000, step: int = 1000) -> C
 
 def as_rows(markers: list[agent_pb2.Marker]) -> list[tuple]:
     return [(m.kind, m.step, m.name, m.flops, m.tokens, m.bytes, m.clock) for m in markers]
-
-
-def fast_client(sock: Path, **kw) -> Client:
-    defaults: dict[str, Any] = dict(
-        job="j1", rank=3, gpu=1, agent=f"unix://{sock}", flush_interval_s=0.01,
-        initial_backoff_s=0.02, max_backoff_s=0.2,
-    )
-    defaults.update(kw)
-    return Client(**defaults)
-
-
-def invariant_holds(s: dict) -> bool:
-    return s["queued"] == s["sent"] + s["dropped_invalid"] + s["dropped_in_flight"] + s["dropped_at_shutdown"]
 
 
 def test_markers_arrive_exactly_in_order_with_identity_and_seq(sock: Path) -> None:

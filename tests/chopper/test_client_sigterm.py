@@ -86,7 +86,7 @@ def test_sigterm_under_torchs_handler_flushes_then_chains(hazard: HazardOutcome)
         from pathlib import Path
         from torch.distributed.elastic.multiprocessing.api import SignalException, _terminate_process_handler
         import chopper
-        from tests.chopper.test_client import Recorder, start_server
+        from tests.support.marker_recorder import Recorder, start_server
         signal.signal(signal.SIGTERM, _terminate_process_handler)
         d = tempfile.mkdtemp(prefix="chp", dir="/tmp")
         chopper.init(job="torch", agent=f"unix://{d}/agent.sock")

@@ -11,7 +11,6 @@ import os
 import tempfile
 import threading
 from collections.abc import Iterator
-from concurrent import futures
 from pathlib import Path
 
 import grpc
@@ -19,15 +18,9 @@ import pytest
 
 from chopper.client import _BATCH_BYTES, Client
 from chopper.proto.chopper.v1 import agent_pb2_grpc
-from tests.chopper.test_client import (
-    FLUSH_S,
-    Recorder,
-    fast_client,
-    invariant_holds,
-    short_socket_path,
-    start_server,
-)
+from tests.support.client_under_test import FLUSH_S, fast_client, invariant_holds
 from tests.support.hazards import HazardOutcome
+from tests.support.marker_recorder import Recorder, short_socket_path, start_server
 
 # The smallest message any agent setting accepts: twice max_message_bytes at its floor of 64 KiB.
 SMALLEST_AGENT_MESSAGE = 2 * 64 * 1024
@@ -192,12 +185,7 @@ def test_each_bad_marker_or_field_costs_only_itself(sock: Path, caplog: pytest.L
 
 def start_small_server(path: Path, servicer: agent_pb2_grpc.AgentServicer) -> grpc.Server:
     """A servicer that takes messages only as large as the smallest agent setting does."""
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4),
-                         options=[("grpc.max_receive_message_length", SMALLEST_AGENT_MESSAGE)])
-    agent_pb2_grpc.add_AgentServicer_to_server(servicer, server)
-    assert server.add_insecure_port(f"unix://{path}") != 0
-    server.start()
-    return server
+    return start_server(path, servicer, options=[("grpc.max_receive_message_length", SMALLEST_AGENT_MESSAGE)])
 
 
 @pytest.mark.hazard(item=11, input="4,096 markers of 256 four-byte characters each (4 MB) for an agent that takes "

@@ -22,7 +22,6 @@ from torch import nn
 import chopper
 from chopper.attribution.markers import paired_intervals
 from chopper.demo.run import free_port
-from tests.chopper import test_pytorch_instrument as instrument_tests
 from tests.support import sync_truth_jobs
 
 PHASES = ("forward", "backward", "optimizer")
@@ -38,7 +37,7 @@ def _no_global_client() -> Iterator[None]:
 
 def received(train: Callable[[str], None]) -> pd.DataFrame:
     """Run ``train(agent)`` against an in-test agent; the markers it received, one row each."""
-    return instrument_tests.received("j", lambda target, _: train(target))
+    return sync_truth_jobs.received("j", lambda target, _: train(target))
 
 
 def check_steps(markers: pd.DataFrame, steps: int, micro: int = 1) -> None:

@@ -15,9 +15,8 @@ from chopper.report import ReportError, TextProgress, build_report, figures, ter
 from chopper.report.html import FigureBlock, Section, TableBlock, TextBlock, render
 from chopper.runs.rundir import read_run
 from tests.support.attribution_scenarios import ALL_SCENARIOS, HOT_RANK
-
-# The figures of a recorded run: those that need nothing beyond the run and its attribution.
-FIGURE_KEYS = [spec.key for spec in figures.FIGURES if set(spec.needs) <= {"run", "attribution"}]
+from tests.support.chromium_render import assert_filled, render_in_chromium
+from tests.support.report_pages import RUN_FIGURE_KEYS, table_rows
 
 
 @pytest.fixture(scope="module")
@@ -43,8 +42,8 @@ def test_report_is_self_contained(report: Path) -> None:
 
 def test_report_has_every_figure_and_the_toc(report: Path) -> None:
     page = report.read_text(encoding="utf-8")
-    assert page.count("<svg") + page.count("<img") == len(FIGURE_KEYS) == 7
-    for key in FIGURE_KEYS:
+    assert page.count("<svg") + page.count("<img") == len(RUN_FIGURE_KEYS) == 7
+    for key in RUN_FIGURE_KEYS:
         assert f'<figure id="{key}">' in page
         assert f'href="#{key}"' in page, f"{key} missing from the table of contents"
     # No trace in a run directory: no trace figure, no trace summary.
@@ -54,11 +53,9 @@ def test_report_has_every_figure_and_the_toc(report: Path) -> None:
 def test_summary_names_the_hot_rank_with_evidence(report: Path) -> None:
     page = report.read_text(encoding="utf-8")
     assert "<caption>Per job</caption>" in page and "<caption>Per rank (ms are means per step)</caption>" in page
-    slowest = page.split("<caption>Slowest ranks", 1)[1].split("</table>", 1)[0]
-    rows = re.findall(r"<tr>(.*?)</tr>", slowest)[1:]
+    rows = table_rows(page, "Slowest ranks")
     assert len(rows) == 10
-    for row in rows:
-        cells = re.findall(r"<td[^>]*>(.*?)</td>", row)
+    for cells in rows:
         # job, step, rank, node, gpu, excess, clock, median clock, temp, cause
         assert cells[2] == str(HOT_RANK) and cells[-1] == "thermal" and cells[6] == "1680" and cells[8] == "96"
 
@@ -110,7 +107,7 @@ def test_registered_figures_need_their_inputs(run_dir: Path, tmp_path: Path, mon
     ])
     page = build_report(run_dir, tmp_path / "r.html").read_text(encoding="utf-8")
     assert calls == ["extra"]
-    assert page.count("<svg") == len(FIGURE_KEYS) + 1
+    assert page.count("<svg") == len(RUN_FIGURE_KEYS) + 1
     assert "kernel-types" not in page
     assert "Extra &lt;section&gt;" in page and "caption &amp; more" in page
 
@@ -154,7 +151,7 @@ def test_cli_writes_the_report(run_dir: Path, tmp_path: Path, capsys: pytest.Cap
     captured = capsys.readouterr()
     assert captured.out.strip() == f"wrote {out}"
     assert captured.err == ""  # not a terminal: no progress bar
-    assert out.read_text(encoding="utf-8").count("<svg") == len(FIGURE_KEYS)
+    assert out.read_text(encoding="utf-8").count("<svg") == len(RUN_FIGURE_KEYS)
 
 
 @pytest.mark.parametrize("case, message", [
@@ -197,54 +194,10 @@ def test_import_stays_light() -> None:
     assert out.strip() == "[]"
 
 
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-
-
-def _chromium() -> str:
-    found = shutil.which("chromium") or shutil.which("chromium-browser")
-    if found is None:
-        pytest.fail("headless Chromium is needed to render the report: install Debian's chromium "
-                    "(make apt-deps, or apt-get install -y chromium)")
-    return found
-
-
-def render_in_chromium(page: Path, tmp_path: Path, height: int) -> tuple[str, set[tuple[int, int, int]]]:
-    """Open ``page`` in headless Chromium: its parsed DOM, and the colours of a screenshot.
-
-    Fails on a non-zero exit, any console error from the page, or a screenshot that is not a PNG
-    of the requested size.
-    """
-    from PIL import Image
-
-    url = page.resolve().as_uri()
-    common = [_chromium(), *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}"]
-    dom = subprocess.run([*common, "--dump-dom", url], capture_output=True, text=True, timeout=120)
-    assert dom.returncode == 0, dom.stderr[-2000:]
-    png = tmp_path / "page.png"
-    shot = subprocess.run([*common, "--enable-logging=stderr", "--v=0", f"--screenshot={png}",
-                           f"--window-size=1400,{height}", url], capture_output=True, text=True, timeout=120)
-    assert shot.returncode == 0, shot.stderr[-2000:]
-    page_errors = [line for line in shot.stderr.splitlines() if "CONSOLE" in line or "Uncaught" in line]
-    assert page_errors == []
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    image = Image.open(png).convert("RGB")
-    assert image.size == (1400, height)
-    return dom.stdout, {c for _, c in image.getcolors(maxcolors=1 << 22) or []}
-
-
-def assert_filled(colours: set[tuple[int, int, int]], hexcodes: tuple[str, ...]) -> None:
-    """Each colour appears in the screenshot: the figures drawing it rendered."""
-    for hexcode in hexcodes:
-        rgb = tuple(int(hexcode[i:i + 2], 16) for i in (1, 3, 5))
-        assert rgb in colours, f"{hexcode} not in the screenshot: the figures did not render"
-    assert len(colours) > 100
-
-
 def test_chromium_renders_the_report(report: Path, tmp_path: Path) -> None:
     dom, colours = render_in_chromium(report, tmp_path, 4000)
     # The parsed DOM holds every inline SVG and the summary: the page parsed as HTML, not as text.
-    assert dom.count("<svg") == len(FIGURE_KEYS)
+    assert dom.count("<svg") == len(RUN_FIGURE_KEYS)
     assert "<caption>Per job</caption>" in dom
     # The stacked bars drew: solid fills of the ideal, thermal DVFS and straggler-wait colours.
     assert_filled(colours, ("#2e7d32", "#c62828", "#fbc02d"))
@@ -261,8 +214,7 @@ def test_phase_table_shows_the_phase_that_grew(report: Path) -> None:
     assert change.loc["backward", "late_s"] - change.loc["backward", "early_s"] == 0
     # The recorded run's phases appear in the report's table, one row per rank and phase.
     page = report.read_text(encoding="utf-8")
-    table = page.split("<caption>Phase time per rank", 1)[1].split("</table>", 1)[0]
-    rows = [re.findall(r"<td[^>]*>(.*?)</td>", row) for row in re.findall(r"<tr>(.*?)</tr>", table)[1:]]
+    rows = table_rows(page, "Phase time per rank")
     ranks = read_run(report.parent / "run").markers["rank"].nunique()
     assert len(rows) == 3 * ranks and {r[2] for r in rows} == {"forward", "backward", "optimizer"}
 

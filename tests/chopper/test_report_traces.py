@@ -19,9 +19,10 @@ from chopper.report.spec import ReportData
 from chopper.report.traces import TraceSet, analyze_traces, comm_overlap_fractions, load
 from chopper.trace import load_trace
 from chopper.trace.analyses.top_kernels import top_kernels
-from tests.chopper import test_report as run_report
 from tests.support.attribution_scenarios import ALL_SCENARIOS
+from tests.support.chromium_render import assert_filled, render_in_chromium
 from tests.support.kineto_data import KINETO_DIR, requires_kineto
+from tests.support.report_pages import RUN_FIGURE_KEYS, figure_keys, table_rows
 
 # Every test here reads the real reference traces, including the bad-input ones built from them.
 pytestmark = requires_kineto
@@ -33,16 +34,6 @@ ROCM = KINETO / "rocm_mi250_toy_train.json.gz"
 
 TRACE_KEYS = [s.key for s in figures.FIGURES if "traces" in s.needs or "cross_rank" in s.needs]
 SINGLE_RANK_KEYS = [s.key for s in figures.FIGURES if s.needs == ("traces",)]
-RUN_KEYS = run_report.FIGURE_KEYS
-
-
-def _keys(page: str) -> list[str]:
-    return re.findall(r'<figure id="([^"]+)">', page)
-
-
-def _table(page: str, caption_start: str) -> list[list[str]]:
-    body = page.split(f"<caption>{caption_start}", 1)[1].split("</table>", 1)[0]
-    return [re.findall(r"<td[^>]*>(.*?)</td>", row) for row in re.findall(r"<tr>(.*?)</tr>", body)[1:]]
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +83,7 @@ def test_trace_report_is_self_contained_with_every_figure(which: str, request: p
     # Two ranks: every trace figure; one rank: all but the cross-rank straggler lead. No run figure.
     expected = TRACE_KEYS if which == "nccl" else SINGLE_RANK_KEYS
     assert len(expected) == (8 if which == "nccl" else 7)
-    assert _keys(page) == expected
+    assert figure_keys(page) == expected
     assert page.count("<svg") == len(expected)
     for key in expected:
         assert f'href="#{key}"' in page
@@ -101,29 +92,29 @@ def test_trace_report_is_self_contained_with_every_figure(which: str, request: p
 
 def test_hta_table_holds_the_reference_figures(nccl_report: Path, alexnet_report: Path) -> None:
     """REFERENCE.md (Holistic Trace Analysis 0.5.0): idle, compute, non-compute, span, overlap."""
-    rows = _table(nccl_report.read_text(encoding="utf-8"), "Per rank, GPU")
+    rows = table_rows(nccl_report.read_text(encoding="utf-8"), "Per rank, GPU")
     # rank, device, file, kernels, span, idle, idle %, compute, compute %, non-compute, non-compute %, overlap %
     assert [(r[0], r[4], r[5], r[7], r[9], r[11]) for r in rows] == [
         ("0", "600,058", "321,378", "106,252", "172,428", "11.8"),
         ("1", "600,674", "328,671", "135,548", "136,455", "20.1"),
     ]
     assert rows[0][2] == "nccl_128ranks_rank0.json.gz"
-    alex = _table(alexnet_report.read_text(encoding="utf-8"), "Per rank, GPU")
+    alex = table_rows(alexnet_report.read_text(encoding="utf-8"), "Per rank, GPU")
     assert [(r[4], r[5], r[7], r[9], r[11]) for r in alex] == [("12,996,011", "12,929,684", "10,637", "55,690", "–")]
-    host = _table(alexnet_report.read_text(encoding="utf-8"), "Per rank, host")
+    host = table_rows(alexnet_report.read_text(encoding="utf-8"), "Per rank, host")
     assert host[0][1] == "83.9"  # memory transfer share of kernel time: REFERENCE.md's MEMORY 83.9 %
 
 
 def test_host_table_and_straggler_table(nccl_report: Path, nccl_set: TraceSet) -> None:
     page = nccl_report.read_text(encoding="utf-8")
-    host = _table(page, "Per rank, host")
+    host = table_rows(page, "Per rank, host")
     # rank, memory %, sync, GPU waited on launches µs and %, median and p95 launch delay, idle, host-wait,
     # kernel-wait, host-wait %, leads
     assert [(r[0], r[7], r[8], r[9]) for r in host] == [("0", "321,378", "115,886", "205,492"),
                                                         ("1", "328,671", "166,668", "162,003")]
     lead = nccl_set.stragglers
     assert host[1][-1] == f"{lead[lead['rank'] == 1]['lead_us'].max():,.0f}" == "252,723"
-    leads = _table(page, "Largest straggler leads")
+    leads = table_rows(page, "Largest straggler leads")
     assert leads[0] == ["552", "nccl:all_to_all", "layer", "1", "441,878", "252,723"]
 
 
@@ -145,10 +136,10 @@ def test_combined_run_and_traces_show_both(tmp_path: Path, nccl_dir: Path) -> No
     out = tmp_path / "both.html"
     assert main(["report", str(run), "-o", str(out)]) == 0
     page = out.read_text(encoding="utf-8")
-    assert _keys(page) == [*RUN_KEYS, *TRACE_KEYS]
-    assert page.count("<svg") == len(RUN_KEYS) + len(TRACE_KEYS) == 15
+    assert figure_keys(page) == [*RUN_FIGURE_KEYS, *TRACE_KEYS]
+    assert page.count("<svg") == len(RUN_FIGURE_KEYS) + len(TRACE_KEYS) == 15
     assert '<section id="summary">' in page and '<section id="trace-summary">' in page
-    assert "<caption>Per job</caption>" in page and _table(page, "Per rank, GPU")[0][5] == "321,378"
+    assert "<caption>Per job</caption>" in page and table_rows(page, "Per rank, GPU")[0][5] == "321,378"
 
 
 def test_capture_with_cpu_only_traces_reports_the_run_and_the_join(tmp_path: Path) -> None:
@@ -173,8 +164,8 @@ def test_capture_with_cpu_only_traces_reports_the_run_and_the_join(tmp_path: Pat
     out = tmp_path / "r.html"
     assert main(["report", str(run), "-o", str(out)]) == 0
     page = out.read_text(encoding="utf-8")
-    assert _keys(page) == RUN_KEYS and '<section id="trace-summary">' not in page
-    rows = _table(page, "Per profiled step")
+    assert figure_keys(page) == RUN_FIGURE_KEYS and '<section id="trace-summary">' not in page
+    rows = table_rows(page, "Per profiled step")
     assert [(r[1], r[2], r[4]) for r in rows] == [("0", "1", "2"), ("0", "2", "2")]  # rank, step, offset µs
     assert all(r[6] == "–" for r in rows) and "CPU-only trace" in page
 
@@ -183,7 +174,7 @@ def test_trace_files_beside_the_run_tables_count(tmp_path: Path) -> None:
     run = ALL_SCENARIOS["hot_straggler"]().write(tmp_path / "capture")
     shutil.copy(ALEXNET, run)
     page = build_report(run, tmp_path / "r.html").read_text(encoding="utf-8")
-    assert _keys(page) == [*RUN_KEYS, *SINGLE_RANK_KEYS]
+    assert figure_keys(page) == [*RUN_FIGURE_KEYS, *SINGLE_RANK_KEYS]
 
 
 def test_figure_data_matches_the_analyses(nccl_set: TraceSet) -> None:
@@ -278,13 +269,13 @@ def test_cli_single_trace_file(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert main(["report", str(ROCM), "-o", str(out)]) == 0
     assert capsys.readouterr().out.strip() == f"wrote {out}"
     page = out.read_text(encoding="utf-8")
-    assert _keys(page) == SINGLE_RANK_KEYS
-    assert _table(page, "Per rank, GPU")[0][4:6] == ["8,911", "8,780"]  # REFERENCE.md: span 8911, idle 8780
+    assert figure_keys(page) == SINGLE_RANK_KEYS
+    assert table_rows(page, "Per rank, GPU")[0][4:6] == ["8,911", "8,780"]  # REFERENCE.md: span 8911, idle 8780
 
 
 def test_chromium_renders_the_trace_report(nccl_report: Path, tmp_path: Path) -> None:
-    dom, colours = run_report.render_in_chromium(nccl_report, tmp_path, 7000)
+    dom, colours = render_in_chromium(nccl_report, tmp_path, 7000)
     assert dom.count("<svg") == len(TRACE_KEYS)
     assert "<caption>Per rank, GPU" in dom
     # Solid fills of compute, communication / non-compute, idle, CPU-late and the overlap combination.
-    run_report.assert_filled(colours, ("#2e7d32", "#1565c0", "#90a4ae", "#c62828", "#00897b"))
+    assert_filled(colours, ("#2e7d32", "#1565c0", "#90a4ae", "#c62828", "#00897b"))
