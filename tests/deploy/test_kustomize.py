@@ -14,7 +14,6 @@ import functools
 import os
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+import chopper
 from agent.config import AgentSettings
 from agent.config import load_settings as load_agent_settings
 from aggregator.config import AggregatorSettings
@@ -262,7 +262,7 @@ def test_vendor_overlays_target_their_gpu_nodes() -> None:
 
 
 def test_images_are_the_project_version_with_the_vendor_extra() -> None:
-    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    version = chopper.__version__  # the package version (pyproject.toml reads it from there)
     for overlay, tag in (("amd", f"{version}-amd"), ("nvidia", f"{version}-nvidia"), ("simulated", version)):
         images = {c["image"] for kind in ("DaemonSet", "Deployment") for o in objects(overlay, kind)
                   for c in o["spec"]["template"]["spec"]["containers"]}

@@ -15,8 +15,10 @@ import logging
 import os
 import subprocess
 import sys
+import tempfile
 from collections.abc import Mapping
 from functools import cache
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -34,7 +36,10 @@ from tests.support.strategies import fuzz
 SIM = "SIM-1b4e28ba-2fa1-5d3c-8a9f-0c2e1f6f3a11"
 GPU_A, GPU_B = "GPU-8932f937-d72c-4106-c12f-20bd9faed9f6", "GPU-5a1c7e02-93b1-4f0e-b6d2-77aa3c9e0f14"
 
-_DUMP = "import os, json; print(json.dumps(dict(os.environ)))"
+# Each worker writes its environment to a file of its own: two workers printing to one pipe interleave
+# their lines under PYTHONUNBUFFERED (one write for the text, one for the newline).
+_DUMP = ("import os, json, sys; "
+         "open(os.path.join(sys.argv[1], os.environ['RANK'] + '.json'), 'w').write(json.dumps(dict(os.environ)))")
 
 
 @cache
@@ -46,11 +51,13 @@ def torchrun_env(outer: tuple[tuple[str, str], ...] = ()) -> dict[int, dict[str,
     environment torchrun itself runs in (e.g. an srun task's).
     """
     base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "TORCHELASTIC", "CUDA_", "CHOPPER"))}
-    out = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--node-rank", "0", "--nproc-per-node", "2",
-         "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "--no-python", sys.executable, "-c", _DUMP],
-        env={**base, **dict(outer)}, capture_output=True, text=True, timeout=120, check=True)
-    envs = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    with tempfile.TemporaryDirectory() as dumps:
+        subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--node-rank", "0", "--nproc-per-node",
+             "2", "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "--no-python", sys.executable,
+             "-c", _DUMP, dumps],
+            env={**base, **dict(outer)}, capture_output=True, text=True, timeout=120, check=True)
+        envs = [json.loads(f.read_text()) for f in sorted(Path(dumps).glob("*.json"))]
     return {int(e["RANK"]): {k: v for k, v in e.items() if k not in base or k in dict(outer)} for e in envs}
 
 
