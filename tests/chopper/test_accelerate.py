@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 STEPS, ACCUMULATE = 4, 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dynamo", ["no", "eager"])
 def test_accelerate_launch_two_cpu_ranks(tmp_path: Path, dynamo: str) -> None:
     accelerate = Path(sys.executable).with_name("accelerate")

@@ -117,6 +117,7 @@ def _hf_ddp_worker(rank: int, agent: str, port: int, out: str) -> None:
     Path(out, f"{rank}.txt").write_text(f"{wrapped} {issued.get('all_reduce', 0)}")
 
 
+@pytest.mark.slow
 def test_hf_trainer_callback_marks_the_ddp_all_reduce_the_trainer_hides(tmp_path: Path) -> None:
     pytest.importorskip("transformers")
     pytest.importorskip("accelerate")
@@ -222,6 +223,7 @@ def _lightning_ddp_worker(rank: int, agent: str, port: int, out: str) -> None:
     Path(out, f"{rank}.txt").write_text(f"{type(trainer.strategy).__name__} {cb.steps} {len(cb.errors)}")
 
 
+@pytest.mark.slow
 def test_lightning_ddp_all_reduce_tail_is_exposed(tmp_path: Path) -> None:
     pytest.importorskip("lightning")
     import torch.multiprocessing as mp

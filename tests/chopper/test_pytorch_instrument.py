@@ -197,6 +197,7 @@ def _no_global_client() -> Iterator[None]:
     chopper.shutdown(0.5)
 
 
+@pytest.mark.slow
 def test_ddp_markers_from_one_call() -> None:
     markers, reports = run_job("ddp")
     intervals = check_common(markers, reports)
@@ -299,6 +300,7 @@ def test_backward_ends_before_fsdp_waits_for_its_reduce_scatters(kind: str, monk
             assert order[i - 1] == ("phase_end", "backward"), order
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["fsdp1", "fsdp2"])
 def test_fsdp_markers_from_one_call(kind: str) -> None:
     markers, reports = run_job(kind)

@@ -130,6 +130,7 @@ def test_progress_counts_files_and_ranks(nccl_dir: Path, tmp_path: Path) -> None
     assert stages[-1] == "done"
 
 
+@pytest.mark.slow
 def test_combined_run_and_traces_show_both(tmp_path: Path, nccl_dir: Path) -> None:
     run = ALL_SCENARIOS["hot_straggler"]().write(tmp_path / "capture")
     shutil.copytree(nccl_dir, run / "traces")
@@ -142,6 +143,7 @@ def test_combined_run_and_traces_show_both(tmp_path: Path, nccl_dir: Path) -> No
     assert "<caption>Per job</caption>" in page and table_rows(page, "Per rank, GPU")[0][5] == "321,378"
 
 
+@pytest.mark.slow
 def test_capture_with_cpu_only_traces_reports_the_run_and_the_join(tmp_path: Path) -> None:
     """What a CPU machine's capture holds: a run, and traces with ProfilerStep ranges but no kernels."""
     import gzip
@@ -170,6 +172,7 @@ def test_capture_with_cpu_only_traces_reports_the_run_and_the_join(tmp_path: Pat
     assert all(r[6] == "–" for r in rows) and "CPU-only trace" in page
 
 
+@pytest.mark.slow
 def test_trace_files_beside_the_run_tables_count(tmp_path: Path) -> None:
     run = ALL_SCENARIOS["hot_straggler"]().write(tmp_path / "capture")
     shutil.copy(ALEXNET, run)
@@ -273,6 +276,7 @@ def test_cli_single_trace_file(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert table_rows(page, "Per rank, GPU")[0][4:6] == ["8,911", "8,780"]  # REFERENCE.md: span 8911, idle 8780
 
 
+@pytest.mark.slow
 def test_chromium_renders_the_trace_report(nccl_report: Path, tmp_path: Path) -> None:
     dom, colours = render_in_chromium(nccl_report, tmp_path, 7000)
     assert dom.count("<svg") == len(TRACE_KEYS)

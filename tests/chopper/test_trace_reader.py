@@ -211,6 +211,7 @@ print(len(trace.kernels), len(trace.runtime), (after - before) * 1024, elapsed)
 """
 
 
+@pytest.mark.slow
 def test_streaming_peak_memory_stays_below_three_times_file_size(tmp_path: Path) -> None:
     # ~100 MB of realistic events (long kernel names, args), written without building them in memory.
     path = tmp_path / "big.json"

@@ -45,6 +45,7 @@ def node(tmp_path: Path) -> Iterator[AgentProcess]:
         agent.terminate()
 
 
+@pytest.mark.slow
 def test_torchrun_job_is_attributed_to_its_slurm_job_ranks_and_physical_gpus(
         node: AgentProcess, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:

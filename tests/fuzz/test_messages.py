@@ -45,6 +45,7 @@ REQUESTS = (pb.MarkerBatch, pb.GetInfoRequest, pb.SubscribeRequest, pb.ControlHe
 HEADER_REASONS = {"bad_job", "bad_rank", "bad_gpu", "batch_too_large"}
 
 
+@pytest.mark.slow
 @fuzz(400, timeout_s=120)
 @given(st.sampled_from(REQUESTS).flatmap(lambda c: st.tuples(st.just(c), wire(c))))
 @example((pb.MarkerBatch, length_delimited(1, b"\xff")))  # invalid UTF-8 in a string field
@@ -102,6 +103,7 @@ def _check_ingest(ingest: MarkerIngest, batch: pb.MarkerBatch) -> None:
         assert held <= markers.MAX_OPEN_INTERVALS
 
 
+@pytest.mark.slow
 @fuzz(300, timeout_s=120)
 @given(st.lists(st.one_of(_plausible_batch, wire(pb.MarkerBatch, _plausible_batch)), min_size=1, max_size=6))
 def test_marker_ingest_accounts_for_every_marker(batches: list[pb.MarkerBatch | bytes]) -> None:

@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
@@ -143,6 +144,7 @@ def _case_dir() -> Path:
     return Path(tempfile.mkdtemp(dir=ROOT))
 
 
+@pytest.mark.slow
 @fuzz(120, timeout_s=180)
 @given(st.lists(_mutation(), min_size=1, max_size=3), st.booleans())
 @example([("samples", "values", ("ts_ns", [1e20], 0))], False)  # beyond int64: was cast to garbage

@@ -162,6 +162,7 @@ def aggregator(tmp_path: Path) -> Iterator[RunningAggregator]:
     r.stop()
 
 
+@pytest.mark.slow
 @fuzz(60, timeout_s=180)
 @given(_calls(AGGREGATOR))
 def test_aggregator_answers_every_request_and_keeps_serving(aggregator: RunningAggregator,

@@ -79,6 +79,7 @@ def _inputs(draw: st.DrawFn) -> tuple[str, bytes | None, dict[str, str], list[st
     return daemon, config, env, argv
 
 
+@pytest.mark.slow
 @fuzz(200, timeout_s=120)
 @given(_inputs())
 @example(("agent", b"\xff\xfe garbage", {}, []))  # not UTF-8

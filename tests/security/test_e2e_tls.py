@@ -37,6 +37,7 @@ def chopper_cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "chopper.cli", *args], capture_output=True, text=True, timeout=60)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_mutual_tls_between_real_daemons_and_the_cli(tmp_path: Path, pki: Pki,
                                                        capsys: pytest.CaptureFixture[str]) -> None:

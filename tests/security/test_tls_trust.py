@@ -97,6 +97,7 @@ def test_a_client_ca_made_writable_at_run_time_never_lets_the_ca_added_to_it_in(
                       f"tainted tls_client_ca; a new file mv'd over the path taken ({reloads:g} reload)")
 
 
+@pytest.mark.slow
 @pytest.mark.hazard(item=4, input="tls_client_ca, tls_key or aggregator_tls_ca writable by others at start",
                     promise="a start-up error naming the setting, the file and the fix")
 def test_daemons_refuse_to_start_with_tls_files_others_can_write(tmp_path: Path, pki: Pki,

@@ -147,6 +147,7 @@ def resolved(env: Mapping[str, str], modules: Mapping[str, Any] | None = None) -
     return resolve_job(env).value, resolve_rank(env, modules).value, local.value, gpu
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("launcher", list(EXPECTED))
 def test_each_launcher_resolves_to_its_job_rank_and_physical_gpu(launcher: str) -> None:
     assert resolved(launchers()[launcher]) == EXPECTED[launcher]
