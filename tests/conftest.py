@@ -1,4 +1,4 @@
-"""Shared pytest configuration: ``slow`` tests run first; ``gpu`` tests skip themselves where no GPU is present."""
+"""Shared pytest configuration: ``gpu``-marked tests skip themselves where no GPU is present."""
 from __future__ import annotations
 
 import pytest
@@ -32,10 +32,6 @@ def _has_gpu() -> bool:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # Slow tests first (a stable sort, the same on every xdist worker): the workers start on the
-    # minute-long end-to-end tests together and finish on short ones, instead of one worker running
-    # the last long test while the other idles.
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
     if not any(item.get_closest_marker("gpu") for item in items):
         return
     if _has_gpu():

@@ -40,8 +40,12 @@ def main(argv: list[str] | None = None) -> int:
                 opt.step()
                 opt.zero_grad()
     chopper.shutdown(30.0)
-    print(json.dumps({"job": client.job, "rank": client.rank, "gpu": client.gpu, "device_uuid": client.device_uuid,
-                      "steps": args.steps, "stats": chopper.stats()}), flush=True)
+    # One write of the whole line: print() writes the text and the newline apart under
+    # PYTHONUNBUFFERED, and the two ranks' lines then interleave on torchrun's shared stdout.
+    line = json.dumps({"job": client.job, "rank": client.rank, "gpu": client.gpu, "device_uuid": client.device_uuid,
+                       "steps": args.steps, "stats": chopper.stats()})
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
     dist.destroy_process_group()
     return 0
 
