@@ -35,6 +35,7 @@ BAD_INPUT_MODULES = (
     "tests/aggregator/test_config.py",
     "tests/agent/test_markers.py",
     "tests/agent/test_server.py",
+    "tests/agent/test_unix_socket.py",
     "tests/aggregator/test_server.py",
     "tests/chopper/runs/test_rundir.py",
     "tests/chopper/test_trace_reader.py",
