@@ -5,7 +5,7 @@ Goal: the agent keeps up and its memory is flat: resident set size grows less th
 dropped, rejected or lost on the way, and fewer than ``GOAL_MISSED_TICK_RATIO`` of its sampling
 ticks are skipped. CPU (% of one core) is reported.
 
-Method. One real agent process (``tests.e2e.conftest.AgentProcess``: ``python -m agent``, the
+Method. One real agent process (``tests.support.daemons.AgentProcess``: ``python -m agent``, the
 simulated backend with 8 GPUs at 100 Hz, a private unix socket) at nice 10 as
 ``deploy/systemd/chopper-agent.service`` runs it. Its ring buffers are sized to fill within the
 warm-up (samples ``SAMPLE_BUFFER``, markers ``MARKER_BUFFER``, summaries ``SUMMARY_BUFFER``; 20 s of
