@@ -28,6 +28,12 @@ loses what a clean stop would have flushed. ``StopSignals.wait`` therefore waits
 ``POLL_S`` seconds, so the main thread returns to bytecode, and a signal is acted on within
 ``POLL_S``. The handlers themselves only set the event or queue the signal: logging and reloading
 happen in ``wait``, outside signal context.
+
+The event is a ``SignalSafeEvent``. ``threading.Event`` guards its flag with a plain ``Lock``, and
+the main thread holds that lock for a few bytecodes of every ``wait`` slice; a stop handler that
+runs there and calls ``set()`` waits on a lock its own thread holds, forever: the daemon then
+ignores every later signal too (seen as an agent that logged nothing after SIGTERM on a loaded
+machine). A reentrant lock lets the handler's ``set()`` go through.
 """
 from __future__ import annotations
 
@@ -73,6 +79,36 @@ def signal_name(signum: int) -> str:
         return str(signum)
 
 
+class SignalSafeEvent(threading.Event):
+    """A ``threading.Event`` whose ``set()`` may run in a signal handler of a thread inside ``wait()``.
+
+    The same flag and condition as ``threading.Event``, on an ``RLock`` (module docstring).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._reentrant = threading.Condition(threading.RLock())
+        self._set = False
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def set(self) -> None:
+        with self._reentrant:
+            self._set = True
+            self._reentrant.notify_all()
+
+    def clear(self) -> None:
+        with self._reentrant:
+            self._set = False
+
+    def wait(self, timeout: float | None = None) -> bool:
+        with self._reentrant:
+            if not self._set:
+                self._reentrant.wait(timeout)
+            return self._set
+
+
 class StopSignals:
     """Sets ``event`` on any of ``signals``; use as a context manager to restore the previous handlers.
 
@@ -92,7 +128,7 @@ class StopSignals:
 
     def __init__(self, signals: Iterable[int] = (signal.SIGTERM, signal.SIGINT), *,
                  reload: Callable[[], str] | None = None, ignored: Iterable[int] = (), faults: bool = False) -> None:
-        self.event = threading.Event()
+        self.event: threading.Event = SignalSafeEvent()
         self.received = ""  # the name of the stop signal that set ``event``
         self.reload = reload
         self._queued: collections.deque[int] = collections.deque()  # appended in handlers: atomic

@@ -3,10 +3,15 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
+import pytest
+
 from chopper.daemon.stopsignals import StopSignals
+from tests.support.hazards import HazardOutcome
 
 
 def test_signal_sets_the_event_and_previous_handlers_return() -> None:
@@ -36,3 +41,26 @@ def test_off_the_main_thread_nothing_is_installed() -> None:
     assert signal.getsignal(signal.SIGINT) == before
     made[0].restore()  # nothing to restore; must not touch the main thread's handlers
     assert signal.getsignal(signal.SIGINT) == before
+
+
+# A SIGTERM whose handler runs while the main thread holds the event's lock, as it does for a few
+# bytecodes of each wait slice: the handler's set() must not wait on its own thread.
+_HANDLER_UNDER_THE_LOCK = """
+import os, signal, time
+from chopper.daemon.stopsignals import StopSignals
+with StopSignals() as stop:
+    with stop.event._reentrant:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.01)  # the handler runs here, in this thread, under the lock
+    stop.wait()
+    print(stop.received)
+"""
+
+
+@pytest.mark.hazard(item=15, input="SIGTERM whose handler runs while the main thread holds the stop event's lock "
+                    "(inside a wait slice)", promise="the daemon stops cleanly; never a stop handler that deadlocks")
+def test_a_stop_handler_under_the_event_lock_does_not_deadlock(hazard: HazardOutcome) -> None:
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", _HANDLER_UNDER_THE_LOCK], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "SIGTERM", done.stderr
+    hazard.outcome = f"stopped on SIGTERM in {time.monotonic() - started:.1f} s (a threading.Event deadlocks here)"
