@@ -22,6 +22,13 @@ class ClockSource(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CLOCK_SOURCE_UNSPECIFIED: _ClassVar[ClockSource]
     CLOCK_SOURCE_CPU: _ClassVar[ClockSource]
     CLOCK_SOURCE_DEVICE: _ClassVar[ClockSource]
+
+class CollectiveSource(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    COLLECTIVE_SOURCE_UNSPECIFIED: _ClassVar[CollectiveSource]
+    COLLECTIVE_SOURCE_NONE: _ClassVar[CollectiveSource]
+    COLLECTIVE_SOURCE_MARKERS: _ClassVar[CollectiveSource]
+    COLLECTIVE_SOURCE_INSPECTOR: _ClassVar[CollectiveSource]
 MARKER_KIND_UNSPECIFIED: MarkerKind
 MARKER_KIND_STEP_BEGIN: MarkerKind
 MARKER_KIND_STEP_END: MarkerKind
@@ -32,6 +39,10 @@ MARKER_KIND_COLLECTIVE_END: MarkerKind
 CLOCK_SOURCE_UNSPECIFIED: ClockSource
 CLOCK_SOURCE_CPU: ClockSource
 CLOCK_SOURCE_DEVICE: ClockSource
+COLLECTIVE_SOURCE_UNSPECIFIED: CollectiveSource
+COLLECTIVE_SOURCE_NONE: CollectiveSource
+COLLECTIVE_SOURCE_MARKERS: CollectiveSource
+COLLECTIVE_SOURCE_INSPECTOR: CollectiveSource
 
 class Marker(_message.Message):
     __slots__ = ("ts_ns", "kind", "step", "name", "flops", "tokens", "bytes", "clock")
@@ -124,7 +135,7 @@ class AgentInfo(_message.Message):
     def __init__(self, node: _Optional[str] = ..., backend: _Optional[str] = ..., version: _Optional[str] = ..., sample_hz: _Optional[float] = ..., devices: _Optional[_Iterable[_Union[DeviceInfo, _Mapping]]] = ...) -> None: ...
 
 class Sample(_message.Message):
-    __slots__ = ("ts_ns", "node", "gpu", "gfx_clock_mhz", "mem_clock_mhz", "busy_ratio", "matrix_ratio", "mem_busy_ratio", "power_w", "energy_j", "temp_c", "mem_used_bytes", "link_tx_bytes", "link_rx_bytes", "pcie_tx_bytes", "pcie_rx_bytes", "throttle_power_s", "throttle_thermal_s", "throttle_current_s", "throttle_other_s", "job")
+    __slots__ = ("ts_ns", "node", "gpu", "gfx_clock_mhz", "mem_clock_mhz", "busy_ratio", "matrix_ratio", "mem_busy_ratio", "power_w", "energy_j", "temp_c", "mem_used_bytes", "link_tx_bytes", "link_rx_bytes", "pcie_tx_bytes", "pcie_rx_bytes", "throttle_power_s", "throttle_thermal_s", "throttle_current_s", "throttle_other_s", "job", "links")
     TS_NS_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
     GPU_FIELD_NUMBER: _ClassVar[int]
@@ -146,6 +157,7 @@ class Sample(_message.Message):
     THROTTLE_CURRENT_S_FIELD_NUMBER: _ClassVar[int]
     THROTTLE_OTHER_S_FIELD_NUMBER: _ClassVar[int]
     JOB_FIELD_NUMBER: _ClassVar[int]
+    LINKS_FIELD_NUMBER: _ClassVar[int]
     ts_ns: int
     node: str
     gpu: int
@@ -167,7 +179,92 @@ class Sample(_message.Message):
     throttle_current_s: float
     throttle_other_s: float
     job: str
-    def __init__(self, ts_ns: _Optional[int] = ..., node: _Optional[str] = ..., gpu: _Optional[int] = ..., gfx_clock_mhz: _Optional[float] = ..., mem_clock_mhz: _Optional[float] = ..., busy_ratio: _Optional[float] = ..., matrix_ratio: _Optional[float] = ..., mem_busy_ratio: _Optional[float] = ..., power_w: _Optional[float] = ..., energy_j: _Optional[float] = ..., temp_c: _Optional[float] = ..., mem_used_bytes: _Optional[float] = ..., link_tx_bytes: _Optional[float] = ..., link_rx_bytes: _Optional[float] = ..., pcie_tx_bytes: _Optional[float] = ..., pcie_rx_bytes: _Optional[float] = ..., throttle_power_s: _Optional[float] = ..., throttle_thermal_s: _Optional[float] = ..., throttle_current_s: _Optional[float] = ..., throttle_other_s: _Optional[float] = ..., job: _Optional[str] = ...) -> None: ...
+    links: _containers.RepeatedCompositeFieldContainer[LinkBytes]
+    def __init__(self, ts_ns: _Optional[int] = ..., node: _Optional[str] = ..., gpu: _Optional[int] = ..., gfx_clock_mhz: _Optional[float] = ..., mem_clock_mhz: _Optional[float] = ..., busy_ratio: _Optional[float] = ..., matrix_ratio: _Optional[float] = ..., mem_busy_ratio: _Optional[float] = ..., power_w: _Optional[float] = ..., energy_j: _Optional[float] = ..., temp_c: _Optional[float] = ..., mem_used_bytes: _Optional[float] = ..., link_tx_bytes: _Optional[float] = ..., link_rx_bytes: _Optional[float] = ..., pcie_tx_bytes: _Optional[float] = ..., pcie_rx_bytes: _Optional[float] = ..., throttle_power_s: _Optional[float] = ..., throttle_thermal_s: _Optional[float] = ..., throttle_current_s: _Optional[float] = ..., throttle_other_s: _Optional[float] = ..., job: _Optional[str] = ..., links: _Optional[_Iterable[_Union[LinkBytes, _Mapping]]] = ...) -> None: ...
+
+class LinkBytes(_message.Message):
+    __slots__ = ("link", "tx_bytes", "rx_bytes")
+    LINK_FIELD_NUMBER: _ClassVar[int]
+    TX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    RX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    link: int
+    tx_bytes: float
+    rx_bytes: float
+    def __init__(self, link: _Optional[int] = ..., tx_bytes: _Optional[float] = ..., rx_bytes: _Optional[float] = ...) -> None: ...
+
+class CollectiveRecord(_message.Message):
+    __slots__ = ("job", "node", "rank", "gpu", "collective", "begin_ns", "end_ns", "placed", "exec_s", "timing_source", "bytes", "algo_bandwidth_gbs", "bus_bandwidth_gbs", "comm_id", "comm_rank", "comm_ranks", "comm_nodes", "seq", "pid", "format_version")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    COLLECTIVE_FIELD_NUMBER: _ClassVar[int]
+    BEGIN_NS_FIELD_NUMBER: _ClassVar[int]
+    END_NS_FIELD_NUMBER: _ClassVar[int]
+    PLACED_FIELD_NUMBER: _ClassVar[int]
+    EXEC_S_FIELD_NUMBER: _ClassVar[int]
+    TIMING_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    ALGO_BANDWIDTH_GBS_FIELD_NUMBER: _ClassVar[int]
+    BUS_BANDWIDTH_GBS_FIELD_NUMBER: _ClassVar[int]
+    COMM_ID_FIELD_NUMBER: _ClassVar[int]
+    COMM_RANK_FIELD_NUMBER: _ClassVar[int]
+    COMM_RANKS_FIELD_NUMBER: _ClassVar[int]
+    COMM_NODES_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    node: str
+    rank: int
+    gpu: int
+    collective: str
+    begin_ns: int
+    end_ns: int
+    placed: bool
+    exec_s: float
+    timing_source: str
+    bytes: int
+    algo_bandwidth_gbs: float
+    bus_bandwidth_gbs: float
+    comm_id: str
+    comm_rank: int
+    comm_ranks: int
+    comm_nodes: int
+    seq: int
+    pid: int
+    format_version: str
+    def __init__(self, job: _Optional[str] = ..., node: _Optional[str] = ..., rank: _Optional[int] = ..., gpu: _Optional[int] = ..., collective: _Optional[str] = ..., begin_ns: _Optional[int] = ..., end_ns: _Optional[int] = ..., placed: _Optional[bool] = ..., exec_s: _Optional[float] = ..., timing_source: _Optional[str] = ..., bytes: _Optional[int] = ..., algo_bandwidth_gbs: _Optional[float] = ..., bus_bandwidth_gbs: _Optional[float] = ..., comm_id: _Optional[str] = ..., comm_rank: _Optional[int] = ..., comm_ranks: _Optional[int] = ..., comm_nodes: _Optional[int] = ..., seq: _Optional[int] = ..., pid: _Optional[int] = ..., format_version: _Optional[str] = ...) -> None: ...
+
+class RankPosition(_message.Message):
+    __slots__ = ("job", "node", "rank", "gpu", "step", "step_begin_ns", "phase", "phase_begin_ns", "collective", "collective_begin_ns", "last_marker_ns", "as_of_ns", "last_step")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    STEP_BEGIN_NS_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    PHASE_BEGIN_NS_FIELD_NUMBER: _ClassVar[int]
+    COLLECTIVE_FIELD_NUMBER: _ClassVar[int]
+    COLLECTIVE_BEGIN_NS_FIELD_NUMBER: _ClassVar[int]
+    LAST_MARKER_NS_FIELD_NUMBER: _ClassVar[int]
+    AS_OF_NS_FIELD_NUMBER: _ClassVar[int]
+    LAST_STEP_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    node: str
+    rank: int
+    gpu: int
+    step: int
+    step_begin_ns: int
+    phase: str
+    phase_begin_ns: int
+    collective: str
+    collective_begin_ns: int
+    last_marker_ns: int
+    as_of_ns: int
+    last_step: int
+    def __init__(self, job: _Optional[str] = ..., node: _Optional[str] = ..., rank: _Optional[int] = ..., gpu: _Optional[int] = ..., step: _Optional[int] = ..., step_begin_ns: _Optional[int] = ..., phase: _Optional[str] = ..., phase_begin_ns: _Optional[int] = ..., collective: _Optional[str] = ..., collective_begin_ns: _Optional[int] = ..., last_marker_ns: _Optional[int] = ..., as_of_ns: _Optional[int] = ..., last_step: _Optional[int] = ...) -> None: ...
 
 class MarkerRecord(_message.Message):
     __slots__ = ("job", "node", "rank", "gpu", "marker")
@@ -184,7 +281,7 @@ class MarkerRecord(_message.Message):
     def __init__(self, job: _Optional[str] = ..., node: _Optional[str] = ..., rank: _Optional[int] = ..., gpu: _Optional[int] = ..., marker: _Optional[_Union[Marker, _Mapping]] = ...) -> None: ...
 
 class StepSummary(_message.Message):
-    __slots__ = ("job", "node", "rank", "gpu", "step", "begin_ns", "end_ns", "step_time_s", "flops", "tokens", "phases", "collectives", "mean_gfx_clock_mhz", "min_gfx_clock_mhz", "mean_power_w", "energy_j", "max_temp_c", "busy_ratio", "clock", "ideal_s", "matrix_util_loss_s", "compute_at_clock_s", "dvfs_loss_s", "dvfs_power_s", "dvfs_thermal_s", "dvfs_current_s", "dvfs_other_s", "dvfs_unattributed_s", "exposed_comm_s", "idle_s", "mfu", "matrix_ratio", "tokens_per_s", "tokens_per_j", "flags", "collective_s", "phase_times")
+    __slots__ = ("job", "node", "rank", "gpu", "step", "begin_ns", "end_ns", "step_time_s", "flops", "tokens", "phases", "collectives", "mean_gfx_clock_mhz", "min_gfx_clock_mhz", "mean_power_w", "energy_j", "max_temp_c", "busy_ratio", "clock", "ideal_s", "matrix_util_loss_s", "compute_at_clock_s", "dvfs_loss_s", "dvfs_power_s", "dvfs_thermal_s", "dvfs_current_s", "dvfs_other_s", "dvfs_unattributed_s", "exposed_comm_s", "idle_s", "mfu", "matrix_ratio", "tokens_per_s", "tokens_per_j", "flags", "collective_s", "phase_times", "collective_bytes", "link_tx_bytes", "link_rx_bytes", "inspector_collective_s", "inspector_bytes", "inspector_collectives", "collective_source")
     JOB_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
@@ -222,6 +319,13 @@ class StepSummary(_message.Message):
     FLAGS_FIELD_NUMBER: _ClassVar[int]
     COLLECTIVE_S_FIELD_NUMBER: _ClassVar[int]
     PHASE_TIMES_FIELD_NUMBER: _ClassVar[int]
+    COLLECTIVE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    LINK_TX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    LINK_RX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    INSPECTOR_COLLECTIVE_S_FIELD_NUMBER: _ClassVar[int]
+    INSPECTOR_BYTES_FIELD_NUMBER: _ClassVar[int]
+    INSPECTOR_COLLECTIVES_FIELD_NUMBER: _ClassVar[int]
+    COLLECTIVE_SOURCE_FIELD_NUMBER: _ClassVar[int]
     job: str
     node: str
     rank: int
@@ -259,7 +363,14 @@ class StepSummary(_message.Message):
     flags: _containers.RepeatedScalarFieldContainer[str]
     collective_s: float
     phase_times: _containers.RepeatedCompositeFieldContainer[PhaseTime]
-    def __init__(self, job: _Optional[str] = ..., node: _Optional[str] = ..., rank: _Optional[int] = ..., gpu: _Optional[int] = ..., step: _Optional[int] = ..., begin_ns: _Optional[int] = ..., end_ns: _Optional[int] = ..., step_time_s: _Optional[float] = ..., flops: _Optional[float] = ..., tokens: _Optional[int] = ..., phases: _Optional[int] = ..., collectives: _Optional[int] = ..., mean_gfx_clock_mhz: _Optional[float] = ..., min_gfx_clock_mhz: _Optional[float] = ..., mean_power_w: _Optional[float] = ..., energy_j: _Optional[float] = ..., max_temp_c: _Optional[float] = ..., busy_ratio: _Optional[float] = ..., clock: _Optional[_Union[ClockSource, str]] = ..., ideal_s: _Optional[float] = ..., matrix_util_loss_s: _Optional[float] = ..., compute_at_clock_s: _Optional[float] = ..., dvfs_loss_s: _Optional[float] = ..., dvfs_power_s: _Optional[float] = ..., dvfs_thermal_s: _Optional[float] = ..., dvfs_current_s: _Optional[float] = ..., dvfs_other_s: _Optional[float] = ..., dvfs_unattributed_s: _Optional[float] = ..., exposed_comm_s: _Optional[float] = ..., idle_s: _Optional[float] = ..., mfu: _Optional[float] = ..., matrix_ratio: _Optional[float] = ..., tokens_per_s: _Optional[float] = ..., tokens_per_j: _Optional[float] = ..., flags: _Optional[_Iterable[str]] = ..., collective_s: _Optional[float] = ..., phase_times: _Optional[_Iterable[_Union[PhaseTime, _Mapping]]] = ...) -> None: ...
+    collective_bytes: float
+    link_tx_bytes: float
+    link_rx_bytes: float
+    inspector_collective_s: float
+    inspector_bytes: float
+    inspector_collectives: int
+    collective_source: CollectiveSource
+    def __init__(self, job: _Optional[str] = ..., node: _Optional[str] = ..., rank: _Optional[int] = ..., gpu: _Optional[int] = ..., step: _Optional[int] = ..., begin_ns: _Optional[int] = ..., end_ns: _Optional[int] = ..., step_time_s: _Optional[float] = ..., flops: _Optional[float] = ..., tokens: _Optional[int] = ..., phases: _Optional[int] = ..., collectives: _Optional[int] = ..., mean_gfx_clock_mhz: _Optional[float] = ..., min_gfx_clock_mhz: _Optional[float] = ..., mean_power_w: _Optional[float] = ..., energy_j: _Optional[float] = ..., max_temp_c: _Optional[float] = ..., busy_ratio: _Optional[float] = ..., clock: _Optional[_Union[ClockSource, str]] = ..., ideal_s: _Optional[float] = ..., matrix_util_loss_s: _Optional[float] = ..., compute_at_clock_s: _Optional[float] = ..., dvfs_loss_s: _Optional[float] = ..., dvfs_power_s: _Optional[float] = ..., dvfs_thermal_s: _Optional[float] = ..., dvfs_current_s: _Optional[float] = ..., dvfs_other_s: _Optional[float] = ..., dvfs_unattributed_s: _Optional[float] = ..., exposed_comm_s: _Optional[float] = ..., idle_s: _Optional[float] = ..., mfu: _Optional[float] = ..., matrix_ratio: _Optional[float] = ..., tokens_per_s: _Optional[float] = ..., tokens_per_j: _Optional[float] = ..., flags: _Optional[_Iterable[str]] = ..., collective_s: _Optional[float] = ..., phase_times: _Optional[_Iterable[_Union[PhaseTime, _Mapping]]] = ..., collective_bytes: _Optional[float] = ..., link_tx_bytes: _Optional[float] = ..., link_rx_bytes: _Optional[float] = ..., inspector_collective_s: _Optional[float] = ..., inspector_bytes: _Optional[float] = ..., inspector_collectives: _Optional[int] = ..., collective_source: _Optional[_Union[CollectiveSource, str]] = ...) -> None: ...
 
 class PhaseTime(_message.Message):
     __slots__ = ("name", "seconds")
@@ -282,16 +393,18 @@ class SubscribeRequest(_message.Message):
     def __init__(self, samples: _Optional[bool] = ..., markers: _Optional[bool] = ..., step_summaries: _Optional[bool] = ..., since_ns: _Optional[int] = ...) -> None: ...
 
 class TelemetryBatch(_message.Message):
-    __slots__ = ("samples", "markers", "step_summaries", "missed_total")
+    __slots__ = ("samples", "markers", "step_summaries", "missed_total", "collectives")
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
     MARKERS_FIELD_NUMBER: _ClassVar[int]
     STEP_SUMMARIES_FIELD_NUMBER: _ClassVar[int]
     MISSED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    COLLECTIVES_FIELD_NUMBER: _ClassVar[int]
     samples: _containers.RepeatedCompositeFieldContainer[Sample]
     markers: _containers.RepeatedCompositeFieldContainer[MarkerRecord]
     step_summaries: _containers.RepeatedCompositeFieldContainer[StepSummary]
     missed_total: int
-    def __init__(self, samples: _Optional[_Iterable[_Union[Sample, _Mapping]]] = ..., markers: _Optional[_Iterable[_Union[MarkerRecord, _Mapping]]] = ..., step_summaries: _Optional[_Iterable[_Union[StepSummary, _Mapping]]] = ..., missed_total: _Optional[int] = ...) -> None: ...
+    collectives: _containers.RepeatedCompositeFieldContainer[CollectiveRecord]
+    def __init__(self, samples: _Optional[_Iterable[_Union[Sample, _Mapping]]] = ..., markers: _Optional[_Iterable[_Union[MarkerRecord, _Mapping]]] = ..., step_summaries: _Optional[_Iterable[_Union[StepSummary, _Mapping]]] = ..., missed_total: _Optional[int] = ..., collectives: _Optional[_Iterable[_Union[CollectiveRecord, _Mapping]]] = ...) -> None: ...
 
 class ControlHello(_message.Message):
     __slots__ = ("job", "rank", "pid")

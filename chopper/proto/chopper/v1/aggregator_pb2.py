@@ -25,25 +25,25 @@ _sym_db = _symbol_database.Default()
 from chopper.proto.chopper.v1 import agent_pb2 as chopper_dot_proto_dot_chopper_dot_v1_dot_agent__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n)chopper/proto/chopper/v1/aggregator.proto\x12\nchopper.v1\x1a$chopper/proto/chopper/v1/agent.proto\"\x7f\n\x0cSummaryBatch\x12\r\n\x05\x61gent\x18\x01 \x01(\t\x12\x13\n\x0bincarnation\x18\x02 \x01(\t\x12\x0b\n\x03seq\x18\x03 \x03(\x04\x12*\n\tsummaries\x18\x04 \x03(\x0b\x32\x17.chopper.v1.StepSummary\x12\x12\n\nlost_total\x18\x05 \x01(\x04\"5\n\x0b\x44\x65liveryAck\x12\x13\n\x0bincarnation\x18\x01 \x01(\t\x12\x11\n\tacked_seq\x18\x02 \x01(\x04\".\n\x11QueryStepsRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x0c\n\x04last\x18\x02 \x01(\r\"\x9b\x02\n\x0bJobStepRank\x12\x0c\n\x04rank\x18\x01 \x01(\x05\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\x0b\n\x03gpu\x18\x03 \x01(\x05\x12\x13\n\x0bstep_time_s\x18\x04 \x01(\x01\x12\x0f\n\x07ideal_s\x18\x05 \x01(\x01\x12\x1a\n\x12matrix_util_loss_s\x18\x06 \x01(\x01\x12\x13\n\x0b\x64vfs_loss_s\x18\x07 \x01(\x01\x12\x16\n\x0e\x65xposed_comm_s\x18\x08 \x01(\x01\x12\x18\n\x10straggler_wait_s\x18\t \x01(\x01\x12\x0e\n\x06idle_s\x18\n \x01(\x01\x12\x0b\n\x03mfu\x18\x0b \x01(\x01\x12\x1a\n\x12mean_gfx_clock_mhz\x18\x0c \x01(\x01\x12\x12\n\nmax_temp_c\x18\r \x01(\x01\x12\r\n\x05\x66lags\x18\x0e \x03(\t\"\xe9\x01\n\x07JobStep\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x13\n\x0bstep_time_s\x18\x03 \x01(\x01\x12\x10\n\x08\x63omplete\x18\x04 \x01(\x08\x12\x16\n\x0eranks_reported\x18\x05 \x01(\r\x12\x16\n\x0eranks_expected\x18\x06 \x01(\r\x12\x14\n\x0cslowest_rank\x18\x07 \x01(\x05\x12\x17\n\x0fstraggler_score\x18\x08 \x01(\x01\x12\x15\n\rslowest_cause\x18\t \x01(\t\x12&\n\x05ranks\x18\n \x03(\x0b\x32\x17.chopper.v1.JobStepRank\"8\n\x12QueryStepsResponse\x12\"\n\x05steps\x18\x01 \x03(\x0b\x32\x13.chopper.v1.JobStep2\x9b\x01\n\nAggregator\x12@\n\x07\x44\x65liver\x12\x18.chopper.v1.SummaryBatch\x1a\x17.chopper.v1.DeliveryAck(\x01\x30\x01\x12K\n\nQuerySteps\x12\x1d.chopper.v1.QueryStepsRequest\x1a\x1e.chopper.v1.QueryStepsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n)chopper/proto/chopper/v1/aggregator.proto\x12\nchopper.v1\x1a$chopper/proto/chopper/v1/agent.proto\"\xac\x01\n\x0cSummaryBatch\x12\r\n\x05\x61gent\x18\x01 \x01(\t\x12\x13\n\x0bincarnation\x18\x02 \x01(\t\x12\x0b\n\x03seq\x18\x03 \x03(\x04\x12*\n\tsummaries\x18\x04 \x03(\x0b\x32\x17.chopper.v1.StepSummary\x12\x12\n\nlost_total\x18\x05 \x01(\x04\x12+\n\tpositions\x18\x06 \x03(\x0b\x32\x18.chopper.v1.RankPosition\"5\n\x0b\x44\x65liveryAck\x12\x13\n\x0bincarnation\x18\x01 \x01(\t\x12\x11\n\tacked_seq\x18\x02 \x01(\x04\".\n\x11QueryStepsRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x0c\n\x04last\x18\x02 \x01(\r\"\x9b\x02\n\x0bJobStepRank\x12\x0c\n\x04rank\x18\x01 \x01(\x05\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\x0b\n\x03gpu\x18\x03 \x01(\x05\x12\x13\n\x0bstep_time_s\x18\x04 \x01(\x01\x12\x0f\n\x07ideal_s\x18\x05 \x01(\x01\x12\x1a\n\x12matrix_util_loss_s\x18\x06 \x01(\x01\x12\x13\n\x0b\x64vfs_loss_s\x18\x07 \x01(\x01\x12\x16\n\x0e\x65xposed_comm_s\x18\x08 \x01(\x01\x12\x18\n\x10straggler_wait_s\x18\t \x01(\x01\x12\x0e\n\x06idle_s\x18\n \x01(\x01\x12\x0b\n\x03mfu\x18\x0b \x01(\x01\x12\x1a\n\x12mean_gfx_clock_mhz\x18\x0c \x01(\x01\x12\x12\n\nmax_temp_c\x18\r \x01(\x01\x12\r\n\x05\x66lags\x18\x0e \x03(\t\"\xe9\x01\n\x07JobStep\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x13\n\x0bstep_time_s\x18\x03 \x01(\x01\x12\x10\n\x08\x63omplete\x18\x04 \x01(\x08\x12\x16\n\x0eranks_reported\x18\x05 \x01(\r\x12\x16\n\x0eranks_expected\x18\x06 \x01(\r\x12\x14\n\x0cslowest_rank\x18\x07 \x01(\x05\x12\x17\n\x0fstraggler_score\x18\x08 \x01(\x01\x12\x15\n\rslowest_cause\x18\t \x01(\t\x12&\n\x05ranks\x18\n \x03(\x0b\x32\x17.chopper.v1.JobStepRank\"e\n\x12QueryStepsResponse\x12\"\n\x05steps\x18\x01 \x03(\x0b\x32\x13.chopper.v1.JobStep\x12+\n\tpositions\x18\x02 \x03(\x0b\x32\x18.chopper.v1.RankPosition2\x9b\x01\n\nAggregator\x12@\n\x07\x44\x65liver\x12\x18.chopper.v1.SummaryBatch\x1a\x17.chopper.v1.DeliveryAck(\x01\x30\x01\x12K\n\nQuerySteps\x12\x1d.chopper.v1.QueryStepsRequest\x1a\x1e.chopper.v1.QueryStepsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'chopper.proto.chopper.v1.aggregator_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SUMMARYBATCH']._serialized_start=95
-  _globals['_SUMMARYBATCH']._serialized_end=222
-  _globals['_DELIVERYACK']._serialized_start=224
-  _globals['_DELIVERYACK']._serialized_end=277
-  _globals['_QUERYSTEPSREQUEST']._serialized_start=279
-  _globals['_QUERYSTEPSREQUEST']._serialized_end=325
-  _globals['_JOBSTEPRANK']._serialized_start=328
-  _globals['_JOBSTEPRANK']._serialized_end=611
-  _globals['_JOBSTEP']._serialized_start=614
-  _globals['_JOBSTEP']._serialized_end=847
-  _globals['_QUERYSTEPSRESPONSE']._serialized_start=849
-  _globals['_QUERYSTEPSRESPONSE']._serialized_end=905
-  _globals['_AGGREGATOR']._serialized_start=908
-  _globals['_AGGREGATOR']._serialized_end=1063
+  _globals['_SUMMARYBATCH']._serialized_start=96
+  _globals['_SUMMARYBATCH']._serialized_end=268
+  _globals['_DELIVERYACK']._serialized_start=270
+  _globals['_DELIVERYACK']._serialized_end=323
+  _globals['_QUERYSTEPSREQUEST']._serialized_start=325
+  _globals['_QUERYSTEPSREQUEST']._serialized_end=371
+  _globals['_JOBSTEPRANK']._serialized_start=374
+  _globals['_JOBSTEPRANK']._serialized_end=657
+  _globals['_JOBSTEP']._serialized_start=660
+  _globals['_JOBSTEP']._serialized_end=893
+  _globals['_QUERYSTEPSRESPONSE']._serialized_start=895
+  _globals['_QUERYSTEPSRESPONSE']._serialized_end=996
+  _globals['_AGGREGATOR']._serialized_start=999
+  _globals['_AGGREGATOR']._serialized_end=1154
 # @@protoc_insertion_point(module_scope)

@@ -8,18 +8,20 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class SummaryBatch(_message.Message):
-    __slots__ = ("agent", "incarnation", "seq", "summaries", "lost_total")
+    __slots__ = ("agent", "incarnation", "seq", "summaries", "lost_total", "positions")
     AGENT_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     SUMMARIES_FIELD_NUMBER: _ClassVar[int]
     LOST_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    POSITIONS_FIELD_NUMBER: _ClassVar[int]
     agent: str
     incarnation: str
     seq: _containers.RepeatedScalarFieldContainer[int]
     summaries: _containers.RepeatedCompositeFieldContainer[_agent_pb2.StepSummary]
     lost_total: int
-    def __init__(self, agent: _Optional[str] = ..., incarnation: _Optional[str] = ..., seq: _Optional[_Iterable[int]] = ..., summaries: _Optional[_Iterable[_Union[_agent_pb2.StepSummary, _Mapping]]] = ..., lost_total: _Optional[int] = ...) -> None: ...
+    positions: _containers.RepeatedCompositeFieldContainer[_agent_pb2.RankPosition]
+    def __init__(self, agent: _Optional[str] = ..., incarnation: _Optional[str] = ..., seq: _Optional[_Iterable[int]] = ..., summaries: _Optional[_Iterable[_Union[_agent_pb2.StepSummary, _Mapping]]] = ..., lost_total: _Optional[int] = ..., positions: _Optional[_Iterable[_Union[_agent_pb2.RankPosition, _Mapping]]] = ...) -> None: ...
 
 class DeliveryAck(_message.Message):
     __slots__ = ("incarnation", "acked_seq")
@@ -94,7 +96,9 @@ class JobStep(_message.Message):
     def __init__(self, job: _Optional[str] = ..., step: _Optional[int] = ..., step_time_s: _Optional[float] = ..., complete: _Optional[bool] = ..., ranks_reported: _Optional[int] = ..., ranks_expected: _Optional[int] = ..., slowest_rank: _Optional[int] = ..., straggler_score: _Optional[float] = ..., slowest_cause: _Optional[str] = ..., ranks: _Optional[_Iterable[_Union[JobStepRank, _Mapping]]] = ...) -> None: ...
 
 class QueryStepsResponse(_message.Message):
-    __slots__ = ("steps",)
+    __slots__ = ("steps", "positions")
     STEPS_FIELD_NUMBER: _ClassVar[int]
+    POSITIONS_FIELD_NUMBER: _ClassVar[int]
     steps: _containers.RepeatedCompositeFieldContainer[JobStep]
-    def __init__(self, steps: _Optional[_Iterable[_Union[JobStep, _Mapping]]] = ...) -> None: ...
+    positions: _containers.RepeatedCompositeFieldContainer[_agent_pb2.RankPosition]
+    def __init__(self, steps: _Optional[_Iterable[_Union[JobStep, _Mapping]]] = ..., positions: _Optional[_Iterable[_Union[_agent_pb2.RankPosition, _Mapping]]] = ...) -> None: ...
