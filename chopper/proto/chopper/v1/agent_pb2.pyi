@@ -393,18 +393,20 @@ class SubscribeRequest(_message.Message):
     def __init__(self, samples: _Optional[bool] = ..., markers: _Optional[bool] = ..., step_summaries: _Optional[bool] = ..., since_ns: _Optional[int] = ...) -> None: ...
 
 class TelemetryBatch(_message.Message):
-    __slots__ = ("samples", "markers", "step_summaries", "missed_total", "collectives")
+    __slots__ = ("samples", "markers", "step_summaries", "missed_total", "collectives", "positions")
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
     MARKERS_FIELD_NUMBER: _ClassVar[int]
     STEP_SUMMARIES_FIELD_NUMBER: _ClassVar[int]
     MISSED_TOTAL_FIELD_NUMBER: _ClassVar[int]
     COLLECTIVES_FIELD_NUMBER: _ClassVar[int]
+    POSITIONS_FIELD_NUMBER: _ClassVar[int]
     samples: _containers.RepeatedCompositeFieldContainer[Sample]
     markers: _containers.RepeatedCompositeFieldContainer[MarkerRecord]
     step_summaries: _containers.RepeatedCompositeFieldContainer[StepSummary]
     missed_total: int
     collectives: _containers.RepeatedCompositeFieldContainer[CollectiveRecord]
-    def __init__(self, samples: _Optional[_Iterable[_Union[Sample, _Mapping]]] = ..., markers: _Optional[_Iterable[_Union[MarkerRecord, _Mapping]]] = ..., step_summaries: _Optional[_Iterable[_Union[StepSummary, _Mapping]]] = ..., missed_total: _Optional[int] = ..., collectives: _Optional[_Iterable[_Union[CollectiveRecord, _Mapping]]] = ...) -> None: ...
+    positions: _containers.RepeatedCompositeFieldContainer[RankPosition]
+    def __init__(self, samples: _Optional[_Iterable[_Union[Sample, _Mapping]]] = ..., markers: _Optional[_Iterable[_Union[MarkerRecord, _Mapping]]] = ..., step_summaries: _Optional[_Iterable[_Union[StepSummary, _Mapping]]] = ..., missed_total: _Optional[int] = ..., collectives: _Optional[_Iterable[_Union[CollectiveRecord, _Mapping]]] = ..., positions: _Optional[_Iterable[_Union[RankPosition, _Mapping]]] = ...) -> None: ...
 
 class ControlHello(_message.Message):
     __slots__ = ("job", "rank", "pid")
