@@ -43,6 +43,7 @@ from agent.config import AgentSettings
 from agent.delivery import Forwarder, delivery_tls
 from agent.markers import ClosedStep, IngestResult, MarkerIngest, RankState
 from agent.podresources import device_ids
+from agent.positions import position
 from agent.sampler import BackendSampler, FixedRateTicker
 from agent.state import AgentView
 from agent.steps import RankFigures, RankFiguresNow, SummaryQueue, summarize
@@ -399,6 +400,15 @@ class Agent:
                 (key, dataclasses.replace(st, received=Counter(st.received), client_dropped=dict(st.client_dropped)))
                 for key, st in self._ingest.ranks.items()
             ]
+
+    def rank_positions(self, job: str | None = None) -> list[pb.RankPosition]:
+        """Where every tracked rank (of ``job``, or all) is now (``agent.positions``), read under the marker lock."""
+        now_ns = self._realtime_ns()
+        node = self.settings.node
+        with self._marker_lock:
+            seen = self._activity.ranks
+            return [position(key[0], node, key[1], st, seen.get(key, 0), now_ns)
+                    for key, st in self._ingest.ranks.items() if job is None or key[0] == job]
 
     def info(self) -> pb.AgentInfo:
         return pb.AgentInfo(

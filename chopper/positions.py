@@ -1,0 +1,123 @@
+"""Where the ranks of a job are, in one line: the text of ``chopper steps``, the aggregator and the docs.
+
+A ``chopper.v1.RankPosition`` (docs/HANGS.md) says what one rank had open when its agent read it:
+the step, the innermost phase and the innermost collective, each with when it began. This module
+reduces one position to *where* the rank is (:func:`where`) and many to a sentence that groups the
+ranks that wait in the same place (:func:`describe`), e.g.::
+
+    ranks 0-6 inside collective all_reduce of step 1234 for 120 s; rank 7 inside phase backward of step 1234 for 121 s
+
+Pure and light: no grpc, protobuf or numpy import; a position is anything with the message's fields.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+# What a rank is inside, innermost first: the label values of ``chopper_rank_position_seconds{kind}``.
+COLLECTIVE, PHASE, STEP, BETWEEN_STEPS = "collective", "phase", "step", "between_steps"
+KINDS = (COLLECTIVE, PHASE, STEP, BETWEEN_STEPS)
+# Groups a description names at most (the largest first); the rest are counted, so a job whose
+# ranks are scattered over many places still gets one bounded line.
+MAX_GROUPS = 6
+NS = 1_000_000_000
+
+
+class Position(Protocol):
+    """The fields of ``chopper.v1.RankPosition`` read here (times are CLOCK_REALTIME ns of the rank's node)."""
+
+    rank: int
+    step: int
+    step_begin_ns: int
+    phase: str
+    phase_begin_ns: int
+    collective: str
+    collective_begin_ns: int
+    last_marker_ns: int
+    as_of_ns: int
+    last_step: int
+
+
+@dataclass(frozen=True)
+class Where:
+    """Where one rank is: ``kind`` (one of ``KINDS``), its ``name`` ("" for a step), the step, since when (ns).
+
+    ``step`` is the open step, or for ``between_steps`` the last step finished (-1: none yet);
+    ``since_ns`` is when the interval began, or for ``between_steps`` the rank's last marker.
+    """
+
+    kind: str
+    name: str
+    step: int
+    since_ns: int
+
+    def seconds(self, as_of_ns: int) -> float:
+        """How long the rank has been there at ``as_of_ns``, s (never negative)."""
+        return max(0.0, (as_of_ns - self.since_ns) / NS)
+
+
+def where(p: Position) -> Where:
+    """The innermost interval a rank has open: the later begun of its open collective and phase, else its step.
+
+    A rank with no step open is ``between_steps`` (data loading outside the step, or a job that ended).
+    """
+    if p.step < 0:
+        return Where(BETWEEN_STEPS, "", p.last_step, p.last_marker_ns)
+    if p.collective and (not p.phase or p.collective_begin_ns >= p.phase_begin_ns):
+        return Where(COLLECTIVE, p.collective, p.step, p.collective_begin_ns)
+    if p.phase:
+        return Where(PHASE, p.phase, p.step, p.phase_begin_ns)
+    return Where(STEP, "", p.step, p.step_begin_ns)
+
+
+def rank_ranges(ranks: Iterable[int]) -> str:
+    """Ranks as sorted runs: ``[0, 1, 2, 3, 7, 9, 10]`` -> ``"0-3,7,9-10"``."""
+    ordered = sorted(set(ranks))
+    runs: list[str] = []
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        runs.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
+        i = j + 1
+    return ",".join(runs)
+
+
+def _place(w: Where) -> str:
+    if w.kind == BETWEEN_STEPS:
+        return "between steps" + (f" after step {w.step}" if w.step >= 0 else " before its first step")
+    return f"inside {w.kind} {w.name} of step {w.step}" if w.name else f"inside step {w.step}"
+
+
+def _duration(low: float, high: float) -> str:
+    lo, hi = round(low), round(high)
+    return f"for {hi} s" if lo == hi else f"for {lo}-{hi} s"
+
+
+def describe(positions: Sequence[Position], max_groups: int = MAX_GROUPS) -> str:
+    """One line saying where every rank is, ranks in the same place grouped, the largest group first.
+
+    Ranks are grouped by (kind, name, step); each group says how long its ranks have been there
+    at the time their agents read them (``as_of_ns``; a range when they differ). At most
+    ``max_groups`` groups are named; the rest are summed up as "N more ranks elsewhere".
+    "" when there is no position.
+    """
+    groups: dict[tuple[str, str, int], list[tuple[int, float]]] = {}
+    for p in positions:
+        w = where(p)
+        groups.setdefault((w.kind, w.name, w.step), []).append((p.rank, w.seconds(p.as_of_ns)))
+    # The biggest group first; among equals, the innermost kind, then the lowest rank.
+    order = sorted(groups.items(), key=lambda kv: (-len(kv[1]), KINDS.index(kv[0][0]), min(r for r, _ in kv[1])))
+    parts = []
+    for (kind, name, step), members in order[:max_groups]:
+        ranks = [r for r, _ in members]
+        seconds = [s for _, s in members]
+        label = "rank" if len(ranks) == 1 else "ranks"
+        parts.append(f"{label} {rank_ranges(ranks)} {_place(Where(kind, name, step, 0))} "
+                     f"{_duration(min(seconds), max(seconds))}")
+    rest = sum(len(members) for _, members in order[max_groups:])
+    if rest:
+        parts.append(f"{rest} more rank{'s' if rest > 1 else ''} elsewhere")
+    return "; ".join(parts)
