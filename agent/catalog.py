@@ -25,6 +25,7 @@ SECTIONS: dict[str, str] = {
             "streams, ranks",
     "reloads": "`chopper_agent_token_file_reloads*`, `chopper_agent_tls_reloads*`",
     "delivery": "`chopper_agent_delivery_*`",
+    "inspector": "`chopper_inspector_*`: the NCCL/RCCL Inspector records read from inspector_dir (docs/INSPECTOR.md)",
 }
 
 METRICS: tuple[MetricSpec, ...] = (
@@ -93,6 +94,26 @@ METRICS: tuple[MetricSpec, ...] = (
         "chopper_rank_collective_seconds_total", "counter",
         "Time inside the union of the steps' collective windows, s; minus the exposed_comm cause of "
         "chopper_rank_step_seconds_total it is the communication hidden behind compute.", RANK,
+    ),
+    MetricSpec(
+        "chopper_rank_inspector_collective_seconds_total", "counter",
+        "Time inside the union of the Inspector's collective intervals of the rank's summarised steps, s, whether "
+        "or not the job marks collectives (docs/INSPECTOR.md).", RANK,
+    ),
+    MetricSpec(
+        "chopper_rank_collective_bytes_total", "counter",
+        "Bytes the rank's summarised steps' collectives moved by their own account: the marked collectives' bytes, "
+        "else the Inspector's.", RANK,
+    ),
+    MetricSpec(
+        "chopper_rank_collective_disagreement_seconds_total", "counter",
+        "Over steps with both marked collectives and Inspector records: the sum of |marked collective time - "
+        "Inspector collective time|, s (unions of each source's windows).", RANK,
+    ),
+    MetricSpec(
+        "chopper_rank_collective_source_steps_total", "counter",
+        "Summarised steps by what their collective and exposed-communication time came from: markers, inspector "
+        "or none.", (*RANK, "source"),
     ),
     MetricSpec("chopper_rank_mfu_ratio", "gauge", "Model FLOPs utilisation over the steps of the last minute, 0-1.",
                RANK),
@@ -175,6 +196,36 @@ METRICS: tuple[MetricSpec, ...] = (
         "chopper_agent_metrics_section_errors_total", "counter",
         "Scrapes that left out a section of the agent's series because building it failed, by section (see below).",
         (*NODE, "section"),
+    ),
+    # NCCL / RCCL Inspector records (docs/INSPECTOR.md); job="" holds records mapped to no job.
+    MetricSpec(
+        "chopper_inspector_collectives_total", "counter",
+        "Collectives the Inspector reported, by job, collective (NCCL's name, or other) and message-size bucket.",
+        (*NODE, "job", "collective", "size"),
+    ),
+    MetricSpec(
+        "chopper_inspector_collective_seconds_total", "counter",
+        "Execution time of those collectives as the Inspector timed them (its coll_timing_source), s.",
+        (*NODE, "job", "collective", "size"),
+    ),
+    MetricSpec(
+        "chopper_inspector_collective_bytes_total", "counter", "Message bytes of those collectives.",
+        (*NODE, "job", "collective", "size"),
+    ),
+    MetricSpec(
+        "chopper_inspector_bus_bytes_total", "counter",
+        "Bus bandwidth x execution time of those collectives, bytes: its rate over the rate of "
+        "chopper_inspector_collective_seconds_total is their time-weighted mean bus bandwidth, B/s.",
+        (*NODE, "job", "collective", "size"),
+    ),
+    MetricSpec(
+        "chopper_inspector_records_mapped_total", "counter",
+        "Inspector records by how they found their job and rank: registration, directory or unmapped (see below).",
+        (*NODE, "via"),
+    ),
+    MetricSpec(
+        "chopper_inspector_records_unplaced_total", "counter",
+        "Inspector records without event timestamps (not verbose): placed to end at their dump time.", NODE,
     ),
     # Delivery of step summaries to aggregator replicas (replica="" counts summaries never routed).
     MetricSpec(

@@ -104,6 +104,17 @@ class AgentSettings:
         default=300.0, metadata={"help": "forget a (job, rank) and its /metrics series once no rank of its job has "
                                  "sent a marker for this long (not while it has a step open), s"}
     )
+    inspector_dir: str = field(
+        default="", metadata={"help": "directory the NCCL/RCCL Inspector profiler plugin dumps into "
+                              "(NCCL_INSPECTOR_DUMP_DIR of the jobs, or its parent; docs/INSPECTOR.md); empty: off"},
+    )
+    inspector_poll_s: float = field(
+        default=0.5, metadata={"help": "how often inspector_dir is read for new records, s"}
+    )
+    inspector_wait_s: float = field(
+        default=3.0, metadata={"help": "how long a step summary of a rank with Inspector records waits for the "
+                               "records that cover its end (the plugin writes them on its dump interval), s"}
+    )
     max_ranks: int = field(
         default=1024, metadata={"help": "(job, rank)s tracked at most; a new one takes the place of one without "
                                 "an open step (or silent for rank_idle_s), else its markers are refused as "
@@ -168,11 +179,15 @@ def _check(s: AgentSettings) -> None:
         raise bad("delivery_resolve_s", "is too small; resolve at most once a second")
     if s.log_level not in ("debug", "info", "warning", "error"):
         raise bad("log_level", "is not one of debug, info, warning, error")
-    for key in ("job_mapping_dir", "pod_resources_socket"):
+    for key in ("job_mapping_dir", "pod_resources_socket", "inspector_dir"):
         if getattr(s, key) and not getattr(s, key).startswith("/"):
             raise bad(key, "is not an absolute path; give the full path or leave it empty to turn this off")
     if not 0.5 <= s.workload_refresh_s <= 300:
         raise bad("workload_refresh_s", "is out of range; use 0.5 to 300 seconds")
+    if not 0.05 <= s.inspector_poll_s <= 60:
+        raise bad("inspector_poll_s", "is out of range; use 0.05 to 60 seconds")
+    if not 0 <= s.inspector_wait_s <= 120:
+        raise bad("inspector_wait_s", "is out of range; use 0 to 120 seconds (0: never wait for the Inspector)")
     if not 1 <= s.rank_idle_s <= 7 * 24 * 3600:
         raise bad("rank_idle_s", "is out of range; use 1 s to a week")
     if not 1 <= s.max_ranks <= 1_000_000:

@@ -34,6 +34,7 @@ import threading
 import time
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from agent.backends.base import Backend, MarkerObserver
@@ -41,6 +42,7 @@ from agent.buffers import RingBuffer
 from agent.capture import CaptureManager
 from agent.config import AgentSettings
 from agent.delivery import Forwarder, delivery_tls
+from agent.inspector.feed import InspectorFeed
 from agent.markers import ClosedStep, IngestResult, MarkerIngest, RankState
 from agent.podresources import device_ids
 from agent.positions import position
@@ -55,6 +57,7 @@ from chopper.schema import DeviceInfo, MarkerKind, Sample
 
 if TYPE_CHECKING:
     from agent.host import HostSample, HostSampler
+    from chopper.inspector.format import InspectorRecord
 
 log = logging.getLogger(__name__)
 
@@ -165,6 +168,16 @@ class Agent:
         self.samples: RingBuffer[pb.Sample] = RingBuffer(settings.sample_buffer, notify)
         self.markers: RingBuffer[pb.MarkerRecord] = RingBuffer(settings.marker_buffer, notify)
         self.summaries: RingBuffer[pb.StepSummary] = RingBuffer(settings.summary_buffer, notify)
+        # NCCL/RCCL Inspector records mapped to ranks (docs/INSPECTOR.md), sent to subscribers with the markers.
+        self.collectives: RingBuffer[pb.CollectiveRecord] = RingBuffer(settings.marker_buffer, notify)
+        self.inspector = InspectorFeed(settings.node, settings.max_ranks)
+        self.inspector_watch = None
+        if settings.inspector_dir:  # TEMP lazy until agent.inspector.watch lands
+            from agent.inspector.watch import DumpDirWatcher
+        self.inspector_watch = (
+            DumpDirWatcher(Path(settings.inspector_dir), self._add_inspector_records, poll_s=settings.inspector_poll_s)
+            if settings.inspector_dir else None
+        )
         self.latest: dict[int, Sample] = {}
         self.latest_host: HostSample | None = None
         # Attribution totals per (job, rank), guarded by the state lock.
@@ -185,13 +198,15 @@ class Agent:
         self.captures = CaptureManager(self.ticker, realtime_ns)
         self._history_len = max(16, int(STEP_HISTORY_S * settings.sample_hz))
         self._history: dict[int, deque[Sample]] = {}
-        self._pending = SummaryQueue()
+        self._pending = SummaryQueue(inspector_wait_ns=int(settings.inspector_wait_s * 1e9))
         self._last_host_ns = 0
         self._ingest = MarkerIngest(settings.node, 0)
         self._marker_lock = threading.Lock()
         self._state_lock = threading.Lock()
         # Last marker per (job, rank), guarded by the marker lock; what retirement goes by.
         self._activity = RankActivity()
+        # The (pid, GPU) each rank last registered with the Inspector feed, guarded by the marker lock.
+        self._registered: dict[RankKey, tuple[int, int]] = {}
         self._next_retire_ns = 0
         self.ranks_retired: Counter[str] = Counter({"idle": 0, "limit": 0})
         # Who holds each GPU per Slurm or the kubelet, read on its own thread (agent/workload.py).
@@ -208,7 +223,7 @@ class Agent:
             )
         # The threads of the parts above, started and stopped together.
         self._threads: list[_Threaded] = [
-            part for part in (self.ticker, self.delivery, self.workloads) if part is not None
+            part for part in (self.ticker, self.delivery, self.workloads, self.inspector_watch) if part is not None
         ]
         # What /metrics reads (agent.state).
         self.view = AgentView(self)
@@ -307,6 +322,9 @@ class Agent:
             state = self._ingest.ranks.get(key)
             if state is not None:  # a batch whose header was refused made no state
                 self._activity.seen(key, now_ns, state.open_step is not None)
+                if self._registered.get(key) != (batch.pid, state.gpu):
+                    self._registered[key] = (batch.pid, state.gpu)
+                    self.inspector.register(batch.pid, batch.job, batch.rank, state.gpu)
             if result.closed_steps:
                 # Still under the marker lock, so retirement sees these steps pending.
                 with self._state_lock:
@@ -318,6 +336,10 @@ class Agent:
                     m = record.marker
                     self._observer.observe_marker(result.gpu, MarkerKind(m.kind), m.name, m.ts_ns, m.bytes)
         return result
+
+    def _add_inspector_records(self, records: list[InspectorRecord], path: str) -> None:
+        """Map one file's new Inspector records to ranks (the watcher's thread) and buffer them for subscribers."""
+        self.collectives.extend(self.inspector.add(records, path))
 
     # -- retirement (module docstring) -------------------------------------------------------
 
@@ -373,6 +395,8 @@ class Agent:
         self._activity.forget(key)
         self._ingest.ranks.pop(key, None)
         self._rank_figures.pop(key, None)
+        if self._registered.pop(key, None) is not None:
+            self.inspector.forget(*key)
 
     def tracked_ranks(self) -> int:
         with self._marker_lock:

@@ -57,6 +57,7 @@ class AgentCollector(Collector):
         self.fills: dict[str, Callable[[Families], None]] = {
             "gpus": self._gpus, "workloads": self._workloads, "host": self._host, "ranks": self._ranks,
             "self": self._self, "reloads": self._reloads, "delivery": self._delivery,
+            "inspector": self._inspector,
         }
         self.sections = Sections(self.fills, logger, clock)
 
@@ -143,6 +144,11 @@ class AgentCollector(Collector):
                 for phase, value in sorted(now.phase_s.items()):
                     fam.add("chopper_rank_phase_seconds_total", (*rl, phase), value)
                 fam.add("chopper_rank_collective_seconds_total", rl, now.collective_s)
+                fam.add("chopper_rank_inspector_collective_seconds_total", rl, now.inspector_collective_s)
+                fam.add("chopper_rank_collective_bytes_total", rl, now.collective_bytes)
+                fam.add("chopper_rank_collective_disagreement_seconds_total", rl, now.disagreement_s)
+                for source, count in sorted(now.collective_sources.items()):
+                    fam.add("chopper_rank_collective_source_steps_total", (*rl, source), float(count))
                 fam.add("chopper_rank_mfu_ratio", rl, now.mfu)
                 fam.add("chopper_rank_tokens_total", rl, now.tokens)
                 for flag, count in sorted(now.flags.items()):
@@ -191,6 +197,21 @@ class AgentCollector(Collector):
             fam.add("chopper_agent_delivery_lost_total", rl, float(d["lost"]))
             fam.add("chopper_agent_delivery_connected", rl, d["connected"])
             fam.add("chopper_agent_delivery_pending_items", rl, float(d["pending"]))
+
+    def _inspector(self, fam: Families) -> None:
+        counts = self.view.inspector
+        if counts is None:
+            return
+        node = self.view.node
+        for (job, collective, size), totals in sorted(counts.totals.items()):
+            key = (node, job, collective, size)
+            fam.add("chopper_inspector_collectives_total", key, float(totals.count))
+            fam.add("chopper_inspector_collective_seconds_total", key, totals.seconds)
+            fam.add("chopper_inspector_collective_bytes_total", key, totals.bytes)
+            fam.add("chopper_inspector_bus_bytes_total", key, totals.bus_bytes)
+        for via, count in sorted(counts.mapped.items()):
+            fam.add("chopper_inspector_records_mapped_total", (node, via), float(count))
+        fam.add("chopper_inspector_records_unplaced_total", (node,), float(counts.unplaced))
 
     def _reloads(self, fam: Families) -> None:
         node = self.view.node

@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from agent.inspector.feed import FeedCounts
 from agent.markers import RankState
 from agent.steps import RankFiguresNow
 from agent.workload import SourceHealth, Workload
@@ -191,6 +192,11 @@ class AgentView:
     def step_summaries_total(self) -> int:
         """Step summaries made since start."""
         return self._agent.summaries_total
+
+    @property
+    def inspector(self) -> FeedCounts | None:
+        """The Inspector records' totals and mapping counts (``agent.inspector.feed``); None without inspector_dir."""
+        return None if self._agent.inspector_watch is None else self._agent.inspector.counts()
 
     @property
     def delivery(self) -> dict[str, dict[str, float]]:

@@ -11,7 +11,7 @@ counts; their GPU terms are NaN or 0 and flagged. Each summary carries its phase
 from __future__ import annotations
 
 from collections import Counter, deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,14 +89,18 @@ def summarize(
 
 
 class SummaryQueue:
-    """Closed steps waiting for the samples that cover them.
+    """Closed steps waiting for the samples, and the Inspector records, that cover them.
 
     Args:
-        max_wait_ns: Summarise anyway once a step ended this long ago (backend down, no GPU).
+        max_wait_ns: Summarise anyway once a step ended this long ago without covering samples
+            (backend down, no GPU).
+        inspector_wait_ns: Likewise without the Inspector records of a rank that has them (the
+            plugin writes on its dump interval; ``agent.inspector.feed.InspectorFeed.covers``).
     """
 
-    def __init__(self, max_wait_ns: int = 2 * 10**9) -> None:
+    def __init__(self, max_wait_ns: int = 2 * 10**9, inspector_wait_ns: int = 0) -> None:
         self.max_wait_ns = max_wait_ns
+        self.inspector_wait_ns = inspector_wait_ns
         self._pending: deque[ClosedStep] = deque()
         # Waiting steps per (job, rank): asked for every rank retirement looks at, so kept, not counted.
         self._waiting: Counter[tuple[str, int]] = Counter()
@@ -113,13 +117,16 @@ class SummaryQueue:
         """Whether a step of ``key`` = ``(job, rank)`` waits here."""
         return key in self._waiting
 
-    def ready(self, latest_sample_ns: dict[int, int], now_ns: int) -> list[ClosedStep]:
-        """Pop steps whose GPU has a sample at or after their end, or that waited long enough."""
+    def ready(self, latest_sample_ns: dict[int, int], now_ns: int,
+              inspected: Callable[[ClosedStep], bool] | None = None) -> list[ClosedStep]:
+        """Pop steps whose GPU has a sample at or after their end and whose Inspector records are in
+        (``inspected``, None: not waited for), each or both after waiting long enough."""
         done: list[ClosedStep] = []
         waiting: deque[ClosedStep] = deque()
         for step in self._pending:
-            covered = step.gpu >= 0 and latest_sample_ns.get(step.gpu, -1) >= step.end_ns
-            if covered or step.gpu < 0 or now_ns - step.end_ns >= self.max_wait_ns:
+            waited = now_ns - step.end_ns
+            sampled = step.gpu < 0 or latest_sample_ns.get(step.gpu, -1) >= step.end_ns or waited >= self.max_wait_ns
+            if sampled and (inspected is None or waited >= self.inspector_wait_ns or inspected(step)):
                 done.append(step)
                 key = (step.job, step.rank)
                 self._waiting[key] -= 1
@@ -143,6 +150,9 @@ MFU_BUCKET_NS = 10**9
 # Phase names per rank with a series of their own on /metrics; the time of later names goes to
 # phases.OTHER, so a client that invents names cannot grow the scrape without bound.
 MAX_PHASE_SERIES = 32
+# The ``source`` label of chopper_rank_collective_source_steps_total, by StepSummary.collective_source.
+COLLECTIVE_SOURCES = {pb.COLLECTIVE_SOURCE_NONE: "none", pb.COLLECTIVE_SOURCE_MARKERS: "markers",
+                      pb.COLLECTIVE_SOURCE_INSPECTOR: "inspector"}
 
 
 @dataclass(frozen=True)
@@ -152,6 +162,10 @@ class RankFiguresNow:
     seconds: dict[str, float]
     phase_s: dict[str, float]
     collective_s: float
+    inspector_collective_s: float
+    collective_bytes: float
+    disagreement_s: float
+    collective_sources: dict[str, int]
     tokens: float
     mfu: float
     flags: dict[str, int]
@@ -173,6 +187,10 @@ class RankFigures:
         self.seconds: dict[str, float] = dict.fromkeys((*STEP_CAUSES, "compute_unknown"), 0.0)
         self.phase_s: dict[str, float] = {}
         self.collective_s = 0.0
+        self.inspector_collective_s = 0.0
+        self.collective_bytes = 0.0
+        self.disagreement_s = 0.0
+        self.collective_sources: dict[str, int] = {}
         self.tokens = 0.0
         self.flags: dict[str, int] = {}
         self._recent: deque[list[float]] = deque()  # [bucket of end_ns, Σ ideal_s, Σ step_time_s], oldest first
@@ -197,14 +215,22 @@ class RankFigures:
             name = p.name if p.name in self.phase_s or len(self.phase_s) < MAX_PHASE_SERIES else phases.OTHER
             self.phase_s[name] = self.phase_s.get(name, 0.0) + p.seconds
         self.collective_s += s.collective_s
+        self.collective_bytes += s.collective_bytes
+        if not np.isnan(s.inspector_collective_s):
+            self.inspector_collective_s += s.inspector_collective_s
+            if s.collective_source == pb.COLLECTIVE_SOURCE_MARKERS:
+                self.disagreement_s += abs(s.collective_s - s.inspector_collective_s)
+        source = COLLECTIVE_SOURCES.get(s.collective_source, "none")
+        self.collective_sources[source] = self.collective_sources.get(source, 0) + 1
         self.tokens += s.tokens
         for flag in s.flags:
             self.flags[flag] = self.flags.get(flag, 0) + 1
 
     def snapshot(self, now_ns: int) -> RankFiguresNow:
         """A copy of the totals for one scrape, MFU over the window ending at ``now_ns``."""
-        return RankFiguresNow(dict(self.seconds), dict(self.phase_s), self.collective_s, self.tokens, self.mfu(now_ns),
-                              dict(self.flags))
+        return RankFiguresNow(dict(self.seconds), dict(self.phase_s), self.collective_s, self.inspector_collective_s,
+                              self.collective_bytes, self.disagreement_s, dict(self.collective_sources), self.tokens,
+                              self.mfu(now_ns), dict(self.flags))
 
     def mfu(self, now_ns: int) -> float:
         self._expire(now_ns)

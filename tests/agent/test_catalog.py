@@ -26,7 +26,7 @@ def test_names_follow_house_style() -> None:
     names = [m.name for m in catalog.METRICS]
     assert len(names) == len(set(names))
     for m in catalog.METRICS:
-        assert re.fullmatch(r"chopper_(gpu|host|rank|agent)_[a-z0-9_]+", m.name), m.name
+        assert re.fullmatch(r"chopper_(gpu|host|rank|agent|inspector)_[a-z0-9_]+", m.name), m.name
         base = m.name.removesuffix("_total")
         assert m.kind == "info" or m.name in UNITLESS or base.endswith(BASE_UNITS) or m.kind == "counter", m.name
         if m.kind == "info":

@@ -1,0 +1,271 @@
+"""Inspector records → collectives on the timelines of the ranks that ran them, and their totals.
+
+The NCCL / RCCL Inspector plugin writes one record per collective per communicator, naming the
+process (hostname, pid) and its rank in that communicator, never the job (docs/INSPECTOR.md).
+``InspectorFeed.add`` maps each record, first rule that applies:
+
+1. ``registration``: exactly one ``(job, rank)`` of this node sent markers from the record's pid
+   (``MarkerBatch.pid``): that job, rank and GPU.
+2. ``directory``: the record's file lies in a sub-directory of ``inspector_dir``: its first path
+   component is the job (the recipes point ``NCCL_INSPECTOR_DUMP_DIR`` at ``inspector_dir/<job>``);
+   the rank is the process's rank in the largest communicator it has reported (its world rank
+   once it reported the world communicator); GPU -1.
+3. else ``unmapped``: job "" and rank -1; the record counts in the per-collective totals only.
+
+A pid registered by more than one ``(job, rank)`` (trainers in containers with their own pid
+namespaces) is ``ambiguous`` and falls through to rule 2.
+
+Each mapped record becomes one interval ``[begin_ns, end_ns]`` of its rank (``CollectiveRecord``):
+the plugin's event timestamps where it wrote them (verbose dumps, ``placed``), else ending at its
+dump time and lasting its execution time (not placed: late by up to the plugin's dump interval).
+What the step account takes from them is ``collectives_in``; when a step summary may be written
+is ``covers``.
+
+Totals by ``(job, collective, size bucket)`` feed ``/metrics``: count, execution seconds, bytes,
+and bus bytes (bus bandwidth × execution time, so rate(bus bytes) / rate(seconds) is the
+time-weighted mean bus bandwidth). Memory is bounded whatever the plugin writes: ``max_ranks``
+ranks of ``MAX_INTERVALS_PER_RANK`` intervals, ``MAX_JOBS`` jobs in the totals (the job idle
+longest goes first), ``COLLECTIVES`` names (others are ``other``), ``SIZE_BUCKETS`` buckets,
+``MAX_PIDS`` remembered processes.
+
+Thread safety: ``add`` runs on the watcher's thread, the rest on the sampler's and gRPC threads;
+one lock guards everything.
+"""
+from __future__ import annotations
+
+import threading
+from collections import Counter, OrderedDict, deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import PurePath
+from typing import TYPE_CHECKING
+
+from chopper.proto.chopper.v1 import agent_pb2 as pb
+
+if TYPE_CHECKING:
+    from chopper.inspector.format import InspectorRecord
+
+# Intervals kept per rank: at ~100 collectives a step and one step a second, over a minute of steps,
+# far more than the summary queue ever waits for.
+MAX_INTERVALS_PER_RANK = 8192
+# Jobs with per-collective totals on /metrics; an older job's series go when a new one arrives.
+MAX_JOBS = 64
+# Processes whose largest communicator is remembered (rule 2).
+MAX_PIDS = 4096
+# Intervals that ended this long before a window's begin are not looked at (records of several
+# communicators arrive out of order by about one dump interval).
+LOOKBACK_SLACK_NS = 30 * 10**9
+# Collective names as NCCL's profiler API names them (nccl/profiler.h, `func` strings); any other is
+# exported as "other", so a garbled dump cannot grow /metrics.
+COLLECTIVES = ("AllReduce", "AllGather", "ReduceScatter", "Broadcast", "Reduce", "AllToAll", "Gather", "Scatter",
+               "SendRecv", "Send", "Recv")
+# Upper bounds of the message-size buckets, bytes, and their labels (the last is open).
+SIZE_BUCKETS: tuple[tuple[float, str], ...] = (
+    (64 * 2**10, "lt64KiB"), (2**20, "64KiB-1MiB"), (16 * 2**20, "1-16MiB"), (256 * 2**20, "16-256MiB"),
+    (float("inf"), "ge256MiB"),
+)
+# How each record found its rank: the ``via`` label of chopper_inspector_records_mapped_total.
+MAPPINGS: dict[str, str] = {
+    "registration": "one (job, rank) of this node sent markers from the record's pid",
+    "directory": "the record's file lies in inspector_dir/<job>/; rank from the process's largest communicator",
+    "unmapped": "neither: counted in the per-collective totals under job \"\" only",
+}
+
+
+def size_bucket(nbytes: float) -> str:
+    """The label of the message-size bucket of ``nbytes``."""
+    return next(label for bound, label in SIZE_BUCKETS if nbytes < bound)
+
+
+def collective_label(name: str) -> str:
+    return name if name in COLLECTIVES else "other"
+
+
+@dataclass(frozen=True, slots=True)
+class CollectiveInterval:
+    """One collective of one rank, ns on CLOCK_REALTIME; ``placed`` as in the module docstring."""
+
+    begin_ns: int
+    end_ns: int
+    bytes: int
+    collective: str
+    placed: bool
+
+
+@dataclass(slots=True)
+class CollectiveTotals:
+    """What the records of one ``(job, collective, size bucket)`` add up to; seconds, bytes."""
+
+    count: int = 0
+    seconds: float = 0.0
+    bytes: float = 0.0
+    bus_bytes: float = 0.0
+
+
+@dataclass(slots=True)
+class _RankRecords:
+    gpu: int
+    intervals: deque[CollectiveInterval] = field(default_factory=lambda: deque(maxlen=MAX_INTERVALS_PER_RANK))
+    latest_dump_ns: int = 0  # the newest record's dump time: every collective that ended before it is in
+
+
+@dataclass(frozen=True)
+class FeedCounts:
+    """A consistent copy of the feed's counters, for one scrape."""
+
+    mapped: dict[str, int]
+    totals: dict[tuple[str, str, str], CollectiveTotals]
+    ranks: int
+    unplaced: int
+
+
+class InspectorFeed:
+    """Maps Inspector records to ranks and keeps each rank's recent collectives (module docstring).
+
+    Args:
+        node: This node's name, on every ``CollectiveRecord``.
+        max_ranks: Ranks whose intervals are kept; the one updated longest ago goes first.
+    """
+
+    def __init__(self, node: str, max_ranks: int) -> None:
+        self.node = node
+        self.max_ranks = max_ranks
+        self._lock = threading.Lock()
+        self._pids: dict[int, set[tuple[str, int, int]]] = {}  # pid -> registered (job, rank, gpu)
+        self._world: OrderedDict[int, tuple[int, int]] = OrderedDict()  # pid -> (largest comm size, rank in it)
+        self._ranks: OrderedDict[tuple[str, int], _RankRecords] = OrderedDict()
+        self._totals: OrderedDict[str, dict[tuple[str, str], CollectiveTotals]] = OrderedDict()
+        self._mapped: Counter[str] = Counter(dict.fromkeys(MAPPINGS, 0))
+        self._unplaced = 0
+
+    # -- registration (from the marker path) ---------------------------------------------------
+
+    def register(self, pid: int, job: str, rank: int, gpu: int) -> None:
+        """Note that ``(job, rank)`` on GPU ``gpu`` sends markers from process ``pid``."""
+        if pid <= 0:
+            return
+        with self._lock:
+            owners = self._pids.setdefault(pid, set())
+            owners.difference_update({o for o in owners if o[:2] == (job, rank)})
+            owners.add((job, rank, gpu))
+
+    def forget(self, job: str, rank: int) -> None:
+        """Drop a retired rank: its registration and its intervals."""
+        with self._lock:
+            self._ranks.pop((job, rank), None)
+            for pid in [p for p, owners in self._pids.items() if any(o[:2] == (job, rank) for o in owners)]:
+                owners = self._pids[pid]
+                owners.difference_update({o for o in owners if o[:2] == (job, rank)})
+                if not owners:
+                    del self._pids[pid]
+
+    # -- records (from the watcher) --------------------------------------------------------------
+
+    def add(self, records: Iterable[InspectorRecord], path: str = "") -> list[pb.CollectiveRecord]:
+        """Map records read from ``path`` (relative to ``inspector_dir``); their wire form, for subscribers."""
+        directory_job = PurePath(path).parts[0] if len(PurePath(path).parts) > 1 else ""
+        out = []
+        with self._lock:
+            for r in records:
+                job, rank, gpu, via = self._map(r, directory_job)
+                self._mapped[via] += 1
+                begin_ns, end_ns, placed = _interval(r)
+                self._unplaced += not placed
+                self._add_totals(job, r)
+                if rank >= 0:
+                    self._add_interval(job, rank, gpu, CollectiveInterval(begin_ns, end_ns, r.bytes, r.collective,
+                                                                           placed), r.dump_ns)
+                out.append(pb.CollectiveRecord(
+                    job=job, node=self.node, rank=rank, gpu=gpu, collective=r.collective, begin_ns=begin_ns,
+                    end_ns=end_ns, placed=placed, exec_s=r.exec_s, timing_source=r.timing_source, bytes=r.bytes,
+                    algo_bandwidth_gbs=r.algo_gbs, bus_bandwidth_gbs=r.bus_gbs, comm_id=r.comm_id,
+                    comm_rank=r.comm_rank, comm_ranks=r.comm_ranks, comm_nodes=r.comm_nodes, seq=r.seq, pid=r.pid,
+                    format_version=r.version,
+                ))
+        return out
+
+    def _map(self, r: InspectorRecord, directory_job: str) -> tuple[str, int, int, str]:
+        """(job, rank, gpu, via) of one record (caller holds the lock)."""
+        largest = self._world.get(r.pid)
+        if largest is None or r.comm_ranks > largest[0]:
+            largest = (r.comm_ranks, r.comm_rank)
+        self._world[r.pid] = largest
+        self._world.move_to_end(r.pid)
+        while len(self._world) > MAX_PIDS:
+            self._world.popitem(last=False)
+        owners = self._pids.get(r.pid, ())
+        if len(owners) == 1:
+            job, rank, gpu = next(iter(owners))
+            return job, rank, gpu, "registration"
+        if directory_job:
+            return directory_job, largest[1], -1, "directory"
+        return "", -1, -1, "unmapped"
+
+    def _add_interval(self, job: str, rank: int, gpu: int, interval: CollectiveInterval, dump_ns: int) -> None:
+        key = (job, rank)
+        ranks = self._ranks
+        entry = ranks.get(key)
+        if entry is None:
+            entry = ranks[key] = _RankRecords(gpu)
+            while len(ranks) > self.max_ranks:
+                ranks.popitem(last=False)
+        ranks.move_to_end(key)
+        entry.gpu = gpu
+        entry.intervals.append(interval)
+        entry.latest_dump_ns = max(entry.latest_dump_ns, dump_ns)
+
+    def _add_totals(self, job: str, r: InspectorRecord) -> None:
+        jobs = self._totals
+        if job not in jobs:
+            jobs[job] = {}
+            while len(jobs) > MAX_JOBS:
+                jobs.popitem(last=False)
+        jobs.move_to_end(job)
+        t = jobs[job].setdefault((collective_label(r.collective), size_bucket(r.bytes)), CollectiveTotals())
+        t.count += 1
+        t.seconds += r.exec_s
+        t.bytes += r.bytes
+        t.bus_bytes += r.bus_gbs * 1e9 * r.exec_s
+
+    # -- what the step account reads -------------------------------------------------------------
+
+    def has_feed(self, job: str, rank: int) -> bool:
+        """Whether any Inspector record was mapped to ``(job, rank)`` (and is still kept)."""
+        with self._lock:
+            return (job, rank) in self._ranks
+
+    def covers(self, job: str, rank: int, end_ns: int) -> bool:
+        """True when ``(job, rank)`` has no Inspector feed, or its records were dumped at or after ``end_ns``."""
+        with self._lock:
+            entry = self._ranks.get((job, rank))
+            return entry is None or entry.latest_dump_ns >= end_ns
+
+    def collectives_in(self, job: str, rank: int, begin_ns: int, end_ns: int) -> list[CollectiveInterval]:
+        """The rank's intervals that overlap ``[begin_ns, end_ns]``, clipped to it, oldest first."""
+        with self._lock:
+            entry = self._ranks.get((job, rank))
+            if entry is None:
+                return []
+            picked = []
+            for iv in reversed(entry.intervals):
+                if iv.end_ns < begin_ns - LOOKBACK_SLACK_NS:
+                    break
+                if iv.end_ns > begin_ns and iv.begin_ns < end_ns:
+                    picked.append(CollectiveInterval(max(iv.begin_ns, begin_ns), min(iv.end_ns, end_ns), iv.bytes,
+                                                     iv.collective, iv.placed))
+        picked.reverse()
+        return picked
+
+    def counts(self) -> FeedCounts:
+        with self._lock:
+            totals = {(job, coll, bucket): CollectiveTotals(t.count, t.seconds, t.bytes, t.bus_bytes)
+                      for job, by_key in self._totals.items() for (coll, bucket), t in by_key.items()}
+            return FeedCounts(dict(self._mapped), totals, len(self._ranks), self._unplaced)
+
+
+def _interval(r: InspectorRecord) -> tuple[int, int, bool]:
+    """``(begin_ns, end_ns, placed)`` of one record (module docstring)."""
+    if r.begin_ns is not None and r.end_ns is not None and r.end_ns >= r.begin_ns:
+        return r.begin_ns, r.end_ns, True
+    end_ns = r.dump_ns
+    return end_ns - round(r.exec_s * 1e9), end_ns, False
