@@ -20,7 +20,8 @@ SECTIONS: dict[str, str] = {
     "gpus": "`chopper_gpu_*` but `chopper_gpu_workload_info`: each device's identity and latest sample",
     "workloads": "`chopper_gpu_workload_info`, `chopper_agent_workload_*`",
     "host": "`chopper_host_*`",
-    "ranks": "`chopper_rank_*`",
+    "ranks": "`chopper_rank_*` but the positions",
+    "positions": "`chopper_rank_open_step`, `chopper_rank_position_seconds`: where each rank is (docs/HANGS.md)",
     "self": "the other `chopper_agent_*`: identity, backend health, sampler, buffers, markers, access checks, "
             "streams, ranks",
     "reloads": "`chopper_agent_token_file_reloads*`, `chopper_agent_tls_reloads*`",
@@ -120,6 +121,15 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("chopper_rank_tokens_total", "counter", "Tokens the rank's summarised steps processed.", RANK),
     MetricSpec("chopper_rank_flagged_steps_total", "counter", "Summarised steps carrying a flag, by flag.",
                (*RANK, "flag")),
+    # Where each rank is now (docs/HANGS.md): what a job that stopped stepping waits in.
+    MetricSpec("chopper_rank_open_step", "gauge",
+               "Number of the step a rank has open (begun, not ended); absent while no step is open.", RANK),
+    MetricSpec(
+        "chopper_rank_position_seconds", "gauge",
+        "How long a rank has been inside the innermost interval it has open, s: kind collective or phase (the "
+        "later begun of its open collective and phase, name it), step (neither open, name \"\"), or between_steps "
+        "(no step open: since its last marker). One series per rank.", (*RANK, "kind", "name"),
+    ),
     # The agent itself.
     MetricSpec("chopper_agent_info", "info", "Agent identity; value is always 1.", (*NODE, "backend", "version")),
     MetricSpec("chopper_agent_backend_up", "gauge", "1 when the backend's last sample succeeded.", (*NODE, "backend")),
@@ -258,6 +268,7 @@ def markdown() -> str:
     """``docs/METRICS.md``: the catalog as tables (regenerate with ``python -m agent.catalog``)."""
     from agent.daemon import ADMISSION_REASONS
     from agent.markers import REJECTION_REASONS
+    from agent.positions import MAX_POSITION_NAMES
     from agent.steps import MAX_PHASE_SERIES
     from chopper.attribution.phases import MAX_PHASES_PER_STEP, OTHER
 
@@ -270,6 +281,14 @@ def markdown() -> str:
               f"time of later names adds to `phase=\"{OTHER}\"` (a phase a user names `{OTHER}` shares it), so a",
            "client that invents names cannot grow the scrape. A summary itself keeps a step's",
               f"{MAX_PHASES_PER_STEP} longest names, the rest summed as `{OTHER}`.", "",
+           "## Rank positions (`chopper_rank_open_step`, `chopper_rank_position_seconds{kind,name}`)", "",
+           "Where each tracked rank is at the scrape, from the markers the agent holds (docs/HANGS.md): the open",
+           "step's number, and one series per rank naming the innermost interval it has open and how long it",
+           "has been in it. A rank of a hung job shows where it waits, e.g. `kind=\"collective\", name=\"all_reduce\"`",
+           "for 120 s while another shows `kind=\"phase\", name=\"backward\"`. Bounded: one series of each per",
+              f"tracked rank (so `max_ranks` bounds them); the first {MAX_POSITION_NAMES} phase and collective names the",
+              f"agent sees keep their own `name`, later ones read `name=\"{OTHER}\"`. The step number is a value, never a",
+           "label. The stalled-job alert quotes these series in its description (docs/ALERTS.md).", "",
            "## Retired ranks (`chopper_agent_ranks_retired_total{reason}`)", "",
            "A `(job, rank)` and all its `chopper_rank_*` series go once no rank of its job has sent a marker for",
            "`rank_idle_s` (reason `idle`; a rank with a step open stays, and steps waiting for samples are",

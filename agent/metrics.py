@@ -20,9 +20,11 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from agent.catalog import BY_NAME
+from agent.positions import NameLabels
 from chopper import __version__
 from chopper.daemon.auth import Reloaded
 from chopper.daemon.exposition import Families, Sections
+from chopper.positions import where
 from chopper.proto.chopper.v1 import agent_pb2 as pb
 from chopper.schema import THROTTLE_CAUSES, MarkerKind
 
@@ -56,10 +58,11 @@ class AgentCollector(Collector):
         # In the order of catalog.SECTIONS, which documents them (a test keeps the two equal).
         self.fills: dict[str, Callable[[Families], None]] = {
             "gpus": self._gpus, "workloads": self._workloads, "host": self._host, "ranks": self._ranks,
-            "self": self._self, "reloads": self._reloads, "delivery": self._delivery,
+            "positions": self._positions, "self": self._self, "reloads": self._reloads, "delivery": self._delivery,
             "inspector": self._inspector,
         }
         self.sections = Sections(self.fills, logger, clock)
+        self._position_names = NameLabels()
 
     def collect(self) -> Iterator[Metric]:
         """Every section on its own (one that raises is counted and left out), then the failure counts."""
@@ -153,6 +156,15 @@ class AgentCollector(Collector):
                 fam.add("chopper_rank_tokens_total", rl, now.tokens)
                 for flag, count in sorted(now.flags.items()):
                     fam.add("chopper_rank_flagged_steps_total", (*rl, flag), float(count))
+
+    def _positions(self, fam: Families) -> None:
+        for p in self.view.rank_positions:
+            rl = (p.node, p.job, str(p.rank), str(p.gpu))
+            if p.step >= 0:
+                fam.add("chopper_rank_open_step", rl, float(p.step))
+            w = where(p)
+            fam.add("chopper_rank_position_seconds", (*rl, w.kind, self._position_names.label(w.name)),
+                    w.seconds(p.as_of_ns))
 
     def _self(self, fam: Families) -> None:
         view = self.view

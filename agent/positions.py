@@ -16,10 +16,16 @@ aggregator. Pure: no locks (the caller holds the marker lock), no I/O.
 """
 from __future__ import annotations
 
+import threading
 from collections import deque
 
 from agent.markers import RankState
+from chopper.attribution.phases import OTHER
 from chopper.proto.chopper.v1 import agent_pb2 as pb
+
+# Phase and collective names with a ``name`` label of their own on ``chopper_rank_position_seconds``;
+# later names read ``OTHER``, so a client that invents names cannot grow the series without bound.
+MAX_POSITION_NAMES = 64
 
 
 def innermost(table: dict[str, deque[tuple[int, int]]]) -> tuple[str, int]:
@@ -44,3 +50,27 @@ def position(job: str, node: str, rank: int, state: RankState, last_marker_ns: i
         phase=phase, phase_begin_ns=phase_begin_ns, collective=collective, collective_begin_ns=collective_begin_ns,
         last_marker_ns=last_marker_ns, as_of_ns=as_of_ns, last_step=state.last_step,
     )
+
+
+class NameLabels:
+    """The ``name`` label of a position: the first ``limit`` distinct names keep theirs, later ones are ``OTHER``.
+
+    Shared by every scrape of one agent (each may run on its own thread), so a name keeps its label
+    for the agent's life.
+    """
+
+    def __init__(self, limit: int = MAX_POSITION_NAMES) -> None:
+        self.limit = limit
+        self._names: set[str] = set()
+        self._lock = threading.Lock()
+
+    def label(self, name: str) -> str:
+        if not name:
+            return name
+        with self._lock:
+            if name in self._names:
+                return name
+            if len(self._names) < self.limit:
+                self._names.add(name)
+                return name
+        return OTHER

@@ -17,6 +17,7 @@ from agent.inspector.feed import FeedCounts
 from agent.markers import RankState
 from agent.steps import RankFiguresNow
 from agent.workload import SourceHealth, Workload
+from chopper.proto.chopper.v1 import agent_pb2 as pb
 from chopper.schema import DeviceInfo, Sample
 
 if TYPE_CHECKING:
@@ -92,6 +93,11 @@ class AgentView:
     def rank_states(self) -> list[tuple[tuple[str, int], RankState]]:
         """``(job, rank)`` → its marker counters, last step and step time (seconds), a consistent copy."""
         return self._agent.rank_states()
+
+    @property
+    def rank_positions(self) -> list[pb.RankPosition]:
+        """Where each tracked rank is now (``agent.positions``): open step, innermost phase and collective, ns."""
+        return self._agent.rank_positions()
 
     @property
     def rank_figures(self) -> dict[tuple[str, int], RankFiguresNow]:

@@ -12,7 +12,8 @@ ROOT = Path(__file__).resolve().parents[2]
 BASE_UNITS = ("_hertz", "_ratio", "_watts", "_joules", "_celsius", "_bytes", "_seconds", "_items",
               "_flops_per_second")
 # Counts and states with no unit, as Prometheus' own `up`: each one is a deliberate exception.
-UNITLESS = {"chopper_agent_backend_up", "chopper_host_load1", "chopper_rank_last_step", "chopper_agent_marker_streams",
+UNITLESS = {"chopper_agent_backend_up", "chopper_host_load1", "chopper_rank_last_step", "chopper_rank_open_step",
+            "chopper_agent_marker_streams",
             "chopper_agent_subscribers", "chopper_agent_delivery_connected", "chopper_agent_workload_source_up",
             "chopper_agent_ranks"}
 
