@@ -53,7 +53,7 @@ from agent.workload import PciAddressed, build_tracker
 from chopper import __version__
 from chopper.daemon.access import Refusals
 from chopper.proto.chopper.v1 import agent_pb2 as pb
-from chopper.schema import DeviceInfo, MarkerKind, Sample
+from chopper.schema import SAMPLE_COLUMNS, DeviceInfo, MarkerKind, Sample
 
 if TYPE_CHECKING:
     from agent.host import HostSample, HostSampler
@@ -448,10 +448,13 @@ def _by_gpu(steps: list[ClosedStep]) -> dict[int, list[ClosedStep]]:
     return groups
 
 
-_SAMPLE_FIELDS = tuple(f.name for f in dataclasses.fields(Sample))
+_SAMPLE_FIELDS = SAMPLE_COLUMNS
 # attrgetter reads all fields in C: this conversion runs for every GPU on every tick.
 _sample_values = operator.attrgetter(*_SAMPLE_FIELDS)
 
 
 def _sample_to_pb(s: Sample, job: str) -> pb.Sample:
-    return pb.Sample(**dict(zip(_SAMPLE_FIELDS, _sample_values(s), strict=True)), job=job)
+    msg = pb.Sample(**dict(zip(_SAMPLE_FIELDS, _sample_values(s), strict=True)), job=job)
+    if s.links:  # most backends read no per-link counter: skip the repeated field entirely
+        msg.links.extend([pb.LinkBytes(link=k.link, tx_bytes=k.tx_bytes, rx_bytes=k.rx_bytes) for k in s.links])
+    return msg

@@ -2,7 +2,8 @@
 
 Every part of Chopper (backends, the agent, recorded runs, the attribution model) speaks these
 three tables. Column names and order here are the contract; ``docs/DATA_MODEL.md`` documents
-them. This module stays import-light (no numpy, pandas or torch) because ``import chopper``
+them. A sample's per-link counters (``Sample.links``) are not columns of the samples table: a
+recorded run keeps them in its optional ``links`` table (``LINK_COLUMNS``), one row per link. This module stays import-light (no numpy, pandas or torch) because ``import chopper``
 pulls it in.
 """
 from __future__ import annotations
@@ -75,6 +76,28 @@ class DeviceInfo:
     power_cap_w: float
 
 
+# Highest NVLink / XGMI link index plus one that a sample may carry: NVML numbers up to
+# NVML_NVLINK_MAX_LINKS (36 in NVML 13) links, amdsmi's gpu_metrics up to 8 (16 in later tables).
+# It bounds the per-link series on /metrics and the ``link`` column of a recorded run.
+MAX_LINKS = 64
+
+
+@dataclass(frozen=True, slots=True)
+class LinkBytes:
+    """One NVLink / XGMI link of a GPU at a sample's ``ts_ns``.
+
+    Attributes:
+        link: The link's index as the vendor library numbers it (NVML's link id, the position
+            in amdsmi's per-link lists), 0 to ``MAX_LINKS - 1``.
+        tx_bytes: Cumulative bytes this GPU sent over the link; NaN when unread.
+        rx_bytes: Cumulative bytes this GPU received over the link; NaN when unread.
+    """
+
+    link: int
+    tx_bytes: float
+    rx_bytes: float
+
+
 @dataclass(slots=True)
 class Sample:
     """One GPU over the interval since its previous sample.
@@ -104,6 +127,9 @@ class Sample:
         throttle_thermal_s: Cumulative seconds throttled by temperature.
         throttle_current_s: Cumulative seconds throttled by current (EDC/PROCHOT-style) limits.
         throttle_other_s: Cumulative seconds throttled for any other reason.
+        links: Each link's cumulative bytes, ordered by link index; ``link_tx_bytes`` and
+            ``link_rx_bytes`` are their sums where the backend reads both. Empty when the
+            backend reads no per-link counter.
     """
 
     ts_ns: int
@@ -126,10 +152,14 @@ class Sample:
     throttle_thermal_s: float = NAN
     throttle_current_s: float = NAN
     throttle_other_s: float = NAN
+    links: tuple[LinkBytes, ...] = ()
 
 
 DEVICE_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(DeviceInfo))
-SAMPLE_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(Sample))
+# The samples table's columns: every field of Sample but the per-link tuple.
+SAMPLE_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(Sample) if f.name != "links")
+# The links table of a recorded run: one row per (sample, link), keyed by the sample's ts_ns, node, gpu.
+LINK_COLUMNS: tuple[str, ...] = ("ts_ns", "node", "gpu", "link", "tx_bytes", "rx_bytes")
 MARKER_COLUMNS: tuple[str, ...] = (
     "ts_ns", "job", "node", "rank", "gpu", "kind", "step", "name", "flops", "tokens", "bytes",
 )

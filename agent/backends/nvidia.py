@@ -3,8 +3,9 @@
 Per tick and device the backend does:
 
 1. One batched ``nvmlDeviceGetFieldValues`` call for every counter NVML exposes as a field
-   (energy, power, NVLink and PCIe bytes, clocks-event residency). Each field carries its own
-   ``nvmlReturn``; a field that failed becomes NaN and the rest of the row is kept.
+   (energy, power, NVLink and PCIe bytes, clocks-event residency), each NVLink's own byte
+   counters included. Each field carries its own ``nvmlReturn``; a field that failed becomes NaN
+   and the rest of the row is kept.
 2. Current SM and memory clocks, GPU temperature and memory in use (one call each; NVML has no
    fields for them).
 3. Activity. On Hopper and newer (``nvmlGpmQueryDeviceSupport``) from GPU Performance Monitoring:
@@ -21,6 +22,25 @@ an interval is the difference of ``energy_j`` divided by its length, which is wh
 should prefer. Clocks are NVML's current values, the nearest it has to an interval mean.
 
 Units are converted here and nowhere else: mJ → J, mW → W, KiB → bytes, ns → s, % → 0–1.
+
+NVLink bytes. ``NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX``/``_RX`` count the payload bytes (KiB,
+cumulative; the ``_RAW_`` pair would add protocol overhead) a link carried; nvml.h: "Link ID
+needs to be specified in the scopeId field ... A scopeId of UINT_MAX returns aggregate value
+summed up across all links". ``link_tx_bytes``/``link_rx_bytes`` are the UINT_MAX aggregates, as
+before; ``Sample.links`` holds one entry per NVLink that was active when the backend opened,
+found once per device by ``NVML_FI_DEV_NVLINK_LINK_COUNT`` ("Number of NVLinks present on the
+device"; all ``NVML_NVLINK_MAX_LINKS`` indices are probed where that field is unreadable) and
+``nvmlDeviceGetNvLinkState``. Their (field, link) pairs join the one batched field read, so N
+links add 2·N entries to that call, never a call of their own. A GPU without NVLink (a PCIe
+card) has no active link and an empty ``links``.
+
+==========================================  =========  ==========================================
+NVML                                        unit       ``Sample``
+==========================================  =========  ==========================================
+NVLINK_THROUGHPUT_DATA_TX, scopeId UINT_MAX  KiB        link_tx_bytes (×1024)
+NVLINK_THROUGHPUT_DATA_RX, scopeId UINT_MAX  KiB        link_rx_bytes (×1024)
+NVLINK_THROUGHPUT_DATA_TX/RX, scopeId link   KiB        links[i].tx_bytes / rx_bytes (×1024)
+==========================================  =========  ==========================================
 
 Throttle causes. NVML accrues nanoseconds per clocks-event reason; they map to the data model as
 
@@ -49,12 +69,15 @@ from typing import Any
 
 from agent.backends.base import BackendError, BackendUnavailable, DeviceLost
 from agent.backends.specs import find_spec
-from chopper.schema import NAN, DeviceInfo, Sample
+from chopper.schema import NAN, DeviceInfo, LinkBytes, Sample
 
 log = logging.getLogger(__name__)
 
 # Asks NVML for a link counter summed over all NVLinks (nvml.h: scopeId UINT_MAX).
 _ALL_LINKS = 0xFFFFFFFF
+# Per-link byte counters: the same fields as the summed ones, with the link index as scopeId.
+_LINK_FIELDS = ("NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX", "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX")
+_KIB = 1024
 # nvmlGpmMetricsGet needs samples at least this far apart (NVML's GPM refresh period).
 _GPM_MIN_INTERVAL_NS = 100_000_000
 
@@ -65,8 +88,8 @@ _FIELDS: tuple[tuple[str, str, int, int, int, bool], ...] = (
     ("energy_j", "NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION", 0, 1, 1000, True),  # mJ since driver load
     ("power_instant_w", "NVML_FI_DEV_POWER_INSTANT", 0, 1, 1000, False),  # mW, scope GPU
     ("power_average_w", "NVML_FI_DEV_POWER_AVERAGE", 0, 1, 1000, False),  # mW over 1 s, fallback
-    ("link_tx_bytes", "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX", _ALL_LINKS, 1024, 1, True),  # KiB
-    ("link_rx_bytes", "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX", _ALL_LINKS, 1024, 1, True),  # KiB
+    ("link_tx_bytes", "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX", _ALL_LINKS, _KIB, 1, True),  # KiB
+    ("link_rx_bytes", "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX", _ALL_LINKS, _KIB, 1, True),  # KiB
     ("pcie_tx_bytes", "NVML_FI_DEV_PCIE_COUNT_TX_BYTES", 0, 1, 1, True),  # bytes, may wrap
     ("pcie_rx_bytes", "NVML_FI_DEV_PCIE_COUNT_RX_BYTES", 0, 1, 1, True),  # bytes, may wrap
     ("sw_power_cap_s", "NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP", 0, 1, 10**9, True),  # ns
@@ -116,6 +139,8 @@ class _Device:
     gpm_base_ns: int = 0
     gpm_ratios: tuple[float, float, float] = (NAN, NAN, NAN)
     wraps: dict[str, tuple[int, int]] = field(default_factory=dict)  # key → (last raw, offset)
+    links: tuple[int, ...] = ()  # NVLinks active at open(), whose TX/RX follow the common fields
+    field_ids: list[tuple[int, int]] = field(default_factory=list)  # (field id, scopeId) of the one read
 
 
 class NvidiaBackend:
@@ -198,11 +223,41 @@ class NvidiaBackend:
                     power_cap_w=nv.nvmlDeviceGetEnforcedPowerLimit(handle) / 1000,
                 ))
                 dev = _Device(i, handle, gpm=False)
+                dev.links = self._active_links(dev)
+                link_ids = [getattr(nv, c) for c in _LINK_FIELDS] if dev.links else []
+                dev.field_ids = [*self._field_ids, *((fid, link) for link in dev.links for fid in link_ids)]
                 self._devices.append(dev)
                 self._start_gpm(dev)
         except nv.NVMLError as e:
             raise BackendError(f"NVML failed while listing GPUs: {e}") from e
         return infos
+
+    def _active_links(self, dev: _Device) -> tuple[int, ...]:
+        """The NVLinks of ``dev`` that are up now, by NVML link index; () without NVLink.
+
+        ``NVML_FI_DEV_NVLINK_LINK_COUNT`` bounds the indices probed (all ``NVML_NVLINK_MAX_LINKS``
+        where it cannot be read); a link whose state NVML will not give is left out.
+        """
+        nv = self._nv
+        if not all(hasattr(nv, c) for c in _LINK_FIELDS):
+            return ()
+        count = int(getattr(nv, "NVML_NVLINK_MAX_LINKS", 0))
+        if hasattr(nv, "NVML_FI_DEV_NVLINK_LINK_COUNT"):
+            got = self._call(dev, nv.nvmlDeviceGetFieldValues, dev.handle, [(nv.NVML_FI_DEV_NVLINK_LINK_COUNT, 0)])
+            if got is not None and got[0].nvmlReturn == nv.NVML_SUCCESS:
+                count = min(count, int(getattr(got[0].value, _VALUE_MEMBER.get(got[0].valueType, "uiVal"))))
+        active = []
+        for link in range(count):
+            try:
+                up = nv.nvmlDeviceGetNvLinkState(dev.handle, link) == nv.NVML_FEATURE_ENABLED
+            except nv.NVMLError as e:
+                if e.value in self._lost:
+                    raise
+                up = False  # NOT_SUPPORTED or INVALID_ARGUMENT: no such link here
+            if up:
+                active.append(link)
+        log.info("event=nvlinks gpu=%d active=%d present=%d", dev.index, len(active), count)
+        return tuple(active)
 
     def _start_gpm(self, dev: _Device) -> None:
         """Take the first GPM baseline where the device supports GPM."""
@@ -262,7 +317,7 @@ class NvidiaBackend:
     def _sample_device(self, dev: _Device, now_ns: int) -> Sample:
         nv = self._nv
         h = dev.handle
-        f = self._read_fields(dev)
+        f, links = self._read_fields(dev)
         power = f["power_instant_w"]
         if math.isnan(power):
             power = f["power_average_w"]
@@ -291,29 +346,46 @@ class NvidiaBackend:
             link_rx_bytes=f["link_rx_bytes"],
             pcie_tx_bytes=f["pcie_tx_bytes"],
             pcie_rx_bytes=f["pcie_rx_bytes"],
+            links=links,
         )
         for column, keys in _THROTTLE.items():
             setattr(s, column, _nansum(f[k] for k in keys))
         return s
 
-    def _read_fields(self, dev: _Device) -> dict[str, float]:
-        """One batched field read, converted to data-model units; failed fields are NaN."""
+    def _read_fields(self, dev: _Device) -> tuple[dict[str, float], tuple[LinkBytes, ...]]:
+        """One batched field read, converted to data-model units, and each active link's bytes.
+
+        Failed fields are NaN; the per-link counters are 64-bit (never wrap) and taken as read.
+        """
         nv = self._nv
         out = {key: NAN for key, *_ in _FIELDS}
-        values = self._call(dev, nv.nvmlDeviceGetFieldValues, dev.handle, self._field_ids)
+        values = self._call(dev, nv.nvmlDeviceGetFieldValues, dev.handle, dev.field_ids)
         if values is None:
-            return out
-        for (key, mul, div, cumulative), fv in zip(self._field_keys, values, strict=True):
-            if fv.nvmlReturn != nv.NVML_SUCCESS:
-                if fv.nvmlReturn in self._lost:
-                    raise DeviceLost(f"GPU {dev.index} lost while reading NVML fields", gpu=dev.index)
+            return out, tuple(LinkBytes(link, NAN, NAN) for link in dev.links)
+        common = len(self._field_keys)
+        for (key, mul, div, cumulative), fv in zip(self._field_keys, values[:common], strict=True):
+            raw = self._raw(dev, fv)
+            if raw is None:
                 continue
-            raw = getattr(fv.value, _VALUE_MEMBER.get(fv.valueType, "ullVal"))
             modulus = _WRAP_MODULUS.get(fv.valueType)
             if cumulative and modulus is not None:
                 raw = self._unwrap(dev, key, int(raw), modulus)
             out[key] = raw * mul / div
-        return out
+        links = []
+        for i, link in enumerate(dev.links):
+            tx_raw, rx_raw = self._raw(dev, values[common + 2 * i]), self._raw(dev, values[common + 2 * i + 1])
+            links.append(LinkBytes(link, NAN if tx_raw is None else tx_raw * _KIB,
+                                   NAN if rx_raw is None else rx_raw * _KIB))
+        return out, tuple(links)
+
+    def _raw(self, dev: _Device, fv: Any) -> Any:
+        """One field's raw value; None when NVML could not read it, DeviceLost when the GPU is gone."""
+        nv = self._nv
+        if fv.nvmlReturn != nv.NVML_SUCCESS:
+            if fv.nvmlReturn in self._lost:
+                raise DeviceLost(f"GPU {dev.index} lost while reading NVML fields", gpu=dev.index)
+            return None
+        return getattr(fv.value, _VALUE_MEMBER.get(fv.valueType, "ullVal"))
 
     @staticmethod
     def _unwrap(dev: _Device, key: str, raw: int, modulus: int) -> int:

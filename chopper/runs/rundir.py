@@ -259,7 +259,8 @@ def _to_frame(table: str, rows: Any) -> pd.DataFrame:
     records: list[Mapping[str, Any]] = []
     for row in rows:
         if dataclasses.is_dataclass(row) and not isinstance(row, type):
-            records.append({f.name: getattr(row, f.name) for f in dataclasses.fields(row)})
+            # Sample.links is a table of its own (links), not a column of the samples table.
+            records.append({f.name: getattr(row, f.name) for f in dataclasses.fields(row) if f.name != "links"})
         elif isinstance(row, Mapping):
             records.append(row)
         else:

@@ -25,7 +25,8 @@ def load_fixture() -> dict[str, Any]:
 
     Values are in NVML's own units, keyed by pynvml constant names. They are not a hardware
     capture: their magnitudes follow H100 SXM5 data sheets and typical ``nvidia-smi -q`` output
-    under load (the file's ``description`` says so and what each unit is).
+    under load (the file's ``description`` says so and what each unit is). Each NVLink's counters
+    (``nvlink``) add up to the all-links field of the same tick, as nvml.h defines scopeId UINT_MAX.
     """
     return json.loads(FIXTURE.read_text())
 
@@ -60,6 +61,7 @@ class FakeNode:
         nv.nvmlDeviceGetEnforcedPowerLimit.side_effect = lambda h: devices[h[1]]["enforced_power_limit_mw"]
         nv.nvmlDeviceGetMemoryInfo.side_effect = self._memory
         nv.nvmlDeviceGetFieldValues.side_effect = self._fields
+        nv.nvmlDeviceGetNvLinkState.side_effect = self._link_state
         nv.nvmlDeviceGetClockInfo.side_effect = self._clock
         nv.nvmlDeviceGetTemperature.side_effect = lambda h, s: self._dev(h)["temperature_c"]
         nv.nvmlDeviceGetUtilizationRates.side_effect = self._utilization
@@ -88,14 +90,33 @@ class FakeNode:
         # Fixture keys are pynvml constant names, resolved here: independent of NVML's numbering.
         recorded = {getattr(pynvml, n): (n, rec) for n, rec in self._dev(handle)["fields"].items()}
         for fv, (field_id, scope) in zip(values, ids, strict=True):
-            name, rec = recorded[field_id]
-            # NVLink counters must be asked for all links at once, everything else on scope 0.
-            assert scope == (ALL_LINKS if "NVLINK_THROUGHPUT" in name else 0), name
             fv.fieldId, fv.scopeId = field_id, scope
+            if field_id == pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT:
+                rec = {"valueType": pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, "nvmlReturn": pynvml.NVML_SUCCESS,
+                       "value": self.fx["devices"][handle[1]]["nvlink_link_count"]}
+            else:
+                name, rec = recorded[field_id]
+                if "NVLINK_THROUGHPUT" in name and scope != ALL_LINKS:
+                    rec = self._link_field(handle, name, scope, rec)
+                else:
+                    assert scope == (ALL_LINKS if "NVLINK_THROUGHPUT" in name else 0), name
             fv.valueType, fv.nvmlReturn = rec["valueType"], rec["nvmlReturn"]
             member = {0: "dVal", 1: "uiVal", 3: "ullVal"}[rec["valueType"]]
             setattr(fv.value, member, rec["value"])
         return values
+
+    def _link_field(self, handle: tuple[str, int], name: str, link: int, summed: dict[str, Any]) -> dict[str, Any]:
+        """One link's counter (scopeId = link index); a link that is down is never asked for."""
+        assert self.fx["devices"][handle[1]]["nvlink_active"][link], f"{name} asked for link {link}, which is down"
+        direction = "tx" if name.endswith("_TX") else "rx"
+        return {**summed, "value": self._dev(handle)["nvlink"][direction][link]}
+
+    def _link_state(self, handle: tuple[str, int], link: int) -> int:
+        """nvmlDeviceGetNvLinkState: NVML answers INVALID_ARGUMENT for an index past the device's links."""
+        active = self.fx["devices"][handle[1]]["nvlink_active"]
+        if link >= len(active):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return pynvml.NVML_FEATURE_ENABLED if active[link] else pynvml.NVML_FEATURE_DISABLED
 
     def _clock(self, handle: tuple[str, int], clock: int) -> int:
         key = {pynvml.NVML_CLOCK_SM: "sm_clock_mhz", pynvml.NVML_CLOCK_MEM: "mem_clock_mhz"}[clock]

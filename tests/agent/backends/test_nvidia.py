@@ -137,13 +137,96 @@ def test_cumulative_counters_across_two_ticks(node: FakeNode) -> None:
 
 def test_one_batched_field_call_per_device_and_tick(node: FakeNode) -> None:
     backend = backend_for(node)
-    backend.open()
+    backend.open()  # one NVML_FI_DEV_NVLINK_LINK_COUNT read per device, only here
+    node.nv.nvmlDeviceGetFieldValues.reset_mock()
     backend.sample(node.at(0))
     backend.sample(node.at(1))
-    assert node.nv.nvmlDeviceGetFieldValues.call_count == 4
-    ids = [fid for fid, _ in node.nv.nvmlDeviceGetFieldValues.call_args.args[1]]
+    assert node.nv.nvmlDeviceGetFieldValues.call_count == 4  # 2 GPUs x 2 ticks, however many links
+    asked = node.nv.nvmlDeviceGetFieldValues.call_args.args[1]
+    ids = [fid for fid, _ in asked]
     assert pynvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION in ids
     assert pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN in ids
+    # GPU 1's 17 active links, TX and RX each, ride in the same call.
+    per_link = [(fid, scope) for fid, scope in asked if scope != 0xFFFFFFFF and fid in (
+        pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX)]
+    assert len(per_link) == 2 * 17
+
+
+def _link_raw(fx: dict[str, Any], tick: int, gpu: int, direction: str) -> list[int]:
+    return fx["ticks"][tick]["devices"][gpu]["nvlink"][direction]
+
+
+def test_each_active_nvlink_has_its_own_counters_in_bytes(node: FakeNode) -> None:
+    fx = node.fx
+    backend = backend_for(node)
+    backend.open()
+    gpu0, gpu1 = backend.sample(node.at(0))
+    assert [k.link for k in gpu0.links] == list(range(18))
+    assert [k.link for k in gpu1.links] == list(range(17))  # link 17 is down: nvmlDeviceGetNvLinkState
+    for s in (gpu0, gpu1):
+        tx, rx = _link_raw(fx, 0, s.gpu, "tx"), _link_raw(fx, 0, s.gpu, "rx")
+        assert [k.tx_bytes for k in s.links] == [tx[k.link] * 1024 for k in s.links]
+        assert [k.rx_bytes for k in s.links] == [rx[k.link] * 1024 for k in s.links]
+        # The summed fields stay NVML's all-links aggregate, which the links add up to.
+        assert sum(k.tx_bytes for k in s.links) == s.link_tx_bytes
+        assert sum(k.rx_bytes for k in s.links) == s.link_rx_bytes
+
+
+def test_per_link_counters_grow_between_ticks(node: FakeNode) -> None:
+    backend = backend_for(node)
+    backend.open()
+    first = backend.sample(node.at(0))[0]
+    second = backend.sample(node.at(1))[0]
+    grown = [b.tx_bytes - a.tx_bytes for a, b in zip(first.links, second.links, strict=True)]
+    assert all(g > 0 for g in grown)
+    assert sum(grown) == second.link_tx_bytes - first.link_tx_bytes == 23_437_500 * 1024
+
+
+def test_a_link_nvml_cannot_read_is_nan_and_the_others_are_kept(node: FakeNode) -> None:
+    backend = backend_for(node)
+    backend.open()
+    answer = node.nv.nvmlDeviceGetFieldValues.side_effect
+
+    def link_3_unsupported(handle: Any, ids: list[tuple[int, int]]) -> Any:
+        values = answer(handle, ids)
+        for fv in values:
+            if fv.scopeId == 3:
+                fv.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+        return values
+
+    node.nv.nvmlDeviceGetFieldValues.side_effect = link_3_unsupported
+    s = backend.sample(node.at(0))[0]
+    assert math.isnan(s.links[3].tx_bytes) and math.isnan(s.links[3].rx_bytes)
+    assert s.links[4].tx_bytes == _link_raw(node.fx, 0, 0, "tx")[4] * 1024
+
+
+def test_gpu_without_nvlink_has_no_links(node: FakeNode) -> None:
+    for dev in node.fx["devices"]:
+        dev["nvlink_link_count"] = 0  # a PCIe card: NVML reports no NVLink
+    backend = backend_for(node)
+    backend.open()
+    node.nv.nvmlDeviceGetNvLinkState.assert_not_called()
+    s = backend.sample(node.at(0))[0]
+    assert s.links == ()
+    assert s.link_tx_bytes == raw(node.fx, 0, 0, "NVLINK_THROUGHPUT_DATA_TX") * 1024
+
+
+def test_unreadable_link_count_probes_every_link_index(node: FakeNode) -> None:
+    answer = node.nv.nvmlDeviceGetFieldValues.side_effect
+
+    def no_link_count(handle: Any, ids: list[tuple[int, int]]) -> Any:
+        values = answer(handle, ids)
+        for fv in values:
+            if fv.fieldId == pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT:
+                fv.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+        return values
+
+    node.nv.nvmlDeviceGetFieldValues.side_effect = no_link_count
+    backend = backend_for(node)
+    backend.open()
+    # Indices past the 18 links answer INVALID_ARGUMENT and are left out.
+    assert node.nv.nvmlDeviceGetNvLinkState.call_count == 2 * pynvml.NVML_NVLINK_MAX_LINKS
+    assert [k.link for k in backend.sample(node.at(0))[1].links] == list(range(17))
 
 
 def test_narrow_pcie_counter_that_wraps_stays_cumulative(node: FakeNode) -> None:
