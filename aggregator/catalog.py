@@ -11,6 +11,7 @@ info series per job, its labels change as it moves), per rank a fixed set per ra
 from __future__ import annotations
 
 from aggregator.jobs import CAUSES, REJECTION_REASONS
+from aggregator.positions import MAX_POSITIONS
 from aggregator.wal import SET_ASIDE
 from chopper.daemon.exposition import MetricSpec, catalog_doc, reason_table
 
@@ -88,6 +89,12 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("chopper_aggregator_jobs", "gauge", "Live jobs.", ()),
     MetricSpec("chopper_aggregator_jobs_expired_total", "counter", "Jobs forgotten after job_expiry_s of silence.", ()),
     MetricSpec("chopper_aggregator_ranks", "gauge", "Ranks held over all live jobs (before rank_series_top_k).", ()),
+    MetricSpec("chopper_aggregator_rank_positions", "gauge",
+               "Rank positions held (where each rank is, as its agent last sent it; docs/HANGS.md).", ()),
+    MetricSpec("chopper_aggregator_rank_positions_dropped_total", "counter",
+               "Rank positions dropped, by reason: rejected (a bad job name or negative rank), evicted (more than "
+               "100,000 held: the one updated longest ago went) or expired (not updated for job_expiry_s).",
+               ("reason",)),
     MetricSpec("chopper_aggregator_ranks_retired_total", "counter",
                "Ranks forgotten with their series, by reason: job_expired (their job went after job_expiry_s) or "
                "idle (out of the job's rank set and silent for rank_expiry_s).", ("reason",)),

@@ -140,6 +140,11 @@ class AggregatorCollector(Collector):
         for reason, count in core.jobs.ranks_retired.items():
             fam.add("chopper_aggregator_ranks_retired_total", (reason,), float(count))
         fam.add("chopper_aggregator_rank_series_omitted", (), float(omitted))
+        positions = core.positions
+        fam.add("chopper_aggregator_rank_positions", (), float(len(positions)))
+        for reason, count in (("rejected", positions.rejected_total), ("evicted", positions.evicted_total),
+                              ("expired", positions.expired_total)):
+            fam.add("chopper_aggregator_rank_positions_dropped_total", (reason,), float(count))
         for method in ("Deliver", "QuerySteps"):
             fam.add("chopper_aggregator_messages_undecodable_total", (method,),
                     float(core.undecodable.get(method, 0)))

@@ -71,7 +71,8 @@ class AggregatorServicer:
     def QuerySteps(self, request: Any, context: grpc.ServicerContext) -> apb.QueryStepsResponse:
         if not request.job:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "job is empty; name the job whose steps you want")
-        return apb.QueryStepsResponse(steps=self.core.query(request.job, request.last))
+        return apb.QueryStepsResponse(steps=self.core.query(request.job, request.last),
+                                      positions=self.core.where(request.job))
 
 
 def _batch_problem(batch: apb.SummaryBatch) -> str:

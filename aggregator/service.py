@@ -24,6 +24,10 @@ step 3, outside the lock, ``deliver`` waits until the log has fsynced everything
 handshake too waits, because the number it acknowledges may belong to a record still pending.
 Without a log, acknowledgements mean "in memory" and a crash loses open steps and unwritten rows.
 
+Each batch's ``positions`` (where its agent's ranks are, not sequenced) replace those held in the
+``PositionTable`` (``aggregator/positions.py``), which ``QuerySteps`` answers from and ``tick``
+expires; they are never logged.
+
 ``tick`` (every second from the daemon) finalizes timed-out steps and flushes the store on time;
 then it rotates the log when the active segment is big or old, and deletes the segments whose
 every summary is finalized and written to the store (the oldest id still in an open step or the
@@ -68,11 +72,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from google.protobuf.message import DecodeError
 
-from aggregator.jobs import Finalized, JobTable
+from aggregator.jobs import NS, Finalized, JobTable
+from aggregator.positions import PositionTable
 from aggregator.stepindex import StepIndex
 from aggregator.store import ASIDE_DIR, Store, stored_keys
 from aggregator.wal import BATCH, FILES, ID_BITS, LEDGER, Record, Wal, WalError, summary_id
 from chopper.daemon.access import Refusals
+from chopper.proto.chopper.v1 import agent_pb2 as pb
 from chopper.proto.chopper.v1 import aggregator_pb2 as apb
 
 log = logging.getLogger(__name__)
@@ -105,6 +111,8 @@ class Aggregator:
         clock: Receive time, ns since the epoch; injected in tests.
         wal: Write-ahead log (module docstring, durability); None: acknowledgements are not
             durable. With one, call ``recover`` before ``deliver``.
+        positions: Where each rank is (``aggregator.positions``); None: a table that forgets a
+            position as ``jobs`` forgets a silent job (``job_expiry_s``).
     """
 
     def __init__(
@@ -115,8 +123,10 @@ class Aggregator:
         recent_steps_per_job: int = 16,
         clock: Callable[[], int] = time.time_ns,
         wal: Wal | None = None,
+        positions: PositionTable | None = None,
     ) -> None:
         self.ledger = ledger
+        self.positions = positions if positions is not None else PositionTable(jobs.job_expiry_ns / NS)
         self.jobs = jobs
         self.store = store
         self.recent_steps_per_job = recent_steps_per_job
@@ -162,7 +172,10 @@ class Aggregator:
                     ids = [summary_id(lsn, i) for i in range(len(new))]
                 # Everything the ledger knows may rest on records still pending: wait for all of them.
                 upto = wal.appended_lsn
-            self._take(self.jobs.add([summaries[i] for i in new], self.clock(), ids))
+            now_ns = self.clock()
+            self._take(self.jobs.add([summaries[i] for i in new], now_ns, ids))
+            if batch.positions:  # not sequenced, never logged: the newest wins (aggregator/positions.py)
+                self.positions.update(batch.agent, batch.positions, now_ns)
         if wal is not None:
             wal.wait(upto)
         return acked
@@ -239,7 +252,9 @@ class Aggregator:
     def tick(self) -> None:
         """Finalize timed-out steps, forget silent jobs, flush the store when due."""
         with self.lock:
-            self._take(self.jobs.expire(self.clock()))
+            now_ns = self.clock()
+            self._take(self.jobs.expire(now_ns))
+            self.positions.expire(now_ns)
             for store in self._stores():
                 store.maybe_flush()
             if self.wal is not None:
@@ -289,6 +304,11 @@ class Aggregator:
         with self.lock:
             kept = list(self.recent.get(job, ()))
         return kept[-last:] if last else kept
+
+    def where(self, job: str) -> list[pb.RankPosition]:
+        """Where each rank of ``job`` is, as its agent last reported it, by rank."""
+        with self.lock:
+            return self.positions.query(job)
 
     def count(self, table: dict[str, int], key: str, delta: int = 1) -> None:
         """Thread-safe increment of a counter table."""
