@@ -16,11 +16,15 @@ current_socket_power        W                                 power_w
 energy_accumulator          counts of 2^-16 J (15.259 µJ)     energy_j
 temperature_hotspot         °C                                temp_c
 xgmi_{read,write}_data_acc  KB per link (KiB, ×1024)          link_{rx,tx}_bytes (sum of links)
+xgmi_{read,write}_data_acc  KB per link (KiB, ×1024)          links[k].{rx,tx}_bytes (link k)
 vram_used                   MiB                               mem_used_bytes
 *_residency_acc             firmware iterations throttled     throttle_*_s (see ``_Throttle``)
 ==========================  ================================  ==================================
 
-XGMI reads bring data into this GPU (rx) and writes send it out (tx). Fields MI300 does not
+XGMI reads bring data into this GPU (rx) and writes send it out (tx). Entry k of the per-link
+lists is XGMI link k; ``Sample.links`` holds the links whose counters read as numbers, leaving out
+those ``xgmi_link_status`` (gpu_metrics v1.7, where present) reports down or disabled: an MI300X in an
+8-GPU hive has seven active links, one to each peer. Fields MI300 does not
 expose stay NaN: ``matrix_ratio`` (no MFMA activity counter), ``pcie_tx_bytes``/``pcie_rx_bytes``
 (``pcie_bandwidth_acc`` is an accumulated GB/s figure with no direction, not a byte counter) and
 ``throttle_other_s`` (no residency counter for causes beyond power, thermal and current). Any
@@ -41,7 +45,7 @@ from typing import Any, TypeVar
 
 from agent.backends.base import BackendError, BackendUnavailable, DeviceLost
 from agent.backends.specs import find_spec
-from chopper.schema import NAN, DeviceInfo, Sample
+from chopper.schema import NAN, DeviceInfo, LinkBytes, Sample
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +69,8 @@ _LOST_CODES = frozenset({
     54,  # AMDSMI_STATUS_AMDGPU_RESTART_ERR
 })
 _NOT_SUPPORTED = 2  # AMDSMI_STATUS_NOT_SUPPORTED
+# xgmi_link_status values of a link that carries nothing (amdsmi_xgmi_link_status_type_t): DOWN 0, DISABLE 2.
+_LINK_NOT_UP = (0, 2)
 
 _INSTALL_HINT = (
     "install ROCm (the amd-smi-lib package, which provides libamd_smi.so; set ROCM_PATH if it is not "
@@ -143,6 +149,27 @@ def _sum_links(metrics: Mapping[str, Any], key: str) -> float:
     """Cumulative bytes over all XGMI links; NaN when no link reports."""
     links = _nums(metrics.get(key), bits=64)
     return sum(links) * _BYTES_PER_KB if links else NAN
+
+
+def _per_link(values: Any) -> list[float]:
+    """A per-link list as bytes by link index, NaN where an entry is "N/A" or a sentinel."""
+    if not isinstance(values, list | tuple):
+        return []
+    return [_num(v, bits=64) * _BYTES_PER_KB for v in values]
+
+
+def _links(metrics: Mapping[str, Any]) -> tuple[LinkBytes, ...]:
+    """Each XGMI link's cumulative bytes: write → tx, read → rx; links reported down are left out."""
+    tx, rx = _per_link(metrics.get("xgmi_write_data_acc")), _per_link(metrics.get("xgmi_read_data_acc"))
+    status = metrics.get("xgmi_link_status")
+    down = {k for k, v in enumerate(status) if v in _LINK_NOT_UP} if isinstance(status, list | tuple) else set()
+    out = []
+    for k in range(max(len(tx), len(rx))):
+        sent = tx[k] if k < len(tx) else NAN
+        received = rx[k] if k < len(rx) else NAN
+        if k not in down and not (math.isnan(sent) and math.isnan(received)):
+            out.append(LinkBytes(k, sent, received))
+    return tuple(out)
 
 
 # Residency accumulators by DESIGN cause. PPT (package power tracking) is the power limit.
@@ -308,6 +335,7 @@ class AmdBackend:
                 mem_used_bytes=_num(vram.get("vram_used"), bits=64) * _BYTES_PER_MB,
                 link_tx_bytes=_sum_links(metrics, "xgmi_write_data_acc"),
                 link_rx_bytes=_sum_links(metrics, "xgmi_read_data_acc"),
+                links=_links(metrics),
                 throttle_power_s=throttle["power"],
                 throttle_thermal_s=throttle["thermal"],
                 throttle_current_s=throttle["current"],

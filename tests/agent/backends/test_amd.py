@@ -25,6 +25,7 @@ import pytest
 
 from agent.backends.amd import AmdBackend, import_amdsmi
 from agent.backends.base import Backend, BackendError, BackendUnavailable, DeviceLost
+from chopper.schema import LinkBytes
 
 FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "amdsmi" / "mi300x_under_load.json"
 MIB = 1024 * 1024
@@ -400,3 +401,39 @@ def test_pci_bus_ids_are_what_amds_kubernetes_device_plugin_names_devices(node: 
 
 def _raise(exc: Exception) -> str:
     raise exc
+
+
+def test_each_xgmi_link_has_its_own_counters(backend: AmdBackend, node: FakeNode) -> None:
+    _opened(backend, node)
+    m = _metrics(node, 0, 0)
+    s = backend.sample(node.now_ns(0))[0]
+    # Link 7 reads 0 with xgmi_link_status 0 (down): the seven peers of an 8-GPU hive remain.
+    assert [k.link for k in s.links] == list(range(7))
+    assert [k.tx_bytes for k in s.links] == [v * 1024 for v in m["xgmi_write_data_acc"][:7]]
+    assert [k.rx_bytes for k in s.links] == [v * 1024 for v in m["xgmi_read_data_acc"][:7]]
+    assert sum(k.rx_bytes for k in s.links) == s.link_rx_bytes
+    assert sum(k.tx_bytes for k in s.links) == s.link_tx_bytes
+
+
+def test_per_link_counters_grow_between_ticks(backend: AmdBackend, node: FakeNode) -> None:
+    _opened(backend, node)
+    first = backend.sample(node.now_ns(0))[0]
+    node.tick = 1
+    second = backend.sample(node.now_ns(1))[0]
+    grown = [b.rx_bytes - a.rx_bytes for a, b in zip(first.links, second.links, strict=True)]
+    assert grown[0] == (9_770_507_812 - 9_765_625_000) * 1024
+    assert sum(grown) == second.link_rx_bytes - first.link_rx_bytes
+
+
+def test_unreadable_link_entries(backend: AmdBackend, node: FakeNode) -> None:
+    _opened(backend, node)
+    m = _metrics(node, 0, 0)
+    m["xgmi_read_data_acc"] = [1000, "N/A", 24, "N/A", "N/A", "N/A", "N/A", "N/A"]
+    m["xgmi_write_data_acc"] = [2000, "N/A", "N/A", "N/A", "N/A", "N/A", "N/A", "N/A"]
+    m["xgmi_link_status"] = "N/A"  # not reported: the counters alone decide
+    s = backend.sample(node.now_ns(0))[0]
+    assert [k.link for k in s.links] == [0, 2]
+    assert s.links[0] == LinkBytes(0, 2000 * 1024, 1000 * 1024)
+    assert math.isnan(s.links[1].tx_bytes) and s.links[1].rx_bytes == 24 * 1024
+    m["xgmi_read_data_acc"] = m["xgmi_write_data_acc"] = "N/A"
+    assert backend.sample(node.now_ns(0) + 1)[0].links == ()
