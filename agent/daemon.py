@@ -270,13 +270,13 @@ class Agent:
                 self.latest[s.gpu] = s
                 self._history.setdefault(s.gpu, deque(maxlen=self._history_len)).append(s)
             latest_ns = {gpu: s.ts_ns for gpu, s in self.latest.items()}
-            ready = self._pending.ready(latest_ns, now_ns)
+            ready = self._pending.ready(latest_ns, now_ns, self._inspected)
             summaries = []
             for gpu, steps in _by_gpu(ready).items():
                 first = min(s.begin_ns for s in steps)
                 summaries += summarize(
                     steps, self.settings.node, self._window_samples(gpu, first), self._devices_by_gpu.get(gpu),
-                    self.ticker.period_ns,
+                    self.ticker.period_ns, self.inspector,
                 )
             # Under the same lock as the pop, so retirement never sees a step in neither place.
             for summary in summaries:
@@ -290,6 +290,10 @@ class Agent:
         if now_ns >= self._next_retire_ns:
             self._next_retire_ns = now_ns + RETIRE_INTERVAL_NS
             self.retire_idle(now_ns)
+
+    def _inspected(self, step: ClosedStep) -> bool:
+        """Whether the Inspector records that cover ``step``'s end are in (True for a rank without any)."""
+        return self.inspector.covers(step.job, step.rank, step.end_ns)
 
     def _window_samples(self, gpu: int, begin_ns: int) -> list[Sample]:
         """Samples of ``gpu`` from just before ``begin_ns`` on (caller holds the state lock)."""

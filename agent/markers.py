@@ -94,8 +94,9 @@ class ClosedStep:
     end_ns: int
     flops: float
     tokens: int
-    # (is_collective, begin_ns, end_ns, name), clipped to the step.
-    intervals: tuple[tuple[bool, int, int, str], ...]
+    # (is_collective, begin_ns, end_ns, name, bytes), clipped to the step; bytes are the end marker's
+    # (0 for phases), as offline.
+    intervals: tuple[tuple[bool, int, int, str, int], ...]
     device_clock: bool
     # Flags the ingest raised on this step (docs/ATTRIBUTION.md), added to the model's own.
     flags: tuple[str, ...] = ()
@@ -114,7 +115,7 @@ class _OpenStep:
     step: int
     begin_ns: int
     device_clock: bool
-    intervals: list[tuple[bool, int, int, str]] = field(default_factory=list)
+    intervals: list[tuple[bool, int, int, str, int]] = field(default_factory=list)
     flags: list[str] = field(default_factory=list)  # FIELD_FLAGS raised by its markers so far
 
 
@@ -376,7 +377,7 @@ class MarkerIngest:
             del table[m.name]
         state.open_intervals -= 1
         if open_step is not None and open_step.step == m.step and m.ts_ns > open_step.begin_ns:
-            open_step.intervals.append((is_collective, max(begin_ns, open_step.begin_ns), m.ts_ns, m.name))
+            open_step.intervals.append((is_collective, max(begin_ns, open_step.begin_ns), m.ts_ns, m.name, m.bytes))
         _flag_open_step(state, m.step, flags)
         return None
 

@@ -157,6 +157,8 @@ class AgentServicer:
             for wanted, field, buf, key in (
                 (request.samples, "samples", agent.samples, lambda s: s.ts_ns),
                 (request.markers, "markers", agent.markers, lambda r: r.marker.ts_ns),
+                # Inspector collectives come with the markers: both are what the job did.
+                (request.markers, "collectives", agent.collectives, lambda c: c.end_ns),
                 (request.step_summaries, "step_summaries", agent.summaries, lambda s: s.end_ns),
             )
             if wanted
@@ -178,7 +180,7 @@ class AgentServicer:
                     missed_total += missed
                     backlog |= len(items) == READ_LIMIT
                     getattr(batch, field).extend(items)
-                if batch.samples or batch.markers or batch.step_summaries:
+                if batch.samples or batch.markers or batch.step_summaries or batch.collectives:
                     batch.missed_total = missed_total
                     yield batch
                     if not backlog:  # catching up on a replay goes full speed

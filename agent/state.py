@@ -153,11 +153,11 @@ class AgentView:
 
     @property
     def buffers(self) -> dict[str, BufferFill]:
-        """Ring buffer name (``samples``, ``markers``, ``step_summaries``) → its fill."""
+        """Ring buffer name (``samples``, ``markers``, ``step_summaries``, ``collectives``) → its fill."""
         agent = self._agent
         return {name: BufferFill(len(buf), buf.capacity, buf.overwritten_total)
                 for name, buf in (("samples", agent.samples), ("markers", agent.markers),
-                                  ("step_summaries", agent.summaries))}
+                                  ("step_summaries", agent.summaries), ("collectives", agent.collectives))}
 
     @property
     def markers_rejected(self) -> dict[str, int]:

@@ -16,14 +16,19 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
+from agent.inspector.feed import InspectorFeed
 from agent.markers import ClosedStep
-from chopper.attribution import exposed_comm, phases
+from chopper.attribution import phases
+from chopper.attribution.collective_source import Intervals, step_collectives
 from chopper.attribution.model import COUNTERS, FIGURES, RATIOS, ROW_FLAGS, flag_tuples, rank_terms, window_figures
 from chopper.attribution.timeline import GpuTimeline
 from chopper.proto.chopper.v1 import agent_pb2 as pb
 from chopper.schema import DeviceInfo, Sample
 
+# The flag of a step that took an Inspector record without event timestamps (placed by its dump time).
+INSPECTOR_UNPLACED = "inspector_unplaced"
 # StepSummary fields filled straight from the model's columns of the same name.
 SUMMARY_TERMS = (
     "step_time_s", "ideal_s", "matrix_util_loss_s", "compute_at_clock_s", "dvfs_loss_s", "dvfs_power_s",
@@ -42,10 +47,44 @@ def _timeline(samples: Sequence[Sample], base_ns: int, period_ns: int) -> GpuTim
     return GpuTimeline.build(ts, {c: column(c) for c in RATIOS}, {c: column(c) for c in COUNTERS}, period_ns)
 
 
+def _collectives(steps: Sequence[ClosedStep], inspector: InspectorFeed | None) -> tuple[
+        Intervals, Intervals, Intervals, list[str], npt.NDArray[np.bool_], list[bool]]:
+    """The steps' marked collectives, Inspector collectives and phases as interval arrays, the phases'
+    names, which steps an Inspector feed covers, and which used an Inspector record without event
+    timestamps (``agent.inspector.feed``)."""
+    marked: list[tuple[int, int, int, int]] = []
+    spans: list[tuple[int, int, int]] = []
+    names: list[str] = []
+    for i, s in enumerate(steps):
+        for coll, lo, hi, name, nbytes in s.intervals:
+            if coll:
+                marked.append((i, lo, hi, nbytes))
+            else:
+                spans.append((i, lo, hi))
+                names.append(name)
+    fed = np.zeros(len(steps), dtype=bool)
+    unplaced = [False] * len(steps)
+    pieces: list[tuple[int, int, int, int, bool]] = []
+    if inspector is not None:
+        for i, s in enumerate(steps):
+            fed[i] = inspector.has_feed(s.job, s.rank)
+            for piece in inspector.collectives_in(s.job, s.rank, s.begin_ns, s.end_ns):
+                pieces.append((i, piece.lo_ns, piece.hi_ns, piece.bytes, piece.counted))
+                unplaced[i] = unplaced[i] or not piece.placed
+    m = np.array(marked, dtype=np.int64).reshape(-1, 4)
+    q = np.array(pieces, dtype=np.int64).reshape(-1, 5)
+    ph = np.array(spans, dtype=np.int64).reshape(-1, 3)
+    return (Intervals(m[:, 0], m[:, 1], m[:, 2], m[:, 3].astype(np.float64)),
+            Intervals(q[:, 0], q[:, 1], q[:, 2], q[:, 3].astype(np.float64), q[:, 4].astype(bool)),
+            Intervals.spans(ph[:, 0], ph[:, 1], ph[:, 2]), names, fed, unplaced)
+
+
 def summarize(
-    steps: Sequence[ClosedStep], node: str, samples: Sequence[Sample], device: DeviceInfo | None, period_ns: int
+    steps: Sequence[ClosedStep], node: str, samples: Sequence[Sample], device: DeviceInfo | None, period_ns: int,
+    inspector: InspectorFeed | None = None,
 ) -> list[pb.StepSummary]:
-    """Summaries of steps that ran on one GPU, from that GPU's samples (time-sorted)."""
+    """Summaries of steps that ran on one GPU, from that GPU's samples (time-sorted) and, for ranks
+    it covers, the Inspector's collectives (``chopper.attribution.collective_source``)."""
     n = len(steps)
     base = min(steps[0].begin_ns, samples[0].ts_ns) if samples else steps[0].begin_ns
     b = np.array([s.begin_ns - base for s in steps], dtype=np.float64)
@@ -54,16 +93,10 @@ def summarize(
         fig = window_figures(_timeline(samples, base, period_ns), b, e)
     else:
         fig = {k: np.full(n, np.nan) for k in FIGURES}
-    intervals = [(i, coll, lo, hi, name) for i, s in enumerate(steps) for coll, lo, hi, name in s.intervals]
-    index = np.array([iv[0] for iv in intervals], dtype=np.int64)
-    is_coll = np.array([iv[1] for iv in intervals], dtype=bool)
-    lo = np.array([iv[2] for iv in intervals], dtype=np.int64)
-    hi = np.array([iv[3] for iv in intervals], dtype=np.int64)
-    exposed, collective = exposed_comm.collective_seconds(n, index, is_coll, lo, hi)
-    phase = ~is_coll
-    phase_times = phases.phase_seconds(
-        n, index[phase], [iv[4] for iv in intervals if not iv[1]], lo[phase], hi[phase]
-    )
+    marked, insp, phase, phase_names, fed, unplaced = _collectives(steps, inspector)
+    coll = step_collectives(n, marked, insp, phase, fed)
+    exposed = coll["exposed_s"]
+    phase_times = phases.phase_seconds(n, phase.row, phase_names, phase.lo_ns, phase.hi_ns)
     nan = float("nan")
     terms = rank_terms(
         (e - b) / 1e9, fig, exposed, np.full(n, device.max_gfx_clock_mhz if device else nan),
@@ -78,11 +111,16 @@ def summarize(
             job=s.job, node=node, rank=s.rank, gpu=s.gpu, step=s.step, begin_ns=s.begin_ns, end_ns=s.end_ns,
             flops=s.flops, tokens=s.tokens, phases=s.phases, collectives=s.collectives,
             clock=pb.CLOCK_SOURCE_DEVICE if s.device_clock else pb.CLOCK_SOURCE_CPU,
-            collective_s=float(collective[i]), **figures,
+            collective_s=float(coll["collective_s"][i]), collective_bytes=float(coll["collective_bytes"][i]),
+            inspector_collective_s=float(coll["inspector_collective_s"][i]),
+            inspector_bytes=float(coll["inspector_bytes"][i]), inspector_collectives=int(coll["inspector_count"][i]),
+            collective_source=int(coll["source"][i]), **figures,
         )
         summary.mean_power_w = summary.energy_j / summary.step_time_s if summary.step_time_s > 0 else float("nan")
         summary.flags.extend(flags[i] if s.device_clock else (*flags[i], "cpu_clock"))
         summary.flags.extend(s.flags)
+        if unplaced[i]:
+            summary.flags.append(INSPECTOR_UNPLACED)
         summary.phase_times.extend(pb.PhaseTime(name=k, seconds=v) for k, v in phase_times[i].items())
         out.append(summary)
     return out

@@ -92,6 +92,17 @@ class CollectiveInterval:
     placed: bool
 
 
+@dataclass(frozen=True, slots=True)
+class StepPiece:
+    """The part of one collective inside one step, ns; ``counted``: the collective ended in this step."""
+
+    lo_ns: int
+    hi_ns: int
+    bytes: int
+    counted: bool
+    placed: bool
+
+
 @dataclass(slots=True)
 class CollectiveTotals:
     """What the records of one ``(job, collective, size bucket)`` add up to; seconds, bytes."""
@@ -240,8 +251,12 @@ class InspectorFeed:
             entry = self._ranks.get((job, rank))
             return entry is None or entry.latest_dump_ns >= end_ns
 
-    def collectives_in(self, job: str, rank: int, begin_ns: int, end_ns: int) -> list[CollectiveInterval]:
-        """The rank's intervals that overlap ``[begin_ns, end_ns]``, clipped to it, oldest first."""
+    def collectives_in(self, job: str, rank: int, begin_ns: int, end_ns: int) -> list[StepPiece]:
+        """The rank's intervals that overlap the step ``[begin_ns, end_ns]``, clipped to it.
+
+        As offline (``chopper.attribution.collective_source.clip_to_steps``), a record counts, with its
+        bytes, in the step where it ended; a piece of one that ended later carries no bytes and no count.
+        """
         with self._lock:
             entry = self._ranks.get((job, rank))
             if entry is None:
@@ -250,9 +265,10 @@ class InspectorFeed:
             for iv in reversed(entry.intervals):
                 if iv.end_ns < begin_ns - LOOKBACK_SLACK_NS:
                     break
-                if iv.end_ns > begin_ns and iv.begin_ns < end_ns:
-                    picked.append(CollectiveInterval(max(iv.begin_ns, begin_ns), min(iv.end_ns, end_ns), iv.bytes,
-                                                     iv.collective, iv.placed))
+                ends_here = begin_ns <= iv.end_ns <= end_ns
+                if ends_here or (iv.end_ns > begin_ns and iv.begin_ns < end_ns):
+                    picked.append(StepPiece(max(iv.begin_ns, begin_ns), min(iv.end_ns, end_ns),
+                                            iv.bytes if ends_here else 0, ends_here, iv.placed))
         picked.reverse()
         return picked
 

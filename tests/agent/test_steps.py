@@ -16,7 +16,7 @@ def step(
     gpu: int = 0, begin: float = 1.5, end: float = 3.5, flops: float = 2e14, device_clock: bool = True
 ) -> ClosedStep:
     # forward 1.5-2.5 s, then an all_reduce 2.5-3.0 s that no phase covers.
-    intervals = ((False, int(1.5 * S), int(2.5 * S), "forward"), (True, int(2.5 * S), int(3.0 * S), "all_reduce"))
+    intervals = ((False, int(1.5 * S), int(2.5 * S), "forward", 0), (True, int(2.5 * S), int(3.0 * S), "all_reduce", 0))
     return ClosedStep("j", 0, gpu, 7, int(begin * S), int(end * S), flops, 1000, intervals, device_clock)
 
 
@@ -68,8 +68,8 @@ def test_queue_waits_for_covering_sample_or_timeout() -> None:
 def test_collective_time_counts_hidden_and_exposed_collectives_once() -> None:
     # all_reduce 2.0-2.8 s half inside forward (1.5-2.5 s), a second one 2.6-3.0 s overlapping it:
     # union 2.0-3.0 s = 1 s of collectives, 0.5 s of it outside every phase.
-    intervals = ((False, int(1.5 * S), int(2.5 * S), "forward"), (True, int(2.0 * S), int(2.8 * S), "all_reduce"),
-                 (True, int(2.6 * S), int(3.0 * S), "all_reduce"))
+    intervals = ((False, int(1.5 * S), int(2.5 * S), "forward", 0), (True, int(2.0 * S), int(2.8 * S), "all_reduce", 0),
+                 (True, int(2.6 * S), int(3.0 * S), "all_reduce", 0))
     closed = ClosedStep("j", 0, 0, 7, int(1.5 * S), int(3.5 * S), 2e14, 1000, intervals, True)
     (s,) = summarize([closed], "n", samples(), DEVICE, period_ns=S)
     assert s.collective_s == pytest.approx(1.0) and s.exposed_comm_s == pytest.approx(0.5)
@@ -82,8 +82,8 @@ def test_collective_time_counts_hidden_and_exposed_collectives_once() -> None:
 
 def test_summary_carries_phase_times_as_unions_per_name() -> None:
     # forward 1.5-2.0 and again 2.2-2.5 inside a user phase "train" 1.5-2.5; the all_reduce is no phase.
-    intervals = ((False, int(1.5 * S), int(2.5 * S), "train"), (False, int(1.5 * S), int(2.0 * S), "forward"),
-                 (False, int(2.2 * S), int(2.5 * S), "forward"), (True, int(2.5 * S), int(3.0 * S), "all_reduce"))
+    intervals = ((False, int(1.5 * S), int(2.5 * S), "train", 0), (False, int(1.5 * S), int(2.0 * S), "forward", 0),
+                 (False, int(2.2 * S), int(2.5 * S), "forward", 0), (True, int(2.5 * S), int(3.0 * S), "all_reduce", 0))
     closed = ClosedStep("j", 0, 0, 7, int(1.5 * S), int(3.5 * S), 2e14, 1000, intervals, True)
     (s,) = summarize([closed], "n", samples(), DEVICE, period_ns=S)
     assert {p.name: p.seconds for p in s.phase_times} == pytest.approx({"forward": 0.8, "train": 1.0})
@@ -96,7 +96,7 @@ def test_rank_figures_bound_the_phase_names() -> None:
 
     figures = RankFigures()
     for i in range(MAX_PHASE_SERIES + 10):
-        closed = ClosedStep("j", 0, -1, i, 0, 2 * S, 0.0, 0, ((False, 0, S, f"p{i}"), (False, 0, S // 2, "p0")), False)
+        closed = ClosedStep("j", 0, -1, i, 0, 2 * S, 0.0, 0, ((False, 0, S, f"p{i}", 0), (False, 0, S // 2, "p0", 0)), False)
         (s,) = summarize([closed], "n", [], None, period_ns=S)
         figures.add(s)
     phases = figures.snapshot(0).phase_s

@@ -97,7 +97,7 @@ def _check_ingest(ingest: MarkerIngest, batch: pb.MarkerBatch) -> None:
     assert len(result.errors) <= markers.MAX_ERRORS_REPORTED and all(result.errors)
     for closed in result.closed_steps:
         assert closed.begin_ns <= closed.end_ns
-        assert all(closed.begin_ns <= b <= e <= closed.end_ns for _, b, e, _ in closed.intervals)
+        assert all(closed.begin_ns <= b <= e <= closed.end_ns for _, b, e, _, _ in closed.intervals)
     for state in ingest.ranks.values():
         held = sum(map(len, state.open_phases.values())) + sum(map(len, state.open_collectives.values()))
         assert held <= markers.MAX_OPEN_INTERVALS
