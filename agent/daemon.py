@@ -213,13 +213,14 @@ class Agent:
         self.workloads = build_tracker(
             settings.job_mapping_dir, settings.pod_resources_socket, settings.workload_refresh_s
         )
-        # Step summaries to the aggregator replicas, from its own threads (never the sampler's).
+        # Step summaries (and where the ranks are) to the aggregator replicas, from its own threads
+        # (never the sampler's).
         self.delivery: Forwarder | None = None
         if settings.aggregators:
             self.delivery = Forwarder(
                 self.summaries, settings.node, settings.aggregators, batch=settings.delivery_batch,
                 interval_s=settings.delivery_interval_s, resolve_s=settings.delivery_resolve_s,
-                tls=delivery_tls(settings),
+                tls=delivery_tls(settings), positions=self.rank_positions,
             )
         # The threads of the parts above, started and stopped together.
         self._threads: list[_Threaded] = [

@@ -30,6 +30,12 @@ The router itself reads the buffer at least every ``delivery_interval_s``; if it
 buffer behind (100,000 summaries), the missed summaries were never routed and are counted under
 ``replica=""``.
 
+Positions. With ``positions`` (the agent's ``rank_positions``), each stream also sends where the
+agent's ranks are (``SummaryBatch.positions``, docs/HANGS.md) every ``POSITIONS_INTERVAL_S`` (or
+``delivery_interval_s`` if longer): those of the jobs the replica owns, in the next batch of
+summaries or in a batch of their own, since a hung job makes no summaries. They are not
+sequenced: the replica keeps the newest, and one lost in a cut is replaced a second later.
+
 Transport. Plaintext by default; with ``aggregator_tls_ca`` (and ``aggregator_tls_cert``/``key``
 for mutual TLS) every stream is TLS, the replica's certificate checked against the configured
 name: ``host`` of ``host:port``, or the service name of ``dns:///name:port`` (the resolved pod
@@ -68,6 +74,8 @@ INFLIGHT_BATCHES = 4
 READ_CHUNK = 8192
 # Reconnect backoff, doubling from the first to the second figure, seconds.
 BACKOFF_S = (0.2, 5.0)
+# How often each stream sends its replica where the ranks are, s (at least delivery_interval_s).
+POSITIONS_INTERVAL_S = 1.0
 UNROUTED = ""
 
 
@@ -162,6 +170,8 @@ class Forwarder:
         incarnation: Id of this agent process (random by default).
         getaddrinfo: Name resolution (injected in tests).
         tls: TLS (and client certificate) for the replicas; None: plaintext.
+        positions: Where the agent's ranks are now (``Agent.rank_positions``), read from the
+            sender threads; None: no positions are sent.
     """
 
     def __init__(
@@ -175,8 +185,11 @@ class Forwarder:
         incarnation: str | None = None,
         getaddrinfo: Callable[..., list] = socket.getaddrinfo,
         tls: ClientTLS | None = None,
+        positions: Callable[[], list[pb.RankPosition]] | None = None,
     ) -> None:
         self.buffer = buffer
+        self._positions = positions
+        self.positions_interval_s = max(interval_s, POSITIONS_INTERVAL_S)
         self.agent = agent
         self.incarnation = incarnation or uuid.uuid4().hex
         self.entries = parse_targets(targets)
@@ -392,29 +405,47 @@ class Forwarder:
         """The batches of one stream: a handshake, then summaries as they are routed here.
 
         A batch without summaries also goes out when the loss count changed and nothing else
-        would carry it soon, so the replica's ledger agrees with the agent without new traffic.
+        would carry it soon, so the replica's ledger agrees with the agent without new traffic,
+        and when positions are due (module docstring) and no summary would carry them.
         """
         with self._lock:
             r = self.replicas[address]
             reported = r.lost_total
         yield apb.SummaryBatch(agent=self.agent, incarnation=self.incarnation, lost_total=reported)
         window = INFLIGHT_BATCHES * self.batch
+        positions_due_at = 0.0 if self._positions is not None else float("inf")
         while True:
             with self._cond:
                 while True:
                     if self._stop.is_set() or r.stream_id != stream_id or (r.retiring and r.pending == 0):
                         return
                     sendable = bool(r.queued) and len(r.inflight) < window
-                    if sendable or r.lost_total != reported:
+                    wait_s = positions_due_at - time.monotonic()
+                    if sendable or r.lost_total != reported or wait_s <= 0:
                         break
-                    self._cond.wait(1.0)
+                    self._cond.wait(min(1.0, wait_s))
                 batch = self._take(r) if sendable else None
-                if batch is None and r.lost_total != reported:
+                lost_changed = r.lost_total != reported
+                if batch is None:
                     batch = apb.SummaryBatch(agent=self.agent, incarnation=self.incarnation, lost_total=r.lost_total)
-                if batch is not None:
-                    reported = batch.lost_total
-            if batch is not None:
+            if time.monotonic() >= positions_due_at:  # read outside the lock: it takes the agent's marker lock
+                positions_due_at = time.monotonic() + self.positions_interval_s
+                batch.positions.extend(self._positions_for(address))
+            if batch.seq or batch.positions or lost_changed:
+                reported = batch.lost_total
                 yield batch
+
+    def _positions_for(self, address: str) -> list[pb.RankPosition]:
+        """Where the ranks of the jobs that ``address`` owns are now; [] when reading them fails (logged)."""
+        members = self.membership
+        if self._positions is None or address not in members:
+            return []
+        try:
+            positions = self._positions()
+        except Exception as exc:  # where the ranks are is a side dish; never let it end the stream
+            log.warning("event=delivery_positions_failed error=%r", str(exc))
+            return []
+        return [p for p in positions if route(p.job, members) == address]
 
     def _take(self, r: ReplicaState) -> apb.SummaryBatch | None:
         """Move up to ``batch`` queued numbers to inflight and build their batch (caller holds the lock)."""

@@ -87,7 +87,8 @@ class RunningAggregator:
         self.core = Aggregator(Ledger(), JobTable(30.0, join_s=5.0), self.store, recent_steps_per_job=3,
                                clock=self.clock)
         self.server, port = build_aggregator_server(self.core, "127.0.0.1:0", settings=settings)
-        self.channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+        self.address = f"127.0.0.1:{port}"
+        self.channel = grpc.insecure_channel(self.address)
         self.stub = aggregator_pb2_grpc.AggregatorStub(self.channel)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(AggregatorCollector(self.core, top_k))
