@@ -6,6 +6,11 @@ Layout (DESIGN "A recorded run")::
       devices.parquet   (or devices.csv)   columns: chopper.schema.DEVICE_COLUMNS
       samples.parquet   (or samples.csv)   columns: chopper.schema.SAMPLE_COLUMNS
       markers.parquet   (or markers.csv)   columns: chopper.schema.MARKER_COLUMNS
+      collectives.parquet (or .csv), optional   columns: COLLECTIVE_COLUMNS
+
+``collectives`` holds the NCCL / RCCL Inspector's collective records the agent sent
+(``chopper.v1.CollectiveRecord``, one row each, the same fields); a run without the table (one
+recorded before it existed, or from a node without the Inspector) reads as an empty one.
 
 Parquet and CSV are accepted on input (Parquet wins when a directory holds both); ``write_run``
 always writes Parquet. Units are the data model's: integer nanoseconds, MHz, watts, joules,
@@ -26,7 +31,8 @@ names it and says how to fix it:
    be what they name (a column swapped with another fails here); NaN stays allowed in float
    columns (a value the backend could not read);
 7. ``devices`` holds one row per ``(node, gpu)``;
-8. every ``(node, gpu)`` that has samples has a row in ``devices``.
+8. every ``(node, gpu)`` that has samples has a row in ``devices``;
+9. no collective ends before it begins.
 
 Each error names the file, the column, the first offending row (0-based, in file order, after a
 CSV header) and the fix.
@@ -48,10 +54,19 @@ if TYPE_CHECKING:
     import pandas as pd
 
 TABLES: tuple[str, ...] = ("devices", "samples", "markers")
+# Tables a run may lack; each then reads as empty.
+OPTIONAL_TABLES: tuple[str, ...] = ("collectives",)
+# The fields of chopper.v1.CollectiveRecord, in field order (tests check that they agree).
+COLLECTIVE_COLUMNS: tuple[str, ...] = (
+    "job", "node", "rank", "gpu", "collective", "begin_ns", "end_ns", "placed", "exec_s", "timing_source", "bytes",
+    "algo_bandwidth_gbs", "bus_bandwidth_gbs", "comm_id", "comm_rank", "comm_ranks", "comm_nodes", "seq", "pid",
+    "format_version",
+)
 COLUMNS: dict[str, tuple[str, ...]] = {
     "devices": DEVICE_COLUMNS,
     "samples": SAMPLE_COLUMNS,
     "markers": MARKER_COLUMNS,
+    "collectives": COLLECTIVE_COLUMNS,
 }
 
 # Column types per table. Anything not listed as int or str is float64 (NaN allowed).
@@ -59,12 +74,18 @@ _INT_COLUMNS: dict[str, frozenset[str]] = {
     "devices": frozenset({"gpu", "memory_bytes"}),
     "samples": frozenset({"ts_ns", "gpu"}),
     "markers": frozenset({"ts_ns", "rank", "gpu", "step"}),
+    "collectives": frozenset({"rank", "gpu", "begin_ns", "end_ns", "bytes", "comm_rank", "comm_ranks", "comm_nodes",
+                              "seq", "pid"}),
 }
 _STR_COLUMNS: dict[str, frozenset[str]] = {
     "devices": frozenset({"node", "vendor", "model", "uuid"}),
     "samples": frozenset({"node"}),
     "markers": frozenset({"job", "node", "name", "kind"}),
+    "collectives": frozenset({"job", "node", "collective", "timing_source", "comm_id", "format_version"}),
 }
+# True/false columns: booleans, 0/1 or the words true/false.
+_BOOL_COLUMNS: dict[str, frozenset[str]] = {"collectives": frozenset({"placed"})}
+_BOOL_BY_TEXT = {"true": True, "1": True, "1.0": True, "false": False, "0": False, "0.0": False}
 _KIND_BY_TEXT: dict[str, str] = {}
 for _k in MarkerKind:
     _KIND_BY_TEXT[_k.label] = _k.label
@@ -81,6 +102,7 @@ _AMOUNT = (0.0, math.inf, "a finite amount, not negative")
 _POSITIVE = (math.ulp(0.0), math.inf, "finite and above 0")
 _INDEX = (0, MAX_GPU - 1, f"a local GPU index from 0 to {MAX_GPU - 1}")
 _TIME = (0, 2**63 - 1, "nanoseconds, not negative")
+_COUNT = (0, 2**63 - 1, "a whole number, not negative")
 _ANY = (-math.inf, math.inf, "a finite number")
 # (lowest, highest, what it must be) per column, inclusive; float columns also refuse ±inf (NaN is
 # "not read" and always allowed). A column not listed accepts any value of its type.
@@ -100,6 +122,15 @@ BOUNDS: dict[str, dict[str, tuple[float, float, str]]] = {
         "gpu": (-1, MAX_GPU - 1, f"a local GPU index from 0 to {MAX_GPU - 1}, or -1 (unknown device)"),
         "flops": _AMOUNT, "tokens": _AMOUNT, "bytes": _AMOUNT,
     },
+    "collectives": {
+        # -1: the agent could not tell the rank or the GPU of the process (docs/INSPECTOR.md).
+        "rank": (-1, 2**31 - 1, "a rank, or -1 (unknown)"),
+        "gpu": (-1, MAX_GPU - 1, f"a local GPU index from 0 to {MAX_GPU - 1}, or -1 (unknown device)"),
+        "begin_ns": _TIME, "end_ns": _TIME, "exec_s": _AMOUNT, "bytes": _COUNT, "algo_bandwidth_gbs": _AMOUNT,
+        "bus_bandwidth_gbs": _AMOUNT, "comm_rank": (-1, 2**31 - 1, "a rank in the communicator, or -1 (unknown)"),
+        "comm_ranks": (0, 2**32 - 1, "a number of ranks, not negative"),
+        "comm_nodes": (0, 2**32 - 1, "a number of nodes, not negative"), "seq": _COUNT, "pid": _COUNT,
+    },
 }
 
 
@@ -118,12 +149,15 @@ class RecordedRun:
             (stable, so rows with equal timestamps keep file order).
         markers: One row per event, columns ``MARKER_COLUMNS``, sorted by ``ts_ns`` (stable);
             ``kind`` holds the lower-case labels (``step_begin`` ...).
+        collectives: One row per Inspector collective record, columns ``COLLECTIVE_COLUMNS``,
+            sorted by ``begin_ns`` (stable); empty when the run has no such table.
     """
 
     path: Path
     devices: pd.DataFrame
     samples: pd.DataFrame
     markers: pd.DataFrame
+    collectives: pd.DataFrame
 
 
 def table_files(path: str | Path, table: str) -> tuple[Path, Path]:
@@ -137,7 +171,7 @@ def read_run(path: str | Path) -> RecordedRun:
 
     Args:
         path: Directory holding ``devices``, ``samples`` and ``markers`` as ``.parquet`` or
-            ``.csv``.
+            ``.csv``, and optionally ``collectives``.
 
     Returns:
         The validated run; see ``RecordedRun`` for column types and ordering.
@@ -154,15 +188,19 @@ def read_run(path: str | Path) -> RecordedRun:
         raise RunDirError(f"recorded run {str(base)!r} is a file, not a directory; pass the directory "
                           "that holds devices/samples/markers (.parquet or .csv)")
     frames = {table: _read_table(base, table) for table in TABLES}
+    frames.update({table: _read_table(base, table) if any(f.exists() for f in table_files(base, table))
+                   else _empty(table) for table in OPTIONAL_TABLES})
     for table, frame in frames.items():
         _check_bounds(table, frame, _source(base, table))
     _check_one_row_per_device(frames["devices"], _source(base, "devices"))
     _check_sample_gpus(frames["devices"], frames["samples"])
+    _check_collective_order(frames["collectives"], _source(base, "collectives"))
     return RecordedRun(
         path=base,
         devices=frames["devices"],
         samples=frames["samples"].sort_values("ts_ns", kind="stable", ignore_index=True),
         markers=frames["markers"].sort_values("ts_ns", kind="stable", ignore_index=True),
+        collectives=frames["collectives"].sort_values("begin_ns", kind="stable", ignore_index=True),
     )
 
 
@@ -171,6 +209,7 @@ def write_run(
     devices: pd.DataFrame | Sequence[Any],
     samples: pd.DataFrame | Sequence[Any],
     markers: pd.DataFrame | Sequence[Any],
+    collectives: pd.DataFrame | Sequence[Any] | None = None,
 ) -> Path:
     """Validate and write a recorded run as Parquet (``devices.parquet`` ...).
 
@@ -182,6 +221,8 @@ def write_run(
             device columns.
         samples: Same for ``Sample`` rows.
         markers: Same for marker rows; ``kind`` may be a ``MarkerKind``, its label or its value.
+        collectives: Same for Inspector collective rows (``COLLECTIVE_COLUMNS``); None writes no
+            ``collectives`` table and removes one left from an earlier run in ``path``.
 
     Returns:
         The run directory.
@@ -191,15 +232,27 @@ def write_run(
     """
     base = Path(path)
     given = {"devices": devices, "samples": samples, "markers": markers}
+    if collectives is not None:
+        given["collectives"] = collectives
     frames = {table: _normalise(table, _to_frame(table, rows), source=f"{table} (argument)")
               for table, rows in given.items()}
     _check_sample_gpus(frames["devices"], frames["samples"])
+    if "collectives" in frames:
+        _check_collective_order(frames["collectives"], "collectives (argument)")
     base.mkdir(parents=True, exist_ok=True)
-    for table, frame in frames.items():
+    for table in (*TABLES, *OPTIONAL_TABLES):
         parquet, csv = table_files(base, table)
-        frame.to_parquet(parquet, index=False)
+        if table in frames:
+            frames[table].to_parquet(parquet, index=False)
+        else:
+            parquet.unlink(missing_ok=True)
         csv.unlink(missing_ok=True)
     return base
+
+
+def _empty(table: str) -> pd.DataFrame:
+    """The table with its columns and types and no rows."""
+    return _normalise(table, _to_frame(table, []), source=f"{table} (empty)")
 
 
 def _source(base: Path, table: str) -> str:
@@ -292,6 +345,8 @@ def _normalise(table: str, frame: pd.DataFrame, source: str) -> pd.DataFrame:
         values = frame[col]
         if col == "kind" and table == "markers":
             out[col] = _kinds(values, source)
+        elif col in _BOOL_COLUMNS.get(table, ()):
+            out[col] = _bools(values, col, source)
         elif col in _STR_COLUMNS[table]:
             out[col] = values.astype(object).where(values.notna(), "").map(str).astype(str)
         else:
@@ -347,6 +402,32 @@ def _kinds(values: pd.Series, source: str) -> pd.Series:
             raise RunDirError(f"{source}: unknown marker kind {v!r}; use one of {', '.join(KIND_LABELS)} "
                               f"or their integer values 1–{len(KIND_LABELS)}")
     return pd.Series(labels, index=values.index, dtype=str)
+
+
+def _bools(values: pd.Series, col: str, source: str) -> pd.Series:
+    """A true/false column as bool, or a ``RunDirError`` naming the first value that is neither."""
+    import pandas as pd
+
+    if values.dtype == bool:
+        return values.astype(bool)
+    parsed = [_BOOL_BY_TEXT.get(str(v).strip().lower()) for v in values]
+    for row, (v, b) in enumerate(zip(values, parsed, strict=True)):
+        if b is None:
+            raise RunDirError(f"{source}: column {col} must be true or false (or 1/0); row {row} has {v!r}")
+    return pd.Series(parsed, index=values.index, dtype=bool)
+
+
+def _check_collective_order(collectives: pd.DataFrame, source: str) -> None:
+    """Refuse a collective whose end lies before its begin (the two columns were swapped, or the clocks)."""
+    import numpy as np
+
+    backwards = np.flatnonzero(collectives["end_ns"].to_numpy() < collectives["begin_ns"].to_numpy())
+    if backwards.size:
+        row = int(backwards[0])
+        raise RunDirError(
+            f"{source}: row {row} ends before it begins (begin_ns={int(collectives['begin_ns'].iloc[row])}, "
+            f"end_ns={int(collectives['end_ns'].iloc[row])}; {backwards.size} such row(s)); a collective's "
+            "end_ns must be at or after its begin_ns: fix those rows or re-export the collectives table")
 
 
 def _check_sample_gpus(devices: pd.DataFrame, samples: pd.DataFrame) -> None:

@@ -8,8 +8,10 @@ import pandas as pd
 import pytest
 
 from chopper.attribution import AttributionError, attribute
-from chopper.runs.rundir import _INT_COLUMNS, BOUNDS, RunDirError, read_run, write_run
+from chopper.proto.chopper.v1 import agent_pb2 as pb
+from chopper.runs.rundir import _INT_COLUMNS, BOUNDS, COLLECTIVE_COLUMNS, RunDirError, read_run, write_run
 from chopper.schema import DEVICE_COLUMNS, MARKER_COLUMNS, SAMPLE_COLUMNS, DeviceInfo, MarkerKind, Sample
+from tests.support.hazards import HazardOutcome
 
 T0 = 1_700_000_000_123_456_789  # above 2**53: must survive without a float round trip
 
@@ -37,6 +39,15 @@ def _markers() -> list[dict]:
         dict(ts_ns=T0 + 9, job="j", node="n1", rank=0, gpu=0, kind=2, step=1, name="",
              flops=1e15, tokens=4096.0, bytes=np.nan),
     ]
+
+
+def _collectives() -> list[dict]:
+    """Two Inspector records of rank 0 as the agent sends them (values as in CollectiveRecord)."""
+    row = dict(job="j", node="n1", rank=0, gpu=0, collective="AllReduce", begin_ns=T0 + 5, end_ns=T0 + 8,
+               placed=True, exec_s=3e-9, timing_source="kernel_gpu", bytes=2**40 + 1, algo_bandwidth_gbs=1.5,
+               bus_bandwidth_gbs=2.625, comm_id="0x7f3a", comm_rank=0, comm_ranks=8, comm_nodes=1, seq=41, pid=4242,
+               format_version="v4.0")
+    return [row, {**row, "begin_ns": T0 + 1, "end_ns": T0 + 2, "placed": False, "seq": 40}]
 
 
 @pytest.fixture
@@ -184,7 +195,7 @@ _BOUNDED = [(t, c, v) for t in BOUNDS for c in BOUNDS[t] for v in _out_of_range(
 @pytest.mark.parametrize(("table", "column", "value"), _BOUNDED)
 def test_every_column_out_of_range_is_named(tmp_path: Path, table: str, column: str, value: float) -> None:
     """Every bounded column of every table, just outside its range or infinite: file, column, row and fix."""
-    run = write_run(tmp_path / "run", _devices(), _samples(), _markers())
+    run = write_run(tmp_path / "run", _devices(), _samples(), _markers(), _collectives())
     path = run / f"{table}.parquet"
     frame = pd.read_parquet(path)
     frame[column] = frame[column].astype(np.int64 if isinstance(value, int) else np.float64)
@@ -208,3 +219,77 @@ def test_ratios_a_rounding_error_above_one_are_kept(tmp_path: Path) -> None:
     samples[0].busy_ratio = 1.0000000000000002  # a time-weighted average of ones
     run = read_run(write_run(tmp_path / "run", _devices(), samples, _markers()))
     assert run.samples["busy_ratio"].max() == 1.0000000000000002
+
+
+def test_collective_columns_are_the_records_fields() -> None:
+    assert tuple(f.name for f in pb.CollectiveRecord.DESCRIPTOR.fields) == COLLECTIVE_COLUMNS
+
+
+def test_collectives_round_trip_sorted_by_begin(tmp_path: Path) -> None:
+    run = read_run(write_run(tmp_path / "run", _devices(), _samples(), _markers(), _collectives()))
+    assert tuple(run.collectives.columns) == COLLECTIVE_COLUMNS
+    assert run.collectives["seq"].tolist() == [40, 41]
+    assert run.collectives["placed"].tolist() == [False, True]
+    assert run.collectives["bytes"].tolist() == [2**40 + 1] * 2
+    assert int(run.collectives["end_ns"].iloc[1]) == T0 + 8
+    # As CSV, with the flag spelled as text and 0/1.
+    csv = run.collectives.astype({"placed": object})
+    csv["placed"] = ["False", "1"]
+    csv.to_csv(run.path / "collectives.csv", index=False)
+    (run.path / "collectives.parquet").unlink()
+    again = read_run(run.path)
+    pd.testing.assert_frame_equal(again.collectives, run.collectives)
+
+
+def test_a_run_without_collectives_reads_as_an_empty_table(run_dir: Path) -> None:
+    run = read_run(run_dir)
+    assert tuple(run.collectives.columns) == COLLECTIVE_COLUMNS and run.collectives.empty
+    assert run.collectives["begin_ns"].dtype == np.int64 and run.collectives["placed"].dtype == bool
+    # A run written again without collectives does not keep an earlier run's table.
+    write_run(run_dir, _devices(), _samples(), _markers(), _collectives())
+    write_run(run_dir, _devices(), _samples(), _markers())
+    assert not (run_dir / "collectives.parquet").exists()
+
+
+def _refusal(tmp_path: Path, change: dict, csv: bool = False) -> str:
+    """The message read_run gives for a collectives table whose row 1 has ``change``."""
+    run = write_run(tmp_path / "run", _devices(), _samples(), _markers(), _collectives())
+    frame = pd.read_parquet(run / "collectives.parquet").astype(object)
+    for column, value in change.items():
+        frame.loc[1, column] = value
+    if csv:
+        (run / "collectives.parquet").unlink()
+        frame.to_csv(run / "collectives.csv", index=False)
+    else:
+        frame.to_parquet(run / "collectives.parquet", index=False)
+    with pytest.raises(RunDirError) as err:
+        read_run(run)
+    return str(err.value)
+
+
+@pytest.mark.hazard(item=1, input="collectives tables with a row that ends before it begins, a placed flag that is "
+                    "neither true nor false, bytes beyond 64 bits, a text rank, a missing column",
+                    promise="the run is refused with the file, the column or row and the fix; a run without the "
+                    "table reads as an empty one")
+def test_bad_collective_rows_are_refused_naming_the_fix(tmp_path: Path, hazard: HazardOutcome) -> None:
+    messages = {
+        "backwards": _refusal(tmp_path / "a", {"begin_ns": T0 + 9}),
+        "placed": _refusal(tmp_path / "b", {"placed": "maybe"}, csv=True),
+        "bytes": _refusal(tmp_path / "c", {"bytes": str(2**64 - 1)}, csv=True),
+        "rank": _refusal(tmp_path / "d", {"rank": "zero"}, csv=True),
+    }
+    assert "collectives.parquet: row 1 ends before it begins" in messages["backwards"]
+    assert "end_ns must be at or after its begin_ns" in messages["backwards"]
+    assert "collectives.csv: column placed must be true or false (or 1/0); row 1 has 'maybe'" in messages["placed"]
+    assert "column bytes must hold whole numbers" in messages["bytes"] and "row 1" in messages["bytes"]
+    assert "column rank has non-numeric value 'zero' (row 1)" in messages["rank"]
+    run = write_run(tmp_path / "e", _devices(), _samples(), _markers(), _collectives())
+    pd.read_parquet(run / "collectives.parquet").drop(columns=["seq"]).to_parquet(run / "collectives.parquet")
+    with pytest.raises(RunDirError, match=r"collectives\.parquet: missing column\(s\) seq; the collectives table "
+                       "must have exactly the columns"):
+        read_run(run)
+    with pytest.raises(RunDirError, match=r"collectives \(argument\): row 0 ends before it begins"):
+        write_run(tmp_path / "f", _devices(), _samples(), _markers(),
+                  [{**_collectives()[0], "end_ns": T0}])
+    hazard.outcome = (f"{len(messages) + 2} bad collectives tables refused, each naming the file or argument, the "
+                      "row or column and the fix; a run without the table read as 0 collectives")
