@@ -23,7 +23,11 @@ not idle, as on real devices, and its time is not counted as idle and exposed at
 A sample's ratios are the time-weighted means over its interval (markers split the interval at
 their timestamps). ``a`` is the activity factor that drives dynamic power. A collective's bytes
 (from its begin or end marker) are added to ``link_tx_bytes`` and ``link_rx_bytes`` at
-``LINK_BYTES_PER_S`` while it runs, and whatever is left when it ends.
+``LINK_BYTES_PER_S`` while it runs, and whatever is left when it ends. ``Sample.links`` splits
+them evenly over the GPU's simulated links (``links_for``): on an AMD model one XGMI link per
+peer of the node (seven in an 8-GPU hive), on an NVIDIA model the 18 NVLink4 links that connect
+an H100/H200 SXM5 to the NVSwitches; NCCL and RCCL stripe a collective over every link, so an
+even split is what those topologies show.
 
 Physics, per GPU, integrated over the elapsed time between ``sample`` calls in sub-steps of at
 most 1 s (the first call covers a nominal 0.1 s). Units: MHz, W, °C, s, J.
@@ -69,7 +73,7 @@ import numpy as np
 
 from agent.backends.base import BackendError
 from agent.backends.specs import SPECS
-from chopper.schema import DeviceInfo, MarkerKind, Sample
+from chopper.schema import DeviceInfo, LinkBytes, MarkerKind, Sample
 
 NOMINAL_FIRST_DT_S = 0.1
 MAX_SUBSTEP_S = 1.0
@@ -84,6 +88,11 @@ VF_EXPONENT = 2.5
 LEAK_PER_C = 0.004
 F_IDLE_FRACTION = 0.15
 F_MIN_FRACTION = 0.2
+
+# NVLink4 links of an H100 / H200 SXM5, all to the NVSwitches; XGMI links per AMD GPU at most
+# (an MI300X platform wires seven, one to each peer of its 8-GPU hive).
+NVLINKS_PER_GPU = 18
+MAX_XGMI_PEERS = 7
 
 IDLE, STEP, COLLECTIVE, COMPUTE = 0, 1, 2, 3
 # Per state: busy, matrix, memory-controller busy, power activity factor a. COMPUTE's busy is
@@ -168,6 +177,11 @@ class _Gpu:
         return moved
 
 
+def links_for(vendor: str, gpus: int) -> int:
+    """Links each simulated GPU has: 18 NVLinks on NVIDIA, one XGMI link per peer (1 to 7) on AMD."""
+    return NVLINKS_PER_GPU if vendor == "nvidia" else max(1, min(gpus - 1, MAX_XGMI_PEERS))
+
+
 class SimulatedBackend:
     """Simulated GPUs with a DVFS, power-cap and thermal model driven by training markers.
 
@@ -201,6 +215,7 @@ class SimulatedBackend:
         self.power_cap_w = float(spec.tdp_w if power_cap_w is None else power_cap_w)
         self.node, self.spec, self.gpus, self.seed = node, spec, gpus, seed
         self.hot_gpus = tuple(sorted(set(hot_gpus)))
+        self.links = links_for(spec.vendor, gpus)
         self.ignored_markers = 0
         rng = np.random.default_rng(seed)
         n = gpus
@@ -329,9 +344,11 @@ class SimulatedBackend:
         rows = zip(clock.tolist(), busy.tolist(), matrix.tolist(), mem_busy.tolist(), power.tolist(),
                    self._energy.tolist(), self._temp.tolist(), mem_used.tolist(), self._link.tolist(),
                    self._pcie.tolist(), self._thr_power.tolist(), self._thr_thermal.tolist(), strict=True)
-        node, mclk = self.node, spec.mem_clock_mhz
+        node, mclk, links = self.node, spec.mem_clock_mhz, range(self.links)
+        share = 1.0 / self.links
         return [
-            Sample(now_ns, node, g, c, mclk, b, m, mb, p, e, t, mu, lk, lk, pc, 0.5 * pc, tp, tt, 0.0, 0.0)
+            Sample(now_ns, node, g, c, mclk, b, m, mb, p, e, t, mu, lk, lk, pc, 0.5 * pc, tp, tt, 0.0, 0.0,
+                   tuple([LinkBytes(k, lk * share, lk * share) for k in links]))
             for g, (c, b, m, mb, p, e, t, mu, lk, pc, tp, tt) in enumerate(rows)
         ]
 

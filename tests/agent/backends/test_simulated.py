@@ -224,3 +224,18 @@ def test_sample_cost_is_small() -> None:
     per_call = min(runs)
     # 100 Hz must stay well under 1 % of a core (100 µs per call); generous for slow CI.
     assert per_call < 300e-6, runs
+
+
+@pytest.mark.parametrize(("model", "gpus", "links"), [("MI300X", 8, 7), ("MI300X", 2, 1), ("H100", 8, 18)])
+def test_link_bytes_split_evenly_over_the_gpus_links(model: str, gpus: int, links: int) -> None:
+    b = SimulatedBackend("n", model=model, gpus=gpus)
+    b.open()
+    b.sample(T0)
+    b.observe_marker(0, K.STEP_BEGIN, "", T0 + 1, 0)
+    b.observe_marker(0, K.COLLECTIVE_BEGIN, "allreduce", T0 + 2, 3 * 10**9)
+    s = b.sample(T0 + TICK)[0]
+    assert [k.link for k in s.links] == list(range(links))
+    assert s.link_tx_bytes > 0
+    assert sum(k.tx_bytes for k in s.links) == pytest.approx(s.link_tx_bytes, rel=1e-12)
+    assert sum(k.rx_bytes for k in s.links) == pytest.approx(s.link_rx_bytes, rel=1e-12)
+    assert len({k.tx_bytes for k in s.links}) == 1
