@@ -47,6 +47,8 @@ IDLE_WAIT_S = 0.5
 # far apart (adds at most this much latency).
 BATCH_INTERVAL_S = 0.05
 REJECTION_LOG_INTERVAL_S = 10.0
+# How often subscribers of step summaries are sent where the ranks are (docs/HANGS.md), s.
+POSITIONS_INTERVAL_S = 1.0
 # Unknown-device warnings (one per rank) let through per period; the rest are counted in the next line.
 DEVICE_WARNINGS_PER_PERIOD = 20
 DEVICE_WARNING_PERIOD_S = 60.0
@@ -169,6 +171,8 @@ class AgentServicer:
             )
         cursors = [cursor for _, _, cursor in streams]
         missed_total = 0
+        # A follower of step summaries learns where the ranks are, so it can say where a job that stopped stepping waits.
+        positions_due = time.monotonic() if request.step_summaries else math.inf
         agent.count(agent.open_streams, "Subscribe")
         try:
             while context.is_active():
@@ -180,7 +184,10 @@ class AgentServicer:
                     missed_total += missed
                     backlog |= len(items) == READ_LIMIT
                     getattr(batch, field).extend(items)
-                if batch.samples or batch.markers or batch.step_summaries or batch.collectives:
+                if time.monotonic() >= positions_due:
+                    positions_due = time.monotonic() + POSITIONS_INTERVAL_S
+                    batch.positions.extend(agent.rank_positions())
+                if batch.samples or batch.markers or batch.step_summaries or batch.collectives or batch.positions:
                     batch.missed_total = missed_total
                     yield batch
                     if not backlog:  # catching up on a replay goes full speed
