@@ -1,6 +1,7 @@
 """``chopper``: the command line.
 
-Subcommands: ``demo``, ``info``, ``steps``, ``record``, ``capture``, ``attribute``, ``report``, ``trace``.
+Subcommands: ``demo``, ``info``, ``steps``, ``record``, ``capture``, ``attribute``, ``report``, ``trace``,
+``predict``.
 """
 from __future__ import annotations
 
@@ -85,6 +86,20 @@ def build_parser() -> argparse.ArgumentParser:
                        help="trace files (.json / .json.gz) and/or directories holding them at any depth, one job")
     trace.add_argument("--json", action="store_true", help="print JSON instead of tables")
     trace.add_argument("--top", type=_positive(int), default=10, help="rows of each top-N table (default 10)")
+    predict = sub.add_parser("predict", help="predict step time, tokens/s, MFU and exposed communication at another "
+                                             "world size and bandwidth (docs/PREDICT.md)")
+    predict.add_argument("paths", metavar="RUN_OR_STORE", nargs="+",
+                         help="recorded run directories and/or aggregator store_dirs of the job; several are pooled")
+    predict.add_argument("--world-size", type=int, required=True, help="ranks to predict for")
+    predict.add_argument("--bandwidth", type=float, default=None, help="link bandwidth to predict for, GB/s")
+    predict.add_argument("--run-bandwidth", type=float, action="append", default=None, metavar="GB/s",
+                         help="the bandwidth each input ran at, once per input in order")
+    predict.add_argument("--parallelism", choices=("ddp", "zero1", "zero2", "zero3", "fsdp"), default=None,
+                         help="predict this strategy's collectives instead of those that ran")
+    predict.add_argument("--algorithm", choices=("ring", "tree"), default="ring", help="collective algorithm")
+    predict.add_argument("--latency-us", type=float, default=None, help="fix α (µs per latency step), not fit it")
+    predict.add_argument("--job", default=None, help="only this job")
+    predict.add_argument("--json", action="store_true", help="print JSON instead of text")
     return parser
 
 
@@ -110,6 +125,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _report(args)
     if args.command == "trace":
         return _trace(args)
+    if args.command == "predict":
+        return _predict(args)
     if args.command == "demo":
         from chopper.demo.run import DemoOptions, run_demo
 
@@ -216,6 +233,32 @@ def _trace(args: argparse.Namespace) -> int:
             print(f"chopper trace: warning: {warning}", file=sys.stderr)
     result = analyze(traces, top=args.top)
     print(json.dumps(result, indent=1, allow_nan=False) if args.json else format_text(result), end="\n")
+    return 0
+
+
+def _predict(args: argparse.Namespace) -> int:
+    """``chopper predict``: 2 for bad input, 3 when the data cannot support the prediction."""
+    import json
+
+    from chopper.predict import FitRefused, PredictInputError, PredictionRefused, load_inputs, predict
+    from chopper.predict.report import format_text, to_json
+
+    bandwidths = args.run_bandwidth or [None] * len(args.paths)
+    if len(bandwidths) != len(args.paths):
+        print(f"chopper predict: {len(bandwidths)} --run-bandwidth for {len(args.paths)} inputs; give one per input, "
+              "in order, or none", file=sys.stderr)
+        return 2
+    try:
+        inputs = [load_inputs(p, job=args.job, bandwidth_gbs=b) for p, b in zip(args.paths, bandwidths, strict=True)]
+        alpha = None if args.latency_us is None else args.latency_us * 1e-6
+        result = predict(inputs, args.world_size, args.bandwidth, args.parallelism, args.algorithm, alpha)
+    except PredictInputError as exc:
+        print(f"chopper predict: {exc}", file=sys.stderr)
+        return 2
+    except (PredictionRefused, FitRefused) as exc:
+        print(f"chopper predict: refused: {exc}", file=sys.stderr)
+        return 3
+    print(json.dumps(to_json(result), indent=1, allow_nan=False) if args.json else format_text(result))
     return 0
 
 
