@@ -43,8 +43,12 @@ def build_parser() -> argparse.ArgumentParser:
     info = sub.add_parser("info", help="print an agent's node, backend and devices")
     info.add_argument("--agent", default=DEFAULT_AGENT, help=f"agent gRPC target (default {DEFAULT_AGENT})")
     connect.add_arguments(info)
-    steps = sub.add_parser("steps", help="print step summaries from an agent as they happen")
+    steps = sub.add_parser("steps", help="print step summaries from an agent as they happen, and where the ranks "
+                                         "of a job that stopped stepping wait (docs/HANGS.md)")
     steps.add_argument("--agent", default=DEFAULT_AGENT, help=f"agent gRPC target (default {DEFAULT_AGENT})")
+    steps.add_argument("--stalled-after", type=_positive(float), default=10.0, metavar="SECONDS",
+                       help="say where each rank is once a job has not stepped for this long, and again every "
+                            "SECONDS while it lasts (default 10)")
     connect.add_arguments(steps)
     record = sub.add_parser("record", help="record an agent's devices, samples and markers into a run directory")
     record.add_argument("--agent", default=DEFAULT_AGENT, help=f"agent gRPC target (default {DEFAULT_AGENT})")
@@ -143,7 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                       f"peak={d.peak_flops / 1e12:.1f} TFLOP/s memory={d.memory_bytes / 2**30:.0f} GiB "
                       f"cap={d.power_cap_w:g} W")
             return 0
-        return _follow_steps(args.agent, security)
+        return _follow_steps(args.agent, security, args.stalled_after)
     except consumer.AgentUnreachable as exc:
         print(f"chopper: {exc}", file=sys.stderr)
         return 1
@@ -308,19 +312,25 @@ def _record(args: argparse.Namespace, security: connect.ClientSecurity) -> int:
     return 0
 
 
-def _follow_steps(target: str, security: connect.ClientSecurity) -> int:
+def _follow_steps(target: str, security: connect.ClientSecurity, stalled_after_s: float) -> int:
+    """Print each step summary as it comes, and a line saying where the ranks are for each job that stalled."""
     import grpc
 
+    from chopper.positions import StallNotice
     from chopper.proto.chopper.v1 import agent_pb2 as pb
     from chopper.runs import consumer, steptable
 
     consumer.wait_for_info(target, timeout_s=5.0, security=security)
     channel, stream = consumer.subscribe(target, pb.SubscribeRequest(step_summaries=True), security)
+    notice = StallNotice(stalled_after_s)
     print(steptable.header(), flush=True)
     try:
         for batch in stream:
             for summary in batch.step_summaries:
+                notice.stepped(summary.job)
                 print(steptable.row(summary), flush=True)
+            for line in notice.lines(batch.positions):  # the agent sends positions about once a second
+                print(line, flush=True)
     except KeyboardInterrupt:
         return 0
     except grpc.RpcError as exc:

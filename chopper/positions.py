@@ -11,7 +11,8 @@ Pure and light: no grpc, protobuf or numpy import; a position is anything with t
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -27,6 +28,7 @@ NS = 1_000_000_000
 class Position(Protocol):
     """The fields of ``chopper.v1.RankPosition`` read here (times are CLOCK_REALTIME ns of the rank's node)."""
 
+    job: str
     rank: int
     step: int
     step_begin_ns: int
@@ -121,3 +123,48 @@ def describe(positions: Sequence[Position], max_groups: int = MAX_GROUPS) -> str
     if rest:
         parts.append(f"{rest} more rank{'s' if rest > 1 else ''} elsewhere")
     return "; ".join(parts)
+
+
+class StallNotice:
+    """When a follower of step summaries says where a job's ranks are: once it has not stepped for ``after_s``.
+
+    A job is *stalled* when no summary of it arrived for ``after_s`` (counted from the first
+    time its positions were seen, for a job that never finished a step here) while at least one of
+    its ranks is inside a step. Each stalled job gets a line at most every ``after_s``, so a hang
+    that lasts prints its growing durations, not a flood.
+
+    Args:
+        after_s: Seconds without a step before a job counts as stalled.
+        clock: Monotonic seconds (injected in tests).
+    """
+
+    def __init__(self, after_s: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.after_s = after_s
+        self._clock = clock
+        self._stepped: dict[str, float] = {}  # job -> when its last summary (or its first position) came
+        self._said: dict[str, float] = {}  # job -> when its last line was printed
+
+    def stepped(self, job: str) -> None:
+        """A summary of ``job`` arrived."""
+        self._stepped[job] = self._clock()
+        self._said.pop(job, None)
+
+    def lines(self, positions: Sequence[Position]) -> list[str]:
+        """A line for every stalled job among ``positions`` that is due one, e.g. ``job j: no step for 12 s; ...``."""
+        now = self._clock()
+        by_job: dict[str, list[Position]] = {}
+        for p in positions:
+            by_job.setdefault(p.job, []).append(p)
+        for job in [j for j in self._stepped if j not in by_job]:  # jobs the agent forgot
+            del self._stepped[job]
+            self._said.pop(job, None)
+        out = []
+        for job, ranks in sorted(by_job.items()):
+            quiet_s = now - self._stepped.setdefault(job, now)
+            if quiet_s < self.after_s or all(p.step < 0 for p in ranks):
+                continue
+            if now - self._said.get(job, -float("inf")) < self.after_s:
+                continue
+            self._said[job] = now
+            out.append(f"job {job}: no step for {quiet_s:.0f} s; {describe(ranks)}")
+        return out

@@ -43,3 +43,29 @@ def test_bounded_whatever_the_number_of_places() -> None:
 def test_rank_ranges() -> None:
     assert rank_ranges([10, 0, 1, 2, 3, 7, 9, 3]) == "0-3,7,9-10"
     assert rank_ranges([]) == ""
+
+
+def test_a_stall_is_said_once_it_lasts_and_again_every_period() -> None:
+    from chopper.positions import StallNotice
+
+    now = [0.0]
+    notice = StallNotice(after_s=10.0, clock=lambda: now[0])
+    hung = [pb.RankPosition(job="j", rank=0, step=5, collective="all_reduce", collective_begin_ns=NOW - 12 * NS,
+                            as_of_ns=NOW),
+            pb.RankPosition(job="j", rank=1, step=5, phase="backward", phase_begin_ns=NOW - 13 * NS, as_of_ns=NOW)]
+    idle = [pb.RankPosition(job="k", rank=0, step=-1, last_step=9, last_marker_ns=NOW, as_of_ns=NOW)]
+    notice.stepped("j")
+    assert notice.lines(hung + idle) == []
+    now[0] = 9.0
+    assert notice.lines(hung + idle) == []
+    now[0] = 12.0
+    assert notice.lines(hung + idle) == [
+        "job j: no step for 12 s; rank 0 inside collective all_reduce of step 5 for 12 s; "
+        "rank 1 inside phase backward of step 5 for 13 s"]  # job k has no rank inside a step: not stalled
+    now[0] = 15.0
+    assert notice.lines(hung) == []
+    now[0] = 22.5
+    assert len(notice.lines(hung)) == 1
+    notice.stepped("j")  # it moves again
+    now[0] = 30.0
+    assert notice.lines(hung) == []
