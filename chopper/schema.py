@@ -11,6 +11,7 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass, fields
+from typing import NamedTuple
 
 NAN = math.nan
 
@@ -82,9 +83,11 @@ class DeviceInfo:
 MAX_LINKS = 64
 
 
-@dataclass(frozen=True, slots=True)
-class LinkBytes:
+class LinkBytes(NamedTuple):
     """One NVLink / XGMI link of a GPU at a sample's ``ts_ns``.
+
+    A named tuple, not a dataclass: backends make one per link per GPU per tick (18 per H100),
+    and a tuple is built in half the time of a frozen dataclass.
 
     Attributes:
         link: The link's index as the vendor library numbers it (NVML's link id, the position
