@@ -26,6 +26,7 @@ class Alert:
         description: What is wrong and how it was measured, templated.
         runbook: What to check and do, in order.
         params: The ``RuleParams`` fields this rule uses.
+        doc: More about the rule for ``docs/ALERTS.md`` (markdown), "" for none.
     """
 
     name: str
@@ -36,6 +37,7 @@ class Alert:
     description: str
     runbook: str
     params: tuple[str, ...]
+    doc: str = ""
 
 
 def _dvfs(p: RuleParams) -> Alert:
@@ -106,6 +108,25 @@ def _mfu_drop(p: RuleParams) -> Alert:
     )
 
 
+# Where every rank of the alert's job is, from the agents' position series (docs/HANGS.md): one clause per
+# place the ranks are in (at most 8, the most crowded first), naming up to 16 of its ranks, its step and
+# how long. Prometheus runs these queries when the alert fires; a job without positions adds nothing.
+WHERE_RANKS_ARE = (
+    '{{ range $i, $place := printf "sort_desc(topk(8, count by (kind, name) (' + C.rank_position_seconds
+    + '{job=%q})))" $labels.job | query }}{{ if $i }}; {{ end }}{{ $kind := .Labels.kind }}{{ $name := .Labels.name }}'
+    '{{ .Value }} {{ if eq .Value 1.0 }}rank{{ else }}ranks{{ end }} ('
+    '{{ range $j, $rank := printf "bottomk(16, ' + C.rank_position_seconds + '{job=%q, kind=%q, name=%q})"'
+    ' $labels.job $kind $name | query | sortByLabel "rank" }}{{ if $j }} {{ end }}{{ .Labels.rank }}{{ end }}) '
+    '{{ if eq $kind "between_steps" }}between steps{{ else if eq $kind "step" }}inside step'
+    '{{ else }}inside {{ $kind }} {{ $name }} of step{{ end }}'
+    '{{ with printf "max(' + C.rank_open_step + '{job=%q} and on (node, job, rank, gpu) '
+    + C.rank_position_seconds + '{job=%q, kind=%q, name=%q})" $labels.job $labels.job $kind $name | query }}'
+    ' {{ . | first | value }}{{ end }}'
+    '{{ with printf "max(' + C.rank_position_seconds + '{job=%q, kind=%q, name=%q})" $labels.job $kind $name'
+    ' | query }} for up to {{ . | first | value | humanizeDuration }}{{ end }}{{ end }}'
+)
+
+
 def _stalled(p: RuleParams) -> Alert:
     def by(selector: str) -> str:
         return f"sum by (node, job, rank) ({selector})"
@@ -124,13 +145,20 @@ def _stalled(p: RuleParams) -> Alert:
         "Rank {{ $labels.rank }} of job {{ $labels.job }} is stuck inside a step",
         "Rank {{ $labels.rank }} of job {{ $labels.job }} on {{ $labels.node }} began a step and sent no "
         f"marker for {p.stall_window}, while its agent is up (the rank's series exist only while the "
-        "agent is scraped).",
-        "1. A hang inside a step is usually a collective waiting for a rank that died or hangs: check every "
-        "rank of the job (Job dashboard, step time per rank; which ranks still send markers). 2. Look for "
+        "agent is scraped). Where the job's ranks are: " + WHERE_RANKS_ARE,
+        "1. A hang inside a step is usually a collective waiting for a rank that died or hangs: the "
+        "description says where each rank is; the ranks outside the collective the others wait in are the "
+        "suspects (`chopper steps` on their node, or the aggregator's QuerySteps, says the same, docs/HANGS.md). "
+        "Check every rank of the job (Job dashboard, step time per rank; which ranks still send markers). 2. Look for "
         "NCCL/RCCL timeouts, Xid / GPU reset messages (dmesg) and OOM kills on the nodes of the silent "
         "ranks. 3. py-spy dump the rank's process to see where it waits. 4. A job killed mid-step also "
         "looks like this until the agent restarts: confirm the process is alive before restarting the job.",
         ("stall_window", "stall_for"),
+        "The description says where every rank of the job is, from the agents' `chopper_rank_open_step` and "
+        "`chopper_rank_position_seconds` (docs/HANGS.md): Prometheus runs its queries when the alert fires. "
+        "At most 8 places are named, the most crowded first, each with up to 16 of its ranks, e.g. \"Where the "
+        "job's ranks are: 3 ranks (0 1 2) inside collective all_reduce of step 7 for up to 12m 0s; 1 rank (3) "
+        "inside phase backward of step 7 for up to 12m 30s\": rank 3 is the one to look at.",
     )
 
 

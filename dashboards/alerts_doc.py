@@ -33,6 +33,7 @@ def markdown(p: RuleParams) -> str:
             "",
             f"Severity `{a.severity}`, fires after `{a.for_}`. {a.summary}",
             "",
+            *([a.doc, ""] if a.doc else []),
             "```promql",
             a.expr,
             "```",
