@@ -3,7 +3,8 @@
 The plugin writes ``<dir>/<hostname>-pid<pid>.log`` per process (opened with ``fopen(…, "w")`` at
 its first dump, appended with ``fprintf`` and flushed after each dump), one JSON object per line.
 A ``DumpDirWatcher`` polls one directory (and its immediate subdirectories, for a dump directory
-per job under it) on its own thread and hands each poll's new records to ``on_records``.
+per job under it) on its own thread and hands each poll's new records of each file to
+``on_records(records, path)``, ``path`` relative to the directory (``job42/node-a-pid7.log``).
 
 Each poll:
 
@@ -26,7 +27,7 @@ Each poll:
    newline. Each line goes through ``chopper.inspector.RecordDecoder`` (one per file, for v4.4
    marker headers); a refused line is counted by reason and skipped.
 6. Close handles idle for ``idle_close_s``; never hold more than ``max_open_files``.
-7. Call ``on_records`` once with the poll's records; an exception there is counted and logged
+7. Call ``on_records`` once per file that gave records; an exception there is counted and logged
    (the first time), and the next poll goes on.
 """
 from __future__ import annotations
@@ -97,8 +98,9 @@ class DumpDirWatcher:
     Args:
         directory: The directory the plugin writes (``NCCL_INSPECTOR_DUMP_DIR``), or one holding
             a dump directory per job.
-        on_records: Called from the watcher's thread with each poll's records (never empty).
-        interval_s: Seconds between polls on the thread.
+        on_records: Called from the watcher's thread with one file's new records of a poll (never
+            empty) and that file's path relative to ``directory``.
+        poll_s: Seconds between polls on the thread.
         max_bytes_per_poll: Bytes read per poll over all files.
         max_lag_bytes: The most a file may be behind before it is skipped forward.
         max_record_bytes: The longest line kept; the plugin's lines are 0.3 to 3 KB (verbose, 64 channels).
@@ -109,8 +111,8 @@ class DumpDirWatcher:
         clock: Monotonic seconds, for the idle rule (injected by tests).
     """
 
-    def __init__(self, directory: str | Path, on_records: Callable[[list[InspectorRecord]], None], *,
-                 interval_s: float = 1.0, max_bytes_per_poll: int = 8 << 20, max_lag_bytes: int = 64 << 20,
+    def __init__(self, directory: str | Path, on_records: Callable[[list[InspectorRecord], str], object], *,
+                 poll_s: float = 1.0, max_bytes_per_poll: int = 8 << 20, max_lag_bytes: int = 64 << 20,
                  max_record_bytes: int = 64 << 10, max_files: int = 4096, max_open_files: int = 64,
                  idle_close_s: float = 30.0, max_entries: int = 65536,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -118,7 +120,7 @@ class DumpDirWatcher:
             raise ValueError("need max_lag_bytes >= max_bytes_per_poll, max_record_bytes >= 1, max_open_files >= 1")
         self.directory = Path(directory)
         self.on_records = on_records
-        self.interval_s = interval_s
+        self.poll_s = poll_s
         self.max_bytes_per_poll = max_bytes_per_poll
         self.max_lag_bytes = max_lag_bytes
         self.max_record_bytes = max_record_bytes
@@ -171,7 +173,7 @@ class DumpDirWatcher:
                 self._last_error = f"poll failed: {type(exc).__name__}: {exc}"
                 log.exception("event=inspector_poll_failed dir=%s", self.directory)
                 self._health = self._snapshot()
-            self._stop.wait(self.interval_s)
+            self._stop.wait(self.poll_s)
 
     # -- one poll ---------------------------------------------------------------------------------
 
@@ -179,22 +181,32 @@ class DumpDirWatcher:
         """One poll (steps of the module docstring); returns the number of records delivered."""
         started = time.perf_counter()
         self._counts["polls"] += 1
-        records: list[InspectorRecord] = []
+        batches: dict[str, list[InspectorRecord]] = {}
         listed = self._list()
         if listed is not None:
             listing, complete = listed
-            budget = self.max_bytes_per_poll - self._follow(listing, complete, records)
+            budget = self.max_bytes_per_poll - self._follow(listing, complete, batches)
             for key in sorted(self._files, key=lambda k: self._files[k].last_used):
                 if budget <= 0:
                     break
-                budget -= self._read(self._files[key], listing[key][1] if key in listing else -1, budget, records)
+                f = self._files[key]
+                budget -= self._read(f, listing[key][1] if key in listing else -1, budget, self._batch(batches, f))
         self._polled = True
         self._close_idle()
-        if records:
-            self._deliver(records)
+        for path, records in batches.items():
+            if records:
+                self._deliver(records, path)
         self._last_poll_s = time.perf_counter() - started
         self._health = self._snapshot()
-        return len(records)
+        return sum(len(records) for records in batches.values())
+
+    def _batch(self, batches: dict[str, list[InspectorRecord]], f: _File) -> list[InspectorRecord]:
+        """The list collecting ``f``'s records this poll, under its path relative to the directory."""
+        try:
+            path = f.path.relative_to(self.directory).as_posix()
+        except ValueError:
+            path = f.path.name
+        return batches.setdefault(path, [])
 
     def _list(self) -> tuple[dict[tuple[int, int], tuple[Path, int]], bool] | None:
         """(device, inode) -> (path, size) of the dump files and whether every entry was looked at;
@@ -238,14 +250,15 @@ class DumpDirWatcher:
                     continue  # a job's subdirectory removed or unreadable: the others still count
 
     def _follow(self, listing: Mapping[tuple[int, int], tuple[Path, int]], complete: bool,
-                records: list[InspectorRecord]) -> int:
+                batches: dict[str, list[InspectorRecord]]) -> int:
         """Step 2 and 3: new, replaced, truncated and gone files; returns the bytes read finishing gone ones."""
         start_at_end = not self._polled  # files there when the agent started, not a directory created later
         used = 0
         for key in [k for k in self._files if k not in listing] if complete else []:
             gone = self._files.pop(key)
             if gone.fd is not None:  # finish a rotated-away file from the handle still open on it
-                used += self._read(gone, os.fstat(gone.fd).st_size, self.max_bytes_per_poll - used, records)
+                used += self._read(gone, os.fstat(gone.fd).st_size, self.max_bytes_per_poll - used,
+                                   self._batch(batches, gone))
             self._close(gone)
         self._untracked = 0
         paths: dict[Path, tuple[int, int]] = {}
@@ -395,14 +408,14 @@ class DumpDirWatcher:
 
     # -- reporting --------------------------------------------------------------------------------
 
-    def _deliver(self, records: list[InspectorRecord]) -> None:
+    def _deliver(self, records: list[InspectorRecord], path: str) -> None:
         try:
-            self.on_records(records)
+            self.on_records(records, path)
         except Exception as exc:  # the consumer's bug must not stop reading
             self._counts["callback_errors"] += 1
             self._last_error = f"on_records failed: {type(exc).__name__}: {exc}"
             if self._counts["callback_errors"] == 1:
-                log.exception("event=inspector_callback_failed records=%d", len(records))
+                log.exception("event=inspector_callback_failed records=%d path=%s", len(records), path)
 
     def _reject(self, reason: str, message: str) -> None:
         self._rejected[reason] += 1

@@ -39,10 +39,10 @@ class Sink:
 
     def __init__(self) -> None:
         self.records: list[InspectorRecord] = []
-        self.calls = 0
+        self.paths: list[str] = []
 
-    def __call__(self, records: list[InspectorRecord]) -> None:
-        self.calls += 1
+    def __call__(self, records: list[InspectorRecord], path: str) -> None:
+        self.paths.append(path)
         self.records.extend(records)
 
     def seqs(self) -> list[int]:
@@ -75,7 +75,7 @@ def dump(tmp_path: Path) -> Path:
 
 def test_appends_are_read_once_each_in_order_on_the_watchers_thread(dump: Path) -> None:
     sink = Sink()
-    watcher = DumpDirWatcher(dump, sink, interval_s=0.02)
+    watcher = DumpDirWatcher(dump, sink, poll_s=0.02)
     watcher.poll_once()  # the empty directory of a job that has not started
     path = dump / "node-a-pid41001.log"
     append(path, line(1) + line(2) + line(3))
@@ -83,7 +83,7 @@ def test_appends_are_read_once_each_in_order_on_the_watchers_thread(dump: Path) 
     append(path, line(4) + line(5))
     assert watcher.poll_once() == 2
     assert watcher.poll_once() == 0
-    assert sink.seqs() == [1, 2, 3, 4, 5]
+    assert sink.seqs() == [1, 2, 3, 4, 5] and set(sink.paths) == {"node-a-pid41001.log"}
     watcher.start()
     try:
         assert "chopper-inspector" in {t.name for t in threading.enumerate()}
@@ -183,6 +183,9 @@ def test_fixture_jobs_read_through_the_watcher(dump: Path) -> None:
     for record in sink.records:
         by_pid[record.pid] = by_pid.get(record.pid, 0) + 1
     assert by_pid == {41001: 20, 41002: 20, 41003: 3}
+    # One call per file, named relative to inspector_dir: the first part names the job's directory.
+    expected = [f"{mode}/node-a-pid{pid}.log" for mode in ("plain", "verbose") for pid in (41001, 41002)]
+    assert sorted(sink.paths) == sorted([*expected, "v4.4/node-a-pid41003.log"])
     health = watcher.health()
     assert (health.dump_stats_total, health.plugin_dropped_total, health.files_tracked) == (1, 5, 5)
 
@@ -310,7 +313,7 @@ def test_handles_stay_bounded_and_idle_ones_are_closed(dump: Path) -> None:
 
 
 def test_a_failing_consumer_is_counted_and_logged_once(dump: Path, caplog: pytest.LogCaptureFixture) -> None:
-    def broken(records: list[InspectorRecord]) -> None:
+    def broken(records: list[InspectorRecord], path: str) -> None:
         raise RuntimeError("consumer bug")
 
     watcher = DumpDirWatcher(dump, broken)
