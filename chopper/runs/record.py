@@ -1,9 +1,9 @@
-"""Record a live agent's devices, samples and markers into a recorded run directory.
+"""Record a live agent's devices, samples, markers and Inspector collectives into a recorded run directory.
 
 ``chopper record`` is the bridge from a running node to the offline tools: what it writes is a
-DESIGN "recorded run" (``devices``, ``samples`` and ``markers`` as Parquet, written through
-``chopper.runs.rundir.write_run``), which the ``replay`` backend plays back and ``chopper attribute``
-analyzes.
+DESIGN "recorded run" (``devices``, ``samples``, ``markers`` and ``collectives`` as Parquet,
+written through ``chopper.runs.rundir.write_run``), which the ``replay`` backend plays back and
+``chopper attribute`` analyzes.
 
 Algorithm:
 
@@ -12,7 +12,11 @@ Algorithm:
 2. ``GetInfo`` from the agent: one ``devices`` row per GPU. An agent that does not answer raises
    ``consumer.AgentUnreachable`` before anything is created.
 3. ``Subscribe(samples=True, markers=True, since_ns=...)``: ``since_ns = 1`` replays everything
-   the agent's buffers still hold, ``since_ns = now`` records from now on. Rows are accumulated
+   the agent's buffers still hold, ``since_ns = now`` records from now on. The agent sends the
+   Inspector's collective records (``TelemetryBatch.collectives``) with the markers; a record
+   whose values the data model cannot hold (a 64-bit count beyond int64, an end before its
+   begin, a value outside ``rundir.BOUNDS``) is left out and counted, so that it cannot make
+   ``write_run`` refuse everything else collected. Rows are accumulated
    column by column in typed arrays (8 bytes per number), never as protobuf objects, so an hour
    at 8 GPUs x 100 Hz stays in the hundreds of megabytes.
 4. Stop when ``duration_s`` has passed, when ``stop`` is set (the CLI sets it on SIGINT/SIGTERM)
@@ -36,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from chopper.runs.rundir import table_files
+from chopper.runs.rundir import COLLECTIVE_COLUMNS, OPTIONAL_TABLES, TABLES, table_files
 from chopper.schema import DEVICE_COLUMNS, MARKER_COLUMNS, SAMPLE_COLUMNS, MarkerKind
 
 if TYPE_CHECKING:
@@ -56,6 +60,11 @@ _SAMPLE_INT = frozenset({"ts_ns", "gpu"})
 _SAMPLE_TEXT = frozenset({"node"})
 _MARKER_INT = frozenset({"ts_ns", "rank", "gpu", "step"})
 _MARKER_TEXT = frozenset({"job", "node", "kind", "name"})
+_COLLECTIVE_FLOAT = frozenset({"exec_s", "algo_bandwidth_gbs", "bus_bandwidth_gbs"})
+_COLLECTIVE_TEXT = frozenset({"job", "node", "collective", "timing_source", "comm_id", "format_version"})
+# Everything else is a whole number; "placed" (a bool) is kept as 0/1.
+_COLLECTIVE_INT = frozenset(COLLECTIVE_COLUMNS) - _COLLECTIVE_FLOAT - _COLLECTIVE_TEXT
+_INT64_MAX = 2**63 - 1
 # Which marker kinds carry which payload fields; elsewhere they are NaN, not the proto's 0, so
 # that "not applicable" cannot be mistaken for "zero FLOPs".
 _STEP_END = int(MarkerKind.STEP_END)
@@ -91,6 +100,9 @@ class RecordStats:
         agent_error: When ``ended_by == "agent"``: what the stream said, e.g.
             ``"UNAVAILABLE: Socket closed"``; otherwise None.
         unknown_kinds: Markers left out because their kind is newer than this schema.
+        collectives: Inspector collective rows written.
+        unfit_collectives: Inspector records left out because the data model cannot hold their
+            values (``_fits``).
     """
 
     out: Path
@@ -104,6 +116,8 @@ class RecordStats:
     ended_by: str
     agent_error: str | None = None
     unknown_kinds: int = 0
+    collectives: int = 0
+    unfit_collectives: int = 0
 
 
 def check_output(out: Path, force: bool = False) -> None:
@@ -168,7 +182,7 @@ def record(
     connect_timeout_s: float = CONNECT_TIMEOUT_S,
     security: ClientSecurity | None = None,
 ) -> RecordStats:
-    """Record an agent's devices, samples and markers into the run directory ``out``.
+    """Record an agent's devices, samples, markers and Inspector collectives into the run directory ``out``.
 
     Args:
         target: Agent gRPC target, ``unix:///run/chopper/agent.sock`` or ``host:port``.
@@ -204,9 +218,11 @@ def record(
 
     samples = _Columns(SAMPLE_COLUMNS, _SAMPLE_INT, _SAMPLE_TEXT)
     markers = _Columns(MARKER_COLUMNS, _MARKER_INT, _MARKER_TEXT)
+    collectives = _Columns(COLLECTIVE_COLUMNS, _COLLECTIVE_INT, _COLLECTIVE_TEXT)
     gpus: set[tuple[str, int]] = set()
     missed = 0
     unknown_kinds = 0
+    unfit_collectives = 0
     stop = stop if stop is not None else threading.Event()
     channel, stream = consumer.subscribe(target, pb.SubscribeRequest(samples=True, markers=True, since_ns=since_ns),
                                          security)
@@ -247,6 +263,9 @@ def record(
             for r in batch.markers:
                 if not _append_marker(markers, r):
                     unknown_kinds += 1
+            for rec in batch.collectives:
+                if not _append_collective(collectives, rec):
+                    unfit_collectives += 1
         # A stream that ends cleanly without our cancel means the agent closed it (shutdown).
         if not cancelled_for:
             agent_error = "the agent ended the stream"
@@ -259,26 +278,29 @@ def record(
         watcher.join()
     elapsed = time.monotonic() - started
 
-    _write(out, devices, samples, markers)
+    inspector, unfit = _fitting(collectives.frame().astype({"placed": bool}))
+    unfit_collectives += unfit
+    _write(out, devices, samples, markers, inspector)
     return RecordStats(
         out=out, node=info.node, devices=len(devices), gpus=len(gpus), samples=samples.rows,
         markers=markers.rows, missed=missed, duration_s=elapsed,
         ended_by="agent" if agent_error is not None else cancelled_for[0], agent_error=agent_error,
-        unknown_kinds=unknown_kinds,
+        unknown_kinds=unknown_kinds, collectives=len(inspector), unfit_collectives=unfit_collectives,
     )
 
 
-def _write(out: Path, devices: list[dict[str, Any]], samples: _Columns, markers: _Columns) -> None:
+def _write(out: Path, devices: list[dict[str, Any]], samples: _Columns, markers: _Columns,
+           inspector: pd.DataFrame) -> None:
     """``write_run``, turning an I/O failure into a ``RecordError`` without half-written tables."""
     from chopper.runs.rundir import write_run
 
     def stamp(path: Path) -> int | None:
         return path.stat().st_mtime_ns if path.exists() else None
 
-    tables = [path for table in ("devices", "samples", "markers") for path in table_files(out, table)]
+    tables = [path for table in (*TABLES, *OPTIONAL_TABLES) for path in table_files(out, table)]
     before = {path: stamp(path) for path in tables}
     try:
-        write_run(out, devices, samples.frame(), markers.frame())
+        write_run(out, devices, samples.frame(), markers.frame(), inspector)
     except OSError as exc:
         for path in tables:
             if stamp(path) != before[path]:
@@ -311,3 +333,29 @@ def _append_marker(markers: _Columns, r: pb.MarkerRecord) -> bool:
     d["bytes"].append(float(m.bytes) if m.kind in _COLLECTIVES else _NAN)
     markers.rows += 1
     return True
+
+
+def _append_collective(collectives: _Columns, c: pb.CollectiveRecord) -> bool:
+    """Append one Inspector collective row; False (nothing appended) for a 64-bit count beyond int64."""
+    if max(c.bytes, c.seq, c.pid) > _INT64_MAX:
+        return False
+    d = collectives.data
+    for name in COLLECTIVE_COLUMNS:
+        value = getattr(c, name)
+        d[name].append(collectives.text(value) if name in _COLLECTIVE_TEXT else value)
+    collectives.rows += 1
+    return True
+
+
+def _fitting(collectives: pd.DataFrame) -> tuple[pd.DataFrame, int]:
+    """The rows ``write_run`` accepts (rundir's ``BOUNDS``, end not before begin) and how many were not."""
+    import numpy as np
+
+    from chopper.runs.rundir import BOUNDS
+
+    ok = collectives["end_ns"].to_numpy() >= collectives["begin_ns"].to_numpy()
+    for column, (lo, hi, _) in BOUNDS["collectives"].items():
+        values = collectives[column].to_numpy()
+        inside = (values >= lo) & (values <= hi)
+        ok &= inside & np.isfinite(values) if values.dtype.kind == "f" else inside
+    return collectives[ok], int((~ok).sum())
