@@ -237,6 +237,28 @@ METRICS: tuple[MetricSpec, ...] = (
         "chopper_inspector_records_unplaced_total", "counter",
         "Inspector records without event timestamps (not verbose): placed to end at their dump time.", NODE,
     ),
+    MetricSpec("chopper_inspector_dir_present", "gauge", "1 while inspector_dir exists and can be listed.", NODE),
+    MetricSpec("chopper_inspector_files", "gauge",
+               "Dump files of inspector_dir, by state: tracked (being read), open (a handle held), untracked (beyond "
+               "the watcher's file limit).", (*NODE, "state")),
+    MetricSpec("chopper_inspector_read_bytes_total", "counter", "Bytes read from dump files.", NODE),
+    MetricSpec("chopper_inspector_skipped_bytes_total", "counter",
+               "Bytes of dump files jumped over: a file further behind than the watcher reads in a poll (its "
+               "oldest backlog).", NODE),
+    MetricSpec("chopper_inspector_records_total", "counter", "Inspector records read and accepted.", NODE),
+    MetricSpec("chopper_inspector_lines_rejected_total", "counter",
+               "Dump lines refused, by reason (see below); reading goes on at the next line.", (*NODE, "reason")),
+    MetricSpec("chopper_inspector_versions_refused_total", "counter",
+               "Lines of an inspector_output_format_version the agent does not read, by version (8 kept, then "
+               "other).", (*NODE, "version")),
+    MetricSpec("chopper_inspector_plugin_dropped_total", "counter",
+               "Operations the plugin itself dropped before dumping them, as its dump_stats lines report.", NODE),
+    MetricSpec("chopper_inspector_file_restarts_total", "counter",
+               "Dump files read again from their start, by cause: truncated (shorter than read so far) or rotated "
+               "(a new file under the same name).", (*NODE, "cause")),
+    MetricSpec("chopper_inspector_errors_total", "counter",
+               "Failures of the Inspector reader, by kind: poll (listing or reading failed) or consumer (mapping "
+               "records raised); the next poll goes on.", (*NODE, "kind")),
     # Delivery of step summaries to aggregator replicas (replica="" counts summaries never routed).
     MetricSpec(
         "chopper_agent_delivery_sent_total", "counter",
@@ -267,10 +289,12 @@ BY_NAME: dict[str, MetricSpec] = {m.name: m for m in METRICS}
 def markdown() -> str:
     """``docs/METRICS.md``: the catalog as tables (regenerate with ``python -m agent.catalog``)."""
     from agent.daemon import ADMISSION_REASONS
+    from agent.inspector.feed import MAPPINGS
     from agent.markers import REJECTION_REASONS
     from agent.positions import MAX_POSITION_NAMES
     from agent.steps import MAX_PHASE_SERIES
     from chopper.attribution.phases import MAX_PHASES_PER_STEP, OTHER
+    from chopper.inspector.format import REJECTION_REASONS as INSPECTOR_REASONS
 
     own = ["", "## Phase time (`chopper_rank_phase_seconds_total{phase}`)", "",
            "Per rank, the seconds each named phase took over the summarised steps: per step the union of that",
@@ -301,6 +325,9 @@ def markdown() -> str:
            "the reset (docs/CONFIG.md)."]
     own += reason_table("Rejection reasons (`chopper_agent_markers_rejected_total{reason}`)",
                         {**REJECTION_REASONS, **ADMISSION_REASONS})
+    own += reason_table("Inspector lines refused (`chopper_inspector_lines_rejected_total{reason}`)",
+                        INSPECTOR_REASONS)
+    own += reason_table("Inspector record mapping (`chopper_inspector_records_mapped_total{via}`)", MAPPINGS)
     return catalog_doc("Metric catalog", "agent.catalog", "A value a backend cannot read (for example matrix activity "
                        "on MI300X) is left out of the scrape rather than exported as NaN.", METRICS, own, SECTIONS)
 

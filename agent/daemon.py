@@ -44,6 +44,7 @@ from agent.capture import CaptureManager
 from agent.config import AgentSettings
 from agent.delivery import Forwarder, delivery_tls
 from agent.inspector.feed import InspectorFeed
+from agent.inspector.watch import DumpDirWatcher
 from agent.markers import ClosedStep, IngestResult, MarkerIngest, RankState
 from agent.podresources import device_ids
 from agent.positions import position
@@ -172,9 +173,6 @@ class Agent:
         # NCCL/RCCL Inspector records mapped to ranks (docs/INSPECTOR.md), sent to subscribers with the markers.
         self.collectives: RingBuffer[pb.CollectiveRecord] = RingBuffer(settings.marker_buffer, notify)
         self.inspector = InspectorFeed(settings.node, settings.max_ranks)
-        self.inspector_watch = None
-        if settings.inspector_dir:  # TEMP lazy until agent.inspector.watch lands
-            from agent.inspector.watch import DumpDirWatcher
         self.inspector_watch = (
             DumpDirWatcher(Path(settings.inspector_dir), self._add_inspector_records, poll_s=settings.inspector_poll_s)
             if settings.inspector_dir else None

@@ -224,6 +224,24 @@ class AgentCollector(Collector):
         for via, count in sorted(counts.mapped.items()):
             fam.add("chopper_inspector_records_mapped_total", (node, via), float(count))
         fam.add("chopper_inspector_records_unplaced_total", (node,), float(counts.unplaced))
+        h = self.view.inspector_reader
+        if h is None:
+            return
+        fam.add("chopper_inspector_dir_present", (node,), 1.0 if h.directory_present else 0.0)
+        for state, n in (("tracked", h.files_tracked), ("open", h.files_open), ("untracked", h.files_untracked)):
+            fam.add("chopper_inspector_files", (node, state), float(n))
+        fam.add("chopper_inspector_read_bytes_total", (node,), float(h.bytes_read_total))
+        fam.add("chopper_inspector_skipped_bytes_total", (node,), float(h.bytes_skipped_total))
+        fam.add("chopper_inspector_records_total", (node,), float(h.records_total))
+        for reason, n in sorted(h.rejected.items()):
+            fam.add("chopper_inspector_lines_rejected_total", (node, reason), float(n))
+        for version, n in sorted(h.refused_versions.items()):
+            fam.add("chopper_inspector_versions_refused_total", (node, version), float(n))
+        fam.add("chopper_inspector_plugin_dropped_total", (node,), float(h.plugin_dropped_total))
+        fam.add("chopper_inspector_file_restarts_total", (node, "truncated"), float(h.truncations_total))
+        fam.add("chopper_inspector_file_restarts_total", (node, "rotated"), float(h.rotations_total))
+        fam.add("chopper_inspector_errors_total", (node, "poll"), float(h.poll_errors_total))
+        fam.add("chopper_inspector_errors_total", (node, "consumer"), float(h.callback_errors_total))
 
     def _reloads(self, fam: Families) -> None:
         node = self.view.node

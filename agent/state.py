@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from agent.inspector.feed import FeedCounts
+from agent.inspector.watch import WatcherHealth
 from agent.markers import RankState
 from agent.steps import RankFiguresNow
 from agent.workload import SourceHealth, Workload
@@ -203,6 +204,12 @@ class AgentView:
     def inspector(self) -> FeedCounts | None:
         """The Inspector records' totals and mapping counts (``agent.inspector.feed``); None without inspector_dir."""
         return None if self._agent.inspector_watch is None else self._agent.inspector.counts()
+
+    @property
+    def inspector_reader(self) -> WatcherHealth | None:
+        """The dump-directory watcher's health (``agent.inspector.watch``); None without inspector_dir."""
+        watch = self._agent.inspector_watch
+        return None if watch is None else watch.health()
 
     @property
     def delivery(self) -> dict[str, dict[str, float]]:

@@ -25,7 +25,7 @@ Totals by ``(job, collective, size bucket)`` feed ``/metrics``: count, execution
 and bus bytes (bus bandwidth × execution time, so rate(bus bytes) / rate(seconds) is the
 time-weighted mean bus bandwidth). Memory is bounded whatever the plugin writes: ``max_ranks``
 ranks of ``MAX_INTERVALS_PER_RANK`` intervals, ``MAX_JOBS`` jobs in the totals (the job idle
-longest goes first), ``COLLECTIVES`` names (others are ``other``), ``SIZE_BUCKETS`` buckets,
+longest goes first), ``KNOWN_COLLECTIVES`` names (others are ``other``), ``SIZE_BUCKETS`` buckets,
 ``MAX_PIDS`` remembered processes.
 
 Thread safety: ``add`` runs on the watcher's thread, the rest on the sampler's and gRPC threads;
@@ -38,12 +38,9 @@ from collections import Counter, OrderedDict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import PurePath
-from typing import TYPE_CHECKING
 
+from chopper.inspector.format import KNOWN_COLLECTIVES, InspectorRecord
 from chopper.proto.chopper.v1 import agent_pb2 as pb
-
-if TYPE_CHECKING:
-    from chopper.inspector.format import InspectorRecord
 
 # Intervals kept per rank: at ~100 collectives a step and one step a second, over a minute of steps,
 # far more than the summary queue ever waits for.
@@ -55,10 +52,6 @@ MAX_PIDS = 4096
 # Intervals that ended this long before a window's begin are not looked at (records of several
 # communicators arrive out of order by about one dump interval).
 LOOKBACK_SLACK_NS = 30 * 10**9
-# Collective names as NCCL's profiler API names them (nccl/profiler.h, `func` strings); any other is
-# exported as "other", so a garbled dump cannot grow /metrics.
-COLLECTIVES = ("AllReduce", "AllGather", "ReduceScatter", "Broadcast", "Reduce", "AllToAll", "Gather", "Scatter",
-               "SendRecv", "Send", "Recv")
 # Upper bounds of the message-size buckets, bytes, and their labels (the last is open).
 SIZE_BUCKETS: tuple[tuple[float, str], ...] = (
     (64 * 2**10, "lt64KiB"), (2**20, "64KiB-1MiB"), (16 * 2**20, "1-16MiB"), (256 * 2**20, "16-256MiB"),
@@ -78,7 +71,9 @@ def size_bucket(nbytes: float) -> str:
 
 
 def collective_label(name: str) -> str:
-    return name if name in COLLECTIVES else "other"
+    """The ``collective`` label: the plugin's name when it is one NCCL writes, else "other" (a garbled
+    dump cannot grow /metrics)."""
+    return name if name in KNOWN_COLLECTIVES else "other"
 
 
 @dataclass(frozen=True, slots=True)

@@ -96,7 +96,8 @@ def test_rank_figures_bound_the_phase_names() -> None:
 
     figures = RankFigures()
     for i in range(MAX_PHASE_SERIES + 10):
-        closed = ClosedStep("j", 0, -1, i, 0, 2 * S, 0.0, 0, ((False, 0, S, f"p{i}", 0), (False, 0, S // 2, "p0", 0)), False)
+        spans = ((False, 0, S, f"p{i}", 0), (False, 0, S // 2, "p0", 0))
+        closed = ClosedStep("j", 0, -1, i, 0, 2 * S, 0.0, 0, spans, False)
         (s,) = summarize([closed], "n", [], None, period_ns=S)
         figures.add(s)
     phases = figures.snapshot(0).phase_s
