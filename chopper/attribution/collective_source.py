@@ -81,6 +81,16 @@ class Intervals(NamedTuple):
         """Intervals without bytes (phases)."""
         return cls(row, lo_ns, hi_ns, np.zeros(np.shape(row)))
 
+    @classmethod
+    def join(cls, parts: list[Intervals]) -> Intervals:
+        """The intervals of all ``parts``, in order."""
+        if not parts:
+            return cls.empty()
+        counted = None if all(p.counted is None for p in parts) else np.concatenate(
+            [np.ones(p.row.size, bool) if p.counted is None else p.counted for p in parts])
+        return cls(np.concatenate([p.row for p in parts]), np.concatenate([p.lo_ns for p in parts]),
+                   np.concatenate([p.hi_ns for p in parts]), np.concatenate([p.bytes for p in parts]), counted)
+
     def select(self, keep: B) -> Intervals:
         """The intervals where ``keep`` holds."""
         counted = None if self.counted is None else self.counted[keep]
@@ -108,7 +118,7 @@ def step_collectives(n_steps: int, marked: Intervals, inspector: Intervals, phas
     has_insp = np.bincount(inspector.row, minlength=n_steps) > 0
     source = np.where(has_marked, SOURCE_MARKERS, np.where(has_insp, SOURCE_INSPECTOR, SOURCE_NONE))
     # A step's Inspector intervals stand in only where the job marked none.
-    chosen = _concat(marked, inspector.select(~has_marked[inspector.row]))
+    chosen = Intervals.join([marked, inspector.select(~has_marked[inspector.row])])
     n_coll = chosen.row.size
     exposed_s, collective_s = collective_seconds(
         n_steps, np.concatenate((chosen.row, phase.row)),
@@ -166,7 +176,3 @@ def clip_to_steps(step_begin_ns: I64, step_end_ns: I64, lo_ns: I64, hi_ns: I64, 
 def _sum_bytes(n_steps: int, iv: Intervals) -> F64:
     return np.bincount(iv.row, weights=np.nan_to_num(iv.bytes, nan=0.0), minlength=n_steps).astype(np.float64)
 
-
-def _concat(a: Intervals, b: Intervals) -> Intervals:
-    return Intervals(np.concatenate((a.row, b.row)), np.concatenate((a.lo_ns, b.lo_ns)),
-                     np.concatenate((a.hi_ns, b.hi_ns)), np.concatenate((a.bytes, b.bytes)))
