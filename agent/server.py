@@ -171,7 +171,7 @@ class AgentServicer:
             )
         cursors = [cursor for _, _, cursor in streams]
         missed_total = 0
-        # A follower of step summaries learns where the ranks are, so it can say where a job that stopped stepping waits.
+        # A follower of step summaries learns where the ranks are, to say where a job that stopped stepping waits.
         positions_due = time.monotonic() if request.step_summaries else math.inf
         agent.count(agent.open_streams, "Subscribe")
         try:

@@ -93,7 +93,7 @@ METRICS: tuple[MetricSpec, ...] = (
                "Rank positions held (where each rank is, as its agent last sent it; docs/HANGS.md).", ()),
     MetricSpec("chopper_aggregator_rank_positions_dropped_total", "counter",
                "Rank positions dropped, by reason: rejected (a bad job name or negative rank), evicted (more than "
-               "100,000 held: the one updated longest ago went) or expired (not updated for job_expiry_s).",
+               f"{MAX_POSITIONS:,} held: the one updated longest ago went) or expired (not updated for job_expiry_s).",
                ("reason",)),
     MetricSpec("chopper_aggregator_ranks_retired_total", "counter",
                "Ranks forgotten with their series, by reason: job_expired (their job went after job_expiry_s) or "
