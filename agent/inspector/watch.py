@@ -239,15 +239,14 @@ class DumpDirWatcher:
 
     def _entries(self, directory: Path, depth: int) -> Iterator[os.DirEntry[str]]:
         """Entries of ``directory`` and, one level down, of its subdirectories (never through a link)."""
-        with os.scandir(directory) as it:
-            entries = list(it)
-        for entry in entries:
-            yield entry
-            if depth == 0 and entry.is_dir(follow_symlinks=False):
-                try:
-                    yield from self._entries(Path(entry.path), 1)
-                except OSError:
-                    continue  # a job's subdirectory removed or unreadable: the others still count
+        with os.scandir(directory) as it:  # lazily: max_entries bounds the work of a huge directory
+            for entry in it:
+                yield entry
+                if depth == 0 and entry.is_dir(follow_symlinks=False):
+                    try:
+                        yield from self._entries(Path(entry.path), 1)
+                    except OSError:
+                        continue  # a job's subdirectory removed or unreadable: the others still count
 
     def _follow(self, listing: Mapping[tuple[int, int], tuple[Path, int]], complete: bool,
                 batches: dict[str, list[InspectorRecord]]) -> int:

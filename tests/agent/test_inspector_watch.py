@@ -154,7 +154,10 @@ def test_a_partial_line_is_kept_until_its_newline_arrives(dump: Path) -> None:
     assert sink.seqs() == [1, 2] and watcher.health().rejected == {}
 
 
-def test_the_truncated_fixture_reads_two_records_and_waits_for_the_third(dump: Path) -> None:
+@pytest.mark.hazard(item=16, input="a dump whose last record is cut after 100 bytes (no newline), completed later",
+                    promise="the whole records are read at once, the torn one is kept, not counted as garbage, and "
+                    "read once its rest arrives")
+def test_the_truncated_fixture_reads_two_records_and_waits_for_the_third(dump: Path, hazard: HazardOutcome) -> None:
     sink = Sink()
     watcher = DumpDirWatcher(dump, sink)
     watcher.poll_once()
@@ -170,6 +173,9 @@ def test_the_truncated_fixture_reads_two_records_and_waits_for_the_third(dump: P
     append(dump / source.name, full[len(torn):])
     watcher.poll_once()
     assert len(sink.records) == 3 and watcher.health().rejected == {}
+    assert sink.records[2].collective == "ReduceScatter" and sink.records[2].comm_rank == 1
+    hazard.outcome = ("2 records read, the 100-byte torn one held with 0 rejections; "
+                      f"completed with {len(full) - len(torn)} more bytes, it read as the third record")
 
 
 def test_fixture_jobs_read_through_the_watcher(dump: Path) -> None:
