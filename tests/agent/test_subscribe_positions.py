@@ -1,6 +1,7 @@
 """Subscribers of step summaries are told where the ranks are about once a second, steps or not."""
 from __future__ import annotations
 
+import itertools
 import time
 from pathlib import Path
 
@@ -30,7 +31,7 @@ def test_a_rank_inside_a_collective_is_reported_every_second(tmp_path: Path) -> 
         p = seen[-1][1][0]
         assert (p.job, p.node, p.rank, p.gpu, p.step, p.collective) == ("j", "n1", 1, 1, 3, "all_reduce")
         assert describe([p]).startswith("rank 1 inside collective all_reduce of step 3 for ")
-        gaps = [b - a for (a, _), (b, _) in zip(seen, seen[1:], strict=False)]
+        gaps = [b - a for (a, _), (b, _) in itertools.pairwise(seen)]
         assert all(0.9 <= g <= 2.0 for g in gaps), gaps
         # A subscriber of samples or markers only gets no positions.
         markers = running.stub.Subscribe(pb.SubscribeRequest(markers=True, since_ns=t0), timeout=20)
