@@ -7,10 +7,15 @@ Layout (DESIGN "A recorded run")::
       samples.parquet   (or samples.csv)   columns: chopper.schema.SAMPLE_COLUMNS
       markers.parquet   (or markers.csv)   columns: chopper.schema.MARKER_COLUMNS
       collectives.parquet (or .csv), optional   columns: COLLECTIVE_COLUMNS
+      links.parquet (or .csv), optional         columns: chopper.schema.LINK_COLUMNS
 
 ``collectives`` holds the NCCL / RCCL Inspector's collective records the agent sent
 (``chopper.v1.CollectiveRecord``, one row each, the same fields); a run without the table (one
 recorded before it existed, or from a node without the Inspector) reads as an empty one.
+``links`` holds the samples' per-link NVLink / XGMI counters (``Sample.links``), one row per
+sample and link, keyed by the sample's ``ts_ns``, ``node`` and ``gpu``; a run without it (older,
+or from a backend that reads no per-link counter) reads as an empty one, and its samples' summed
+``link_tx_bytes``/``link_rx_bytes`` are all it has.
 
 Parquet and CSV are accepted on input (Parquet wins when a directory holds both); ``write_run``
 always writes Parquet. Units are the data model's: integer nanoseconds, MHz, watts, joules,
@@ -32,7 +37,9 @@ names it and says how to fix it:
    columns (a value the backend could not read);
 7. ``devices`` holds one row per ``(node, gpu)``;
 8. every ``(node, gpu)`` that has samples has a row in ``devices``;
-9. no collective ends before it begins.
+9. no collective ends before it begins;
+10. every ``links`` row belongs to a sample (same ``ts_ns``, ``node``, ``gpu``) and names each
+    link of that sample once.
 
 Each error names the file, the column, the first offending row (0-based, in file order, after a
 CSV header) and the fix.
@@ -48,14 +55,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from chopper.schema import DEVICE_COLUMNS, MARKER_COLUMNS, SAMPLE_COLUMNS, MarkerKind
+from chopper.schema import DEVICE_COLUMNS, LINK_COLUMNS, MARKER_COLUMNS, MAX_LINKS, SAMPLE_COLUMNS, MarkerKind
 
 if TYPE_CHECKING:
     import pandas as pd
 
 TABLES: tuple[str, ...] = ("devices", "samples", "markers")
 # Tables a run may lack; each then reads as empty.
-OPTIONAL_TABLES: tuple[str, ...] = ("collectives",)
+OPTIONAL_TABLES: tuple[str, ...] = ("collectives", "links")
 # The fields of chopper.v1.CollectiveRecord, in field order (tests check that they agree).
 COLLECTIVE_COLUMNS: tuple[str, ...] = (
     "job", "node", "rank", "gpu", "collective", "begin_ns", "end_ns", "placed", "exec_s", "timing_source", "bytes",
@@ -67,6 +74,7 @@ COLUMNS: dict[str, tuple[str, ...]] = {
     "samples": SAMPLE_COLUMNS,
     "markers": MARKER_COLUMNS,
     "collectives": COLLECTIVE_COLUMNS,
+    "links": LINK_COLUMNS,
 }
 
 # Column types per table. Anything not listed as int or str is float64 (NaN allowed).
@@ -76,12 +84,14 @@ _INT_COLUMNS: dict[str, frozenset[str]] = {
     "markers": frozenset({"ts_ns", "rank", "gpu", "step"}),
     "collectives": frozenset({"rank", "gpu", "begin_ns", "end_ns", "bytes", "comm_rank", "comm_ranks", "comm_nodes",
                               "seq", "pid"}),
+    "links": frozenset({"ts_ns", "gpu", "link"}),
 }
 _STR_COLUMNS: dict[str, frozenset[str]] = {
     "devices": frozenset({"node", "vendor", "model", "uuid"}),
     "samples": frozenset({"node"}),
     "markers": frozenset({"job", "node", "name", "kind"}),
     "collectives": frozenset({"job", "node", "collective", "timing_source", "comm_id", "format_version"}),
+    "links": frozenset({"node"}),
 }
 # True/false columns: booleans, 0/1 or the words true/false.
 _BOOL_COLUMNS: dict[str, frozenset[str]] = {"collectives": frozenset({"placed"})}
@@ -131,6 +141,10 @@ BOUNDS: dict[str, dict[str, tuple[float, float, str]]] = {
         "comm_ranks": (0, 2**32 - 1, "a number of ranks, not negative"),
         "comm_nodes": (0, 2**32 - 1, "a number of nodes, not negative"), "seq": _COUNT, "pid": _COUNT,
     },
+    "links": {
+        "ts_ns": _TIME, "gpu": _INDEX, "link": (0, MAX_LINKS - 1, f"a link index from 0 to {MAX_LINKS - 1}"),
+        "tx_bytes": _AMOUNT, "rx_bytes": _AMOUNT,
+    },
 }
 
 
@@ -151,6 +165,8 @@ class RecordedRun:
             ``kind`` holds the lower-case labels (``step_begin`` ...).
         collectives: One row per Inspector collective record, columns ``COLLECTIVE_COLUMNS``,
             sorted by ``begin_ns`` (stable); empty when the run has no such table.
+        links: One row per sample and NVLink / XGMI link, columns ``LINK_COLUMNS``, sorted by
+            ``ts_ns`` then ``link`` (stable); empty when the run has no such table.
     """
 
     path: Path
@@ -158,6 +174,7 @@ class RecordedRun:
     samples: pd.DataFrame
     markers: pd.DataFrame
     collectives: pd.DataFrame
+    links: pd.DataFrame
 
 
 def table_files(path: str | Path, table: str) -> tuple[Path, Path]:
@@ -195,12 +212,14 @@ def read_run(path: str | Path) -> RecordedRun:
     _check_one_row_per_device(frames["devices"], _source(base, "devices"))
     _check_sample_gpus(frames["devices"], frames["samples"])
     _check_collective_order(frames["collectives"], _source(base, "collectives"))
+    _check_links(frames["samples"], frames["links"], _source(base, "links"))
     return RecordedRun(
         path=base,
         devices=frames["devices"],
         samples=frames["samples"].sort_values("ts_ns", kind="stable", ignore_index=True),
         markers=frames["markers"].sort_values("ts_ns", kind="stable", ignore_index=True),
         collectives=frames["collectives"].sort_values("begin_ns", kind="stable", ignore_index=True),
+        links=frames["links"].sort_values(["ts_ns", "link"], kind="stable", ignore_index=True),
     )
 
 
@@ -210,6 +229,7 @@ def write_run(
     samples: pd.DataFrame | Sequence[Any],
     markers: pd.DataFrame | Sequence[Any],
     collectives: pd.DataFrame | Sequence[Any] | None = None,
+    links: pd.DataFrame | Sequence[Any] | None = None,
 ) -> Path:
     """Validate and write a recorded run as Parquet (``devices.parquet`` ...).
 
@@ -223,6 +243,9 @@ def write_run(
         markers: Same for marker rows; ``kind`` may be a ``MarkerKind``, its label or its value.
         collectives: Same for Inspector collective rows (``COLLECTIVE_COLUMNS``); None writes no
             ``collectives`` table and removes one left from an earlier run in ``path``.
+        links: Per-link rows (``LINK_COLUMNS``). None takes them from ``Sample`` rows' ``links``
+            when ``samples`` is a sequence of them; without any, no ``links`` table is written
+            (and one left from an earlier run is removed).
 
     Returns:
         The run directory.
@@ -234,11 +257,17 @@ def write_run(
     given = {"devices": devices, "samples": samples, "markers": markers}
     if collectives is not None:
         given["collectives"] = collectives
+    if links is None:
+        links = _sample_links(samples)
+    if links is not None:
+        given["links"] = links
     frames = {table: _normalise(table, _to_frame(table, rows), source=f"{table} (argument)")
               for table, rows in given.items()}
     _check_sample_gpus(frames["devices"], frames["samples"])
     if "collectives" in frames:
         _check_collective_order(frames["collectives"], "collectives (argument)")
+    if "links" in frames:
+        _check_links(frames["samples"], frames["links"], "links (argument)")
     base.mkdir(parents=True, exist_ok=True)
     for table in (*TABLES, *OPTIONAL_TABLES):
         parquet, csv = table_files(base, table)
@@ -248,6 +277,40 @@ def write_run(
             parquet.unlink(missing_ok=True)
         csv.unlink(missing_ok=True)
     return base
+
+
+def _sample_links(samples: pd.DataFrame | Sequence[Any]) -> pd.DataFrame | None:
+    """The links rows of ``Sample`` objects' ``links``; None for a frame or samples without any."""
+    import pandas as pd
+
+    if isinstance(samples, pd.DataFrame):
+        return None
+    rows = [(s.ts_ns, s.node, s.gpu, *k) for s in samples for k in getattr(s, "links", ())]
+    return pd.DataFrame(rows, columns=list(LINK_COLUMNS)) if rows else None
+
+
+def _check_links(samples: pd.DataFrame, links: pd.DataFrame, source: str) -> None:
+    """Refuse a links row that no sample has (ts_ns, node, gpu), or one link twice in a sample."""
+    import pandas as pd
+
+    if links.empty:
+        return
+    key = ["ts_ns", "node", "gpu"]
+    owned = pd.MultiIndex.from_frame(links[key]).isin(pd.MultiIndex.from_frame(samples[key]))
+    if not owned.all():
+        row = int((~owned).argmax())
+        r = links.iloc[row]
+        raise RunDirError(
+            f"{source}: row {row} (ts_ns={int(r['ts_ns'])}, node={r['node']}, gpu={int(r['gpu'])}) belongs to no "
+            f"sample; {int((~owned).sum())} such row(s). Each links row carries a sample's ts_ns, node and gpu: "
+            "re-export the links table together with the samples table")
+    repeated = links.duplicated([*key, "link"])
+    if repeated.any():
+        row = int(repeated.argmax())
+        r = links.iloc[row]
+        raise RunDirError(
+            f"{source}: row {row} repeats link {int(r['link'])} of the sample at ts_ns={int(r['ts_ns'])} "
+            f"node={r['node']} gpu={int(r['gpu'])}; a sample has one row per link: remove the duplicate rows")
 
 
 def _empty(table: str) -> pd.DataFrame:

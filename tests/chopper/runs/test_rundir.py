@@ -10,7 +10,16 @@ import pytest
 from chopper.attribution import AttributionError, attribute
 from chopper.proto.chopper.v1 import agent_pb2 as pb
 from chopper.runs.rundir import _INT_COLUMNS, BOUNDS, COLLECTIVE_COLUMNS, RunDirError, read_run, write_run
-from chopper.schema import DEVICE_COLUMNS, MARKER_COLUMNS, SAMPLE_COLUMNS, DeviceInfo, MarkerKind, Sample
+from chopper.schema import (
+    DEVICE_COLUMNS,
+    LINK_COLUMNS,
+    MARKER_COLUMNS,
+    SAMPLE_COLUMNS,
+    DeviceInfo,
+    LinkBytes,
+    MarkerKind,
+    Sample,
+)
 from tests.support.hazards import HazardOutcome
 
 T0 = 1_700_000_000_123_456_789  # above 2**53: must survive without a float round trip
@@ -21,12 +30,15 @@ def _devices() -> list[DeviceInfo]:
                        192 * 1024**3, 750.0) for g in range(2)]
 
 
-def _samples() -> list[Sample]:
+def _samples(links: bool = False) -> list[Sample]:
+    """Three ticks of two GPUs; with ``links``, each GPU has two XGMI links carrying 1 and 2 MB per tick."""
     out = []
     for i in range(3):
         for g in range(2):
+            per_link = (LinkBytes(0, 1e6 * i, 0.5e6 * i), LinkBytes(1, 2e6 * i, 1e6 * i)) if links else ()
             out.append(Sample(T0 + i * 10_000_000 + g, "n1", g, gfx_clock_mhz=2000.0 - g, busy_ratio=0.5,
-                              power_w=600.0, energy_j=6.0 * i, temp_c=70.0))
+                              power_w=600.0, energy_j=6.0 * i, temp_c=70.0, link_tx_bytes=3e6 * i,
+                              link_rx_bytes=1.5e6 * i, links=per_link))
     return out
 
 
@@ -195,7 +207,7 @@ _BOUNDED = [(t, c, v) for t in BOUNDS for c in BOUNDS[t] for v in _out_of_range(
 @pytest.mark.parametrize(("table", "column", "value"), _BOUNDED)
 def test_every_column_out_of_range_is_named(tmp_path: Path, table: str, column: str, value: float) -> None:
     """Every bounded column of every table, just outside its range or infinite: file, column, row and fix."""
-    run = write_run(tmp_path / "run", _devices(), _samples(), _markers(), _collectives())
+    run = write_run(tmp_path / "run", _devices(), _samples(links=True), _markers(), _collectives())
     path = run / f"{table}.parquet"
     frame = pd.read_parquet(path)
     frame[column] = frame[column].astype(np.int64 if isinstance(value, int) else np.float64)
@@ -293,3 +305,58 @@ def test_bad_collective_rows_are_refused_naming_the_fix(tmp_path: Path, hazard: 
                   [{**_collectives()[0], "end_ns": T0}])
     hazard.outcome = (f"{len(messages) + 2} bad collectives tables refused, each naming the file or argument, the "
                       "row or column and the fix; a run without the table read as 0 collectives")
+
+
+def test_per_link_counters_round_trip_in_the_links_table(tmp_path: Path) -> None:
+    run = read_run(write_run(tmp_path / "run", _devices(), _samples(links=True), _markers()))
+    assert tuple(run.links.columns) == LINK_COLUMNS
+    assert len(run.links) == 3 * 2 * 2  # ticks x GPUs x links
+    last = run.links[run.links["ts_ns"] == T0 + 20_000_001]
+    assert last[["gpu", "link", "tx_bytes", "rx_bytes"]].values.tolist() == [[1, 0, 2e6, 1e6], [1, 1, 4e6, 2e6]]
+    assert run.links["ts_ns"].dtype == np.int64
+    # The samples table keeps its columns: the per-link tuple is not one of them.
+    assert tuple(run.samples.columns) == SAMPLE_COLUMNS
+    again = read_run(write_run(tmp_path / "copy", run.devices, run.samples, run.markers, links=run.links))
+    pd.testing.assert_frame_equal(again.links, run.links)
+
+
+def test_a_run_without_links_reads_as_none(run_dir: Path) -> None:
+    run = read_run(run_dir)
+    assert run.links.empty and tuple(run.links.columns) == LINK_COLUMNS
+    assert not (run_dir / "links.parquet").exists()
+
+
+@pytest.mark.hazard(item=2, input="links tables with a row that belongs to no sample, a link listed twice in one "
+                    "sample, a link index beyond 63, a text link index",
+                    promise="the run is refused with the file, the row or column and the fix; a run without the "
+                    "table reads as an empty one")
+def test_bad_link_rows_are_refused_naming_the_fix(tmp_path: Path, hazard: HazardOutcome) -> None:
+    def refusal(name: str, change: dict, row: int = 1, csv: bool = False) -> str:
+        run = write_run(tmp_path / name, _devices(), _samples(links=True), _markers())
+        frame = pd.read_parquet(run / "links.parquet")
+        for column, value in change.items():
+            frame[column] = frame[column].astype(object)
+            frame.loc[row, column] = value
+        (run / "links.parquet").unlink()
+        if csv:
+            frame.to_csv(run / "links.csv", index=False)
+        else:
+            frame.to_parquet(run / "links.parquet", index=False)
+        with pytest.raises(RunDirError) as err:
+            read_run(run)
+        return str(err.value)
+
+    messages = {
+        "orphan": refusal("a", {"ts_ns": T0 + 3}),
+        "twice": refusal("b", {"link": 0}),
+        "index": refusal("c", {"link": 64}),
+        "text": refusal("d", {"link": "one"}, csv=True),
+    }
+    assert f"links.parquet: row 1 (ts_ns={T0 + 3}, node=n1, gpu=0) belongs to no sample" in messages["orphan"]
+    assert "re-export the links table together with the samples table" in messages["orphan"]
+    assert "repeats link 0 of the sample" in messages["twice"] and "remove the duplicate rows" in messages["twice"]
+    assert "column link must be a link index from 0 to 63" in messages["index"]
+    assert "column link has non-numeric value 'one' (row 1)" in messages["text"]
+    assert read_run(write_run(tmp_path / "e", _devices(), _samples(), _markers())).links.empty
+    hazard.outcome = (f"{len(messages)} bad links tables refused, each naming the file, the row or column and the "
+                      "fix; a run without the table read as 0 link rows")
