@@ -292,6 +292,7 @@ class DumpDirWatcher:
             log.warning("event=inspector_file_behind path=%s skipped_bytes=%d", f.path, skip_to - f.offset)
             f.offset, f.discarding = skip_to, True
             f.partial.clear()
+            f.decoder.forget()
         fd = self._open(f)
         if fd is None:
             return 0
@@ -324,6 +325,7 @@ class DumpDirWatcher:
                                      "(no newline): skipped to the next newline; the file is not a plugin dump")
                         f.partial.clear()
                         f.discarding = True
+                        f.decoder.forget()
                     else:
                         f.partial += data[start:]
                 return
@@ -333,6 +335,7 @@ class DumpDirWatcher:
                 self._reject("line_too_long", f"{f.path}: a line longer than {self.max_record_bytes} bytes: "
                              "skipped; the file is not a plugin dump")
                 f.partial.clear()
+                f.decoder.forget()
             elif f.partial:
                 f.partial += data[start:newline]
                 self._line(f, bytes(f.partial), records)
@@ -345,7 +348,13 @@ class DumpDirWatcher:
         if not line.strip():
             return
         try:
-            decoded = f.decoder.decode(parse_line(line))
+            obj = parse_line(line)
+        except InspectorFormatError as exc:
+            f.decoder.forget()  # the line may have been a v4.4 marker
+            self._reject(exc.reason, f"{f.path}: {exc}")
+            return
+        try:
+            decoded = f.decoder.decode(obj)
         except InspectorFormatError as exc:
             if exc.reason == "unknown_version" and exc.version is not None:
                 label = exc.version if (exc.version in self._versions

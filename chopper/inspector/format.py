@@ -275,10 +275,17 @@ class RecordDecoder:
 
     One decoder per file: a v4.4 ``coll_perf`` line means the communicator of the marker written
     before it in the same file. Start a new decoder when the file starts over (truncated, replaced).
+    A refused line that may have been a marker, and a gap in the reading (``forget``), drop the
+    kept header: the bare lines up to the next marker are then refused (``missing_context``) rather
+    than given to the communicator of an older marker.
     """
 
     def __init__(self) -> None:
         self._context: RecordContext | None = None
+
+    def forget(self) -> None:
+        """Drop the kept header: lines were skipped, or a line could not be read at all."""
+        self._context = None
 
     def decode(self, obj: dict[str, Any]) -> InspectorRecord | DumpStats | None:
         """The record or marker of one line, or None for a kind this agent does not read (proxy_trace).
@@ -286,14 +293,20 @@ class RecordDecoder:
         Raises:
             InspectorFormatError: The line is refused; ``.reason`` says why.
         """
-        kind = record_kind(obj)
-        if kind == "dump_stats":
-            stats = parse_dump_stats(obj)
-            self._context = stats.context
-            return stats
-        if kind == "proxy_trace":
-            return None
-        return parse_record(obj, self._context)
+        bare = ("coll_perf" in obj or "p2p_perf" in obj) and "header" not in obj and "metadata" not in obj
+        try:
+            kind = record_kind(obj)
+            if kind == "dump_stats":
+                stats = parse_dump_stats(obj)
+                self._context = stats.context
+                return stats
+            if kind == "proxy_trace":
+                return None
+            return parse_record(obj, self._context)
+        except InspectorFormatError:
+            if not bare:  # perhaps the marker of the lines that follow
+                self._context = None
+            raise
 
 
 def _interval(trace: object, name: str) -> tuple[int | None, int | None]:

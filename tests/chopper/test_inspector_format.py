@@ -246,3 +246,21 @@ def test_a_truncated_last_record_is_not_a_record() -> None:
     with pytest.raises(InspectorFormatError) as err:
         parse_line(torn)
     assert err.value.reason == "not_json"
+
+
+def test_bare_lines_after_a_refused_marker_are_not_given_to_an_older_one() -> None:
+    marker, *bare = lines(FIXTURES / "v4.4" / "node-a-pid41003.log")
+    other = json.loads(marker)
+    other["header"]["id"], other["header"]["rank"] = "0xabc", 7     # a second communicator's marker, broken
+    decoder = RecordDecoder()
+    assert isinstance(decoder.decode(parse_line(marker)), DumpStats)
+    assert isinstance(decoder.decode(parse_line(bare[0])), InspectorRecord)
+    with pytest.raises(InspectorFormatError):
+        decoder.decode(other)
+    with pytest.raises(InspectorFormatError) as err:
+        decoder.decode(parse_line(bare[1]))   # the broken marker's line: not the first communicator's
+    assert err.value.reason == "missing_context"
+    decoder.decode(parse_line(marker))
+    decoder.forget()                          # the reader skipped bytes
+    with pytest.raises(InspectorFormatError):
+        decoder.decode(parse_line(bare[2]))
