@@ -264,3 +264,12 @@ def test_bare_lines_after_a_refused_marker_are_not_given_to_an_older_one() -> No
     decoder.forget()                          # the reader skipped bytes
     with pytest.raises(InspectorFormatError):
         decoder.decode(parse_line(bare[2]))
+
+
+def test_the_committed_fixtures_are_what_their_writer_writes(tmp_path: Path) -> None:
+    from tests.fixtures.inspector.write_dumps import main
+
+    main(tmp_path)
+    written = {p.relative_to(tmp_path): p.read_bytes() for p in tmp_path.rglob("*.log")}
+    committed = {p.relative_to(FIXTURES): p.read_bytes() for p in FIXTURES.rglob("*.log")}
+    assert written == committed
