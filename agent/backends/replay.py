@@ -20,17 +20,26 @@ per GPU), so consumers that difference counters never see them go backwards. Cyc
 before the current one began are skipped, not emitted, so one call returns at most the rest of
 the cycle it was in and the due part of the current one (a stalled sampler, or a recording a few
 nanoseconds long, cannot make it replay millions).
+
+Links. A run's ``links`` table (``chopper.runs.rundir``) becomes each replayed sample's
+``Sample.links``, matched on the sample's recorded ``ts_ns`` and ``gpu``; each link's counters
+grow per cycle by that link's own recorded span. A run without the table replays with empty
+``links``, and its summed ``link_tx_bytes``/``link_rx_bytes`` as recorded.
 """
 from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from agent.backends.base import BackendError, BackendUnavailable
 from chopper.runs.rundir import RunDirError, read_run
-from chopper.schema import SAMPLE_COLUMNS, DeviceInfo, Sample
+from chopper.schema import SAMPLE_COLUMNS, DeviceInfo, LinkBytes, Sample
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 # Cumulative sample columns; everything after gpu that is not listed here is an interval mean.
 CUMULATIVE_COLUMNS: tuple[str, ...] = (
@@ -120,6 +129,7 @@ class ReplayBackend:
         # A cycle lasts the recorded span plus one typical interval, so that the next cycle's first
         # sample does not share a timestamp with the previous cycle's last (typical = per-GPU median).
         self._period_ns = int(self._offsets[-1]) + (int(np.median(gaps)) if gaps.size else 1_000_000)
+        self._links, self._link_growth = _recorded_links(samples, run.links[run.links["node"] == chosen])
         self._cursor, self._cycle = 0, 0
         self.finished, self.start_ns = False, None
         self._opened = True
@@ -170,11 +180,43 @@ class ReplayBackend:
                 values[i, self._cum_idx] += self._cycle * self._cycle_growth[g]
         start, speed, node = self.start_ns or 0, self.speed, self.node
         return [
-            Sample(start + round((base + off) / speed), node, g, *vals)
-            for off, g, vals in zip(self._offsets[lo:hi].tolist(), self._gpus[lo:hi].tolist(),
-                                    values.tolist(), strict=True)
+            Sample(start + round((base + off) / speed), node, g, *vals, self._cycle_links(links, g))
+            for off, g, vals, links in zip(self._offsets[lo:hi].tolist(), self._gpus[lo:hi].tolist(),
+                                           values.tolist(), self._links[lo:hi], strict=True)
         ]
+
+    def _cycle_links(self, links: tuple[LinkBytes, ...], gpu: int) -> tuple[LinkBytes, ...]:
+        """A sample's recorded links, advanced by whole cycles of each link's growth."""
+        if not links or not self._cycle:
+            return links
+        grow, c = self._link_growth, self._cycle
+        return tuple(LinkBytes(k, tx + c * grow[(gpu, k)][0], rx + c * grow[(gpu, k)][1]) for k, tx, rx in links)
 
     def close(self) -> None:
         """Forget the loaded run; safe to call twice."""
         self._opened = False
+
+
+def _recorded_links(samples: pd.DataFrame, links: pd.DataFrame
+                    ) -> tuple[list[tuple[LinkBytes, ...]], dict[tuple[int, int], tuple[float, float]]]:
+    """Per sample row (in ``samples`` order), its links; and per ``(gpu, link)`` the (tx, rx) growth of one cycle.
+
+    Args:
+        samples: The node's samples, sorted by ``ts_ns`` as ``read_run`` returns them.
+        links: The node's rows of the run's links table.
+    """
+    per_sample: list[tuple[LinkBytes, ...]] = [()] * len(samples)
+    if links.empty:
+        return per_sample, {}
+    position = {(int(t), int(g)): i for i, (t, g) in enumerate(zip(samples["ts_ns"].tolist(),
+                                                                   samples["gpu"].tolist(), strict=True))}
+    grouped: dict[int, list[LinkBytes]] = {}
+    for t, g, k, tx, rx in links[["ts_ns", "gpu", "link", "tx_bytes", "rx_bytes"]].itertuples(index=False):
+        grouped.setdefault(position[(int(t), int(g))], []).append(LinkBytes(int(k), float(tx), float(rx)))
+    for i, row in grouped.items():
+        per_sample[i] = tuple(sorted(row))
+    ordered = links.sort_values("ts_ns", kind="stable").groupby(["gpu", "link"])
+    first, last = ordered[["tx_bytes", "rx_bytes"]].first(), ordered[["tx_bytes", "rx_bytes"]].last()
+    growth = {(int(g), int(k)): (float(v.tx_bytes), float(v.rx_bytes))
+              for (g, k), v in (last - first).iterrows()}
+    return per_sample, growth

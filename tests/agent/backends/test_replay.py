@@ -7,8 +7,8 @@ import pytest
 
 from agent.backends.base import Backend, BackendError, BackendUnavailable
 from agent.backends.replay import ReplayBackend
-from chopper.runs.rundir import RunDirError, write_run
-from chopper.schema import DeviceInfo, Sample
+from chopper.runs.rundir import RunDirError, read_run, write_run
+from chopper.schema import DeviceInfo, LinkBytes, Sample
 
 REC0 = 1_600_000_000_000_000_000  # recorded clock
 LIVE = 1_800_000_000_000_000_000  # live clock
@@ -124,3 +124,31 @@ def test_several_recorded_nodes_need_a_choice(tmp_path: Path) -> None:
 def test_sample_before_open(tmp_path: Path) -> None:
     with pytest.raises(BackendError, match=r"before open"):
         ReplayBackend("n", tmp_path).sample(LIVE)
+
+
+def _record_links(path: Path) -> Path:
+    """The run of ``_record`` with two NVLinks per GPU: at row i, link k has sent (k + 1)·i MB, received i MB."""
+    recorded = read_run(_record(path))
+    samples = [Sample(int(r.ts_ns), r.node, int(r.gpu), *(float(v) for v in r[3:]),
+                      links=tuple(LinkBytes(k, (k + 1) * 1e6 * i, 1e6 * i) for k in range(2)))
+               for i, r in enumerate(recorded.samples.itertuples(index=False))]
+    return write_run(path, recorded.devices, samples, [])
+
+
+def test_recorded_links_replay_with_their_samples_and_grow_per_cycle(tmp_path: Path) -> None:
+    run = _record_links(tmp_path / "run")
+    b = ReplayBackend("live", run, loop=True)
+    b.open()
+    first = b.sample(LIVE)[0]
+    assert first.links == (LinkBytes(0, 0.0, 0.0), LinkBytes(1, 0.0, 0.0))
+    cycle = b.sample(LIVE + 1001 * MS)
+    last = cycle[-1]  # GPU 1's 11th sample, row 21 of the recording
+    assert last.links == (LinkBytes(0, 21e6, 21e6), LinkBytes(1, 42e6, 21e6))
+    again = [s for s in b.sample(LIVE + 2102 * MS) if s.gpu == 1][-1]  # the same sample, one cycle on
+    assert again.links == (LinkBytes(0, 21e6 + 20e6, 21e6 + 20e6), LinkBytes(1, 42e6 + 40e6, 21e6 + 20e6))
+
+
+def test_a_run_without_links_replays_empty_links(tmp_path: Path) -> None:
+    b = ReplayBackend("live", _record(tmp_path / "run"))
+    b.open()
+    assert all(s.links == () for s in b.sample(LIVE + 2000 * MS))
