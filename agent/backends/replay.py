@@ -179,11 +179,13 @@ class ReplayBackend:
             for i, g in enumerate(self._gpus[lo:hi].tolist()):
                 values[i, self._cum_idx] += self._cycle * self._cycle_growth[g]
         start, speed, node = self.start_ns or 0, self.speed, self.node
-        return [
-            Sample(start + round((base + off) / speed), node, g, *vals, self._cycle_links(links, g))
-            for off, g, vals, links in zip(self._offsets[lo:hi].tolist(), self._gpus[lo:hi].tolist(),
-                                           values.tolist(), self._links[lo:hi], strict=True)
-        ]
+        out = []
+        for off, g, vals, links in zip(self._offsets[lo:hi].tolist(), self._gpus[lo:hi].tolist(), values.tolist(),
+                                       self._links[lo:hi], strict=True):
+            s = Sample(start + round((base + off) / speed), node, g, *vals)
+            s.links = self._cycle_links(links, g)
+            out.append(s)
+        return out
 
     def _cycle_links(self, links: tuple[LinkBytes, ...], gpu: int) -> tuple[LinkBytes, ...]:
         """A sample's recorded links, advanced by whole cycles of each link's growth."""
