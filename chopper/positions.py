@@ -7,14 +7,17 @@ ranks that wait in the same place (:func:`describe`), e.g.::
 
     ranks 0-6 inside collective all_reduce of step 1234 for 120 s; rank 7 inside phase backward of step 1234 for 121 s
 
-Pure and light: no grpc, protobuf or numpy import; a position is anything with the message's fields.
+Pure and light: no grpc, protobuf or numpy import at run time.
 """
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # annotations only: a position is read by its fields, and nothing here needs protobuf
+    from chopper.proto.chopper.v1.agent_pb2 import RankPosition as Position
 
 # What a rank is inside, innermost first: the label values of ``chopper_rank_position_seconds{kind}``.
 COLLECTIVE, PHASE, STEP, BETWEEN_STEPS = "collective", "phase", "step", "between_steps"
@@ -23,22 +26,6 @@ KINDS = (COLLECTIVE, PHASE, STEP, BETWEEN_STEPS)
 # ranks are scattered over many places still gets one bounded line.
 MAX_GROUPS = 6
 NS = 1_000_000_000
-
-
-class Position(Protocol):
-    """The fields of ``chopper.v1.RankPosition`` read here (times are CLOCK_REALTIME ns of the rank's node)."""
-
-    job: str
-    rank: int
-    step: int
-    step_begin_ns: int
-    phase: str
-    phase_begin_ns: int
-    collective: str
-    collective_begin_ns: int
-    last_marker_ns: int
-    as_of_ns: int
-    last_step: int
 
 
 @dataclass(frozen=True)
