@@ -228,6 +228,11 @@ def parse_record(obj: object, context: RecordContext | None = None) -> Inspector
     kind = record_kind(obj)
     if kind not in ("coll", "p2p"):
         raise InspectorFormatError("unknown_kind", f"a {kind} line, not a coll_perf or p2p_perf record: {_FIX}")
+    return _perf(obj, kind, context)
+
+
+def _perf(obj: Mapping[str, Any], kind: str, context: RecordContext | None) -> InspectorRecord:
+    """``parse_record`` once the line's kind is known."""
     if "header" in obj or "metadata" in obj:
         context = parse_context(obj)
     elif context is None:
@@ -302,7 +307,7 @@ class RecordDecoder:
                 return stats
             if kind == "proxy_trace":
                 return None
-            return parse_record(obj, self._context)
+            return _perf(obj, kind, self._context)
         except InspectorFormatError:
             if not bare:  # perhaps the marker of the lines that follow
                 self._context = None
