@@ -237,6 +237,9 @@ METRICS: tuple[MetricSpec, ...] = (
         "chopper_inspector_records_unplaced_total", "counter",
         "Inspector records without event timestamps (not verbose): placed to end at their dump time.", NODE,
     ),
+    MetricSpec("chopper_inspector_records_held_items", "gauge",
+               "Inspector records of a process that has not registered yet, waiting (up to 5 s) for the trainer's "
+               "first markers to name its rank.", NODE),
     MetricSpec("chopper_inspector_dir_present", "gauge", "1 while inspector_dir exists and can be listed.", NODE),
     MetricSpec("chopper_inspector_files", "gauge",
                "Dump files of inspector_dir, by state: tracked (being read), open (a handle held), untracked (beyond "

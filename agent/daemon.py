@@ -290,6 +290,9 @@ class Agent:
         if now_ns >= self._next_retire_ns:
             self._next_retire_ns = now_ns + RETIRE_INTERVAL_NS
             self.retire_idle(now_ns)
+            placed = self.inspector.expire()
+            if placed:
+                self.collectives.extend(placed)
 
     def _inspected(self, step: ClosedStep) -> bool:
         """Whether the Inspector records that cover ``step``'s end are in (True for a rank without any)."""
@@ -328,7 +331,9 @@ class Agent:
                 self._activity.seen(key, now_ns, state.open_step is not None)
                 if self._registered.get(key) != (batch.pid, state.gpu):
                     self._registered[key] = (batch.pid, state.gpu)
-                    self.inspector.register(batch.pid, batch.job, batch.rank, state.gpu)
+                    claimed = self.inspector.register(batch.pid, batch.job, batch.rank, state.gpu)
+                    if claimed:
+                        self.collectives.extend(claimed)
             if result.closed_steps:
                 # Still under the marker lock, so retirement sees these steps pending.
                 with self._state_lock:

@@ -224,6 +224,7 @@ class AgentCollector(Collector):
         for via, count in sorted(counts.mapped.items()):
             fam.add("chopper_inspector_records_mapped_total", (node, via), float(count))
         fam.add("chopper_inspector_records_unplaced_total", (node,), float(counts.unplaced))
+        fam.add("chopper_inspector_records_held_items", (node,), float(counts.held))
         h = self.view.inspector_reader
         if h is None:
             return

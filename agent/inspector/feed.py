@@ -13,7 +13,10 @@ process (hostname, pid) and its rank in that communicator, never the job (docs/I
 3. else ``unmapped``: job "" and rank -1; the record counts in the per-collective totals only.
 
 A pid registered by more than one ``(job, rank)`` (trainers in containers with their own pid
-namespaces) is ``ambiguous`` and falls through to rule 2.
+namespaces) is ambiguous and falls through to rule 2. A record of a pid nobody registered yet is
+held up to ``HOLD_NS`` first: NCCL's first collectives (communicator set-up, the first step's) can
+be dumped before the trainer's first marker batch reaches the agent, and they belong to its rank.
+A registration within that time claims them (rule 1); after it, rules 2 and 3 apply.
 
 Each mapped record becomes one interval ``[begin_ns, end_ns]`` of its rank (``CollectiveRecord``):
 the plugin's event timestamps where it wrote them (verbose dumps, ``placed``), else ending at its
@@ -34,8 +37,9 @@ one lock guards everything.
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter, OrderedDict, deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import PurePath
 
@@ -47,6 +51,10 @@ from chopper.proto.chopper.v1 import agent_pb2 as pb
 MAX_INTERVALS_PER_RANK = 8192
 # Jobs with per-collective totals on /metrics; an older job's series go when a new one arrives.
 MAX_JOBS = 64
+# How long a record of an unregistered pid waits for its registration, and how many wait at most
+# (beyond, the oldest is mapped by rules 2-3 at once).
+HOLD_NS = 5 * 10**9
+MAX_HELD = 8192
 # Processes whose largest communicator is remembered (rule 2).
 MAX_PIDS = 4096
 # Intervals that ended this long before a window's begin are not looked at (records of several
@@ -123,6 +131,7 @@ class FeedCounts:
     totals: dict[tuple[str, str, str], CollectiveTotals]
     ranks: int
     unplaced: int
+    held: int
 
 
 class InspectorFeed:
@@ -133,10 +142,12 @@ class InspectorFeed:
         max_ranks: Ranks whose intervals are kept; the one updated longest ago goes first.
     """
 
-    def __init__(self, node: str, max_ranks: int) -> None:
+    def __init__(self, node: str, max_ranks: int, clock: Callable[[], int] = time.monotonic_ns) -> None:
         self.node = node
         self.max_ranks = max_ranks
+        self._clock = clock
         self._lock = threading.Lock()
+        self._held: deque[tuple[int, InspectorRecord, str]] = deque()  # (arrival ns, record, directory job)
         self._pids: dict[int, set[tuple[str, int, int]]] = {}  # pid -> registered (job, rank, gpu)
         self._world: OrderedDict[int, tuple[int, int]] = OrderedDict()  # pid -> (largest comm size, rank in it)
         self._ranks: OrderedDict[tuple[str, int], _RankRecords] = OrderedDict()
@@ -146,14 +157,21 @@ class InspectorFeed:
 
     # -- registration (from the marker path) ---------------------------------------------------
 
-    def register(self, pid: int, job: str, rank: int, gpu: int) -> None:
-        """Note that ``(job, rank)`` on GPU ``gpu`` sends markers from process ``pid``."""
+    def register(self, pid: int, job: str, rank: int, gpu: int) -> list[pb.CollectiveRecord]:
+        """Note that ``(job, rank)`` on GPU ``gpu`` sends markers from process ``pid``; the held records
+        it claims and those whose hold ran out, placed, in their wire form."""
         if pid <= 0:
-            return
+            return []
         with self._lock:
             owners = self._pids.setdefault(pid, set())
             owners.difference_update({o for o in owners if o[:2] == (job, rank)})
             owners.add((job, rank, gpu))
+            out = self._expire(self._clock())
+            if any(r.pid == pid for _, r, _ in self._held):
+                claimed = [h for h in self._held if h[1].pid == pid]
+                self._held = deque(h for h in self._held if h[1].pid != pid)
+                out += [self._place(r, directory_job) for _, r, directory_job in claimed]
+            return out
 
     def forget(self, job: str, rank: int) -> None:
         """Drop a retired rank: its registration and its intervals."""
@@ -170,25 +188,48 @@ class InspectorFeed:
     def add(self, records: Iterable[InspectorRecord], path: str = "") -> list[pb.CollectiveRecord]:
         """Map records read from ``path`` (relative to ``inspector_dir``); their wire form, for subscribers."""
         directory_job = PurePath(path).parts[0] if len(PurePath(path).parts) > 1 else ""
-        out = []
+        now = self._clock()
         with self._lock:
+            out = self._expire(now)
             for r in records:
-                job, rank, gpu, via = self._map(r, directory_job)
-                self._mapped[via] += 1
-                begin_ns, end_ns, placed = _interval(r)
-                self._unplaced += not placed
-                self._add_totals(job, r)
-                if rank >= 0:
-                    self._add_interval(job, rank, gpu, CollectiveInterval(begin_ns, end_ns, r.bytes, r.collective,
-                                                                           placed), r.dump_ns)
-                out.append(pb.CollectiveRecord(
-                    job=job, node=self.node, rank=rank, gpu=gpu, collective=r.collective, begin_ns=begin_ns,
-                    end_ns=end_ns, placed=placed, exec_s=r.exec_s, timing_source=r.timing_source, bytes=r.bytes,
-                    algo_bandwidth_gbs=r.algo_gbs, bus_bandwidth_gbs=r.bus_gbs, comm_id=r.comm_id,
-                    comm_rank=r.comm_rank, comm_ranks=r.comm_ranks, comm_nodes=r.comm_nodes, seq=r.seq, pid=r.pid,
-                    format_version=r.version,
-                ))
+                if r.pid in self._pids:
+                    out.append(self._place(r, directory_job))
+                    continue
+                self._held.append((now, r, directory_job))
+                if len(self._held) > MAX_HELD:
+                    _, old, old_job = self._held.popleft()
+                    out.append(self._place(old, old_job))
         return out
+
+    def expire(self) -> list[pb.CollectiveRecord]:
+        """Place the held records whose hold ran out, in their wire form (the agent calls it about once a second)."""
+        with self._lock:
+            return self._expire(self._clock())
+
+    def _expire(self, now_ns: int) -> list[pb.CollectiveRecord]:
+        """Place the held records whose hold ran out (caller holds the lock)."""
+        out = []
+        while self._held and self._held[0][0] <= now_ns - HOLD_NS:
+            _, r, directory_job = self._held.popleft()
+            out.append(self._place(r, directory_job))
+        return out
+
+    def _place(self, r: InspectorRecord, directory_job: str) -> pb.CollectiveRecord:
+        """Map one record, add it to its rank and the totals; its wire form (caller holds the lock)."""
+        job, rank, gpu, via = self._map(r, directory_job)
+        self._mapped[via] += 1
+        begin_ns, end_ns, placed = _interval(r)
+        self._unplaced += not placed
+        self._add_totals(job, r)
+        if rank >= 0:
+            self._add_interval(job, rank, gpu, CollectiveInterval(begin_ns, end_ns, r.bytes, r.collective, placed),
+                               r.dump_ns)
+        return pb.CollectiveRecord(
+            job=job, node=self.node, rank=rank, gpu=gpu, collective=r.collective, begin_ns=begin_ns, end_ns=end_ns,
+            placed=placed, exec_s=r.exec_s, timing_source=r.timing_source, bytes=r.bytes,
+            algo_bandwidth_gbs=r.algo_gbs, bus_bandwidth_gbs=r.bus_gbs, comm_id=r.comm_id, comm_rank=r.comm_rank,
+            comm_ranks=r.comm_ranks, comm_nodes=r.comm_nodes, seq=r.seq, pid=r.pid, format_version=r.version,
+        )
 
     def _map(self, r: InspectorRecord, directory_job: str) -> tuple[str, int, int, str]:
         """(job, rank, gpu, via) of one record (caller holds the lock)."""
@@ -271,7 +312,7 @@ class InspectorFeed:
         with self._lock:
             totals = {(job, coll, bucket): CollectiveTotals(t.count, t.seconds, t.bytes, t.bus_bytes)
                       for job, by_key in self._totals.items() for (coll, bucket), t in by_key.items()}
-            return FeedCounts(dict(self._mapped), totals, len(self._ranks), self._unplaced)
+            return FeedCounts(dict(self._mapped), totals, len(self._ranks), self._unplaced, len(self._held))
 
 
 def _interval(r: InspectorRecord) -> tuple[int, int, bool]:

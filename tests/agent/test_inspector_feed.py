@@ -13,9 +13,29 @@ import pytest
 from agent.inspector import feed as feed_mod
 from agent.inspector.feed import InspectorFeed, size_bucket
 from chopper.inspector.format import InspectorRecord
+from chopper.proto.chopper.v1 import agent_pb2 as pb
 
 S = 10**9
 BASE = 1_700_000_000 * S
+
+
+class Clock:
+    """A monotonic clock the test moves, ns."""
+
+    def __init__(self) -> None:
+        self.ns = 0
+
+    def __call__(self) -> int:
+        return self.ns
+
+
+def unheld(feed: InspectorFeed, clock: Clock, *batches: tuple[list[InspectorRecord], str]) -> list[pb.CollectiveRecord]:
+    """Add ``batches`` as one poll each, then let their hold run out: the wire records placed."""
+    out = []
+    for records, path in batches:
+        out += feed.add(records, path)
+    clock.ns += feed_mod.HOLD_NS
+    return out + feed.add([], "")
 
 
 def record(pid: int = 100, begin_s: float | None = 1.0, end_s: float | None = 1.5, dump_s: float = 2.0,
@@ -43,16 +63,29 @@ def test_a_registered_pid_names_job_rank_and_gpu() -> None:
 
 
 def test_an_unregistered_pid_takes_job_from_the_directory_and_rank_from_its_largest_communicator() -> None:
-    feed = InspectorFeed("node-a", max_ranks=8)
-    feed.add([record(comm_ranks=8, comm_rank=6), record(comm_ranks=2, comm_rank=0)], "bert/node-a-100.log")
-    wires = feed.add([record(comm_ranks=2, comm_rank=1)], "bert/node-a-100.log")
-    assert [(w.job, w.rank, w.gpu) for w in wires] == [("bert", 6, -1)]  # the 8-rank world, not the pair
+    clock = Clock()
+    feed = InspectorFeed("node-a", max_ranks=8, clock=clock)
+    wires = unheld(feed, clock, ([record(comm_ranks=8, comm_rank=6), record(comm_ranks=2, comm_rank=0)],
+                                 "bert/node-a-100.log"), ([record(comm_ranks=2, comm_rank=1)], "bert/node-a-100.log"))
+    assert [(w.job, w.rank, w.gpu) for w in wires] == [("bert", 6, -1)] * 3  # the 8-rank world, not the pair
     assert feed.counts().mapped["directory"] == 3
 
 
+def test_records_dumped_before_the_trainer_registers_are_claimed_by_its_registration() -> None:
+    clock = Clock()
+    feed = InspectorFeed("node-a", max_ranks=8, clock=clock)
+    assert feed.add([record(), record()], "") == []
+    assert feed.counts().held == 2
+    clock.ns += feed_mod.HOLD_NS - 1
+    claimed = feed.register(100, "llama", 3, 5)
+    assert [(w.job, w.rank, w.gpu) for w in claimed] == [("llama", 3, 5)] * 2
+    assert feed.counts().mapped["registration"] == 2 and feed.counts().held == 0
+
+
 def test_a_record_of_no_known_process_outside_a_job_directory_is_unmapped_but_totalled() -> None:
-    feed = InspectorFeed("node-a", max_ranks=8)
-    (wire,) = feed.add([record()], "node-a-100.log")
+    clock = Clock()
+    feed = InspectorFeed("node-a", max_ranks=8, clock=clock)
+    (wire,) = unheld(feed, clock, ([record()], "node-a-100.log"))
     assert (wire.job, wire.rank) == ("", -1)
     counts = feed.counts()
     assert counts.mapped["unmapped"] == 1 and counts.ranks == 0
@@ -108,9 +141,13 @@ def test_totals_add_time_bytes_and_bus_bytes_by_collective_and_size() -> None:
 
 def test_memory_is_bounded_by_ranks_jobs_and_intervals(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(feed_mod, "MAX_JOBS", 4)
-    feed = InspectorFeed("node-a", max_ranks=2)
+    monkeypatch.setattr(feed_mod, "MAX_HELD", 3)
+    clock = Clock()
+    feed = InspectorFeed("node-a", max_ranks=2, clock=clock)
     for job in range(10):
         feed.add([record(pid=1000 + job, comm_rank=0)], f"job{job}/f.log")
+        assert feed.counts().held <= 3
+    unheld(feed, clock)
     counts = feed.counts()
     assert counts.ranks == 2 and len({job for job, _, _ in counts.totals}) == 4
     assert feed.has_feed("job9", 0) and not feed.has_feed("job0", 0)
@@ -122,8 +159,7 @@ def test_a_forgotten_rank_loses_its_registration_and_intervals() -> None:
     feed.add([record()], "")
     feed.forget("j", 0)
     assert not feed.has_feed("j", 0)
-    (wire,) = feed.add([record()], "")
-    assert wire.job == ""
+    assert feed.add([record()], "") == [] and feed.counts().held == 1  # waits for a registration again
 
 
 def test_size_buckets_are_half_open() -> None:
