@@ -21,7 +21,8 @@ Each poll:
    from their start.
 4. Read at most ``max_bytes_per_poll`` in all, in chunks, least recently read file first. A file
    more than ``max_lag_bytes`` behind is skipped forward to its last ``max_lag_bytes`` (counted
-   in ``bytes_skipped_total``): a backlog is read over several polls, never dropped silently.
+   in ``bytes_skipped_total``): a backlog up to that is read over several polls, and what is
+   dropped beyond it is counted, never silent.
 5. Split at newlines. A partial last line is kept until its newline arrives, up to
    ``max_record_bytes``; a longer line is counted as ``line_too_long`` and skipped to the next
    newline. Each line goes through ``chopper.inspector.RecordDecoder`` (one per file, for v4.4
@@ -464,7 +465,8 @@ class DumpDirWatcher:
 def _why(exc: OSError) -> str:
     """An OSError in words, with the fix for the usual ones."""
     if exc.errno == errno.ENOENT:
-        return "does not exist (yet): the plugin creates it at its first dump; it is polled again"
+        return ("does not exist (yet): create it for the jobs (the plugin makes only its own dump directory, "
+                "one level deep); it is polled again")
     if exc.errno == errno.EACCES:
         return "permission denied: give the agent's user read access (the plugin makes files 0666)"
     if exc.errno == errno.ENOTDIR:
