@@ -31,7 +31,7 @@ from dashboards import render
 from dashboards.params import RuleParams
 from dashboards.recording import GPU_BUSY, GPU_CLOCK
 from dashboards.rulefile import rules_yaml
-from tests.support.daemons import AgentProcess, AggregatorProcess
+from tests.support.daemons import AgentProcess, AggregatorProcess, stop_all
 from tests.support.polling import wait_until
 from tests.support.prometheus import ServerProcess, alertmanager_process, prom_query, prometheus_process
 from tests.support.training import start_training, stop_training
@@ -105,12 +105,7 @@ def stack(tmp_path: Path) -> Iterator[tuple[Webhook, ServerProcess, AgentProcess
         started.append(prom)
         yield hook, prom, agent, agg
     finally:
-        for process in reversed(started):
-            if isinstance(process, AgentProcess):
-                if process.proc is not None and process.proc.poll() is None:
-                    process.terminate()
-            else:
-                process.stop()
+        stop_all(started)
         hook.close()
 
 

@@ -32,7 +32,7 @@ from chopper.proto.chopper.v1 import aggregator_pb2 as apb
 from chopper.proto.chopper.v1 import aggregator_pb2_grpc as apb_grpc
 from dashboards.params import RuleParams
 from dashboards.rulefile import rules_yaml
-from tests.support.daemons import AgentProcess, AggregatorProcess
+from tests.support.daemons import AgentProcess, AggregatorProcess, stop_all
 from tests.support.polling import wait_until
 from tests.support.prometheus import ServerProcess, prometheus_process
 
@@ -75,12 +75,7 @@ def stack(tmp_path: Path) -> Iterator[tuple[AgentProcess, AggregatorProcess, Ser
         started.append(prom)
         yield agent, agg, prom
     finally:
-        for process in reversed(started):
-            if isinstance(process, AgentProcess):
-                if process.proc is not None and process.proc.poll() is None:
-                    process.terminate()
-            else:
-                process.stop()
+        stop_all(started)
 
 
 def _spawn(argv: list[str]) -> subprocess.Popen[str]:

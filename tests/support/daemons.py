@@ -168,3 +168,13 @@ class AggregatorProcess(Daemon):
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             self.proc.wait(15)
+
+
+def stop_all(started: list) -> None:
+    """Stop what a test started, the last started first: agents with SIGTERM, anything else by its ``stop()``."""
+    for process in reversed(started):
+        if isinstance(process, AgentProcess):
+            if process.proc is not None and process.proc.poll() is None:
+                process.terminate()
+        else:
+            process.stop()
