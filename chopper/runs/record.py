@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from chopper.runs.rundir import COLLECTIVE_COLUMNS, OPTIONAL_TABLES, TABLES, table_files
-from chopper.schema import DEVICE_COLUMNS, MARKER_COLUMNS, SAMPLE_COLUMNS, MarkerKind
+from chopper.schema import DEVICE_COLUMNS, LINK_COLUMNS, MARKER_COLUMNS, MAX_LINKS, SAMPLE_COLUMNS, MarkerKind
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -58,6 +58,8 @@ CONNECT_TIMEOUT_S = 5.0
 # Typecodes of the numeric columns ('q' int64, 'd' float64); every other column is text.
 _SAMPLE_INT = frozenset({"ts_ns", "gpu"})
 _SAMPLE_TEXT = frozenset({"node"})
+_LINK_INT = frozenset({"ts_ns", "gpu", "link"})
+_LINK_TEXT = frozenset({"node"})
 _MARKER_INT = frozenset({"ts_ns", "rank", "gpu", "step"})
 _MARKER_TEXT = frozenset({"job", "node", "kind", "name"})
 _COLLECTIVE_FLOAT = frozenset({"exec_s", "algo_bandwidth_gbs", "bus_bandwidth_gbs"})
@@ -103,6 +105,8 @@ class RecordStats:
         collectives: Inspector collective rows written.
         unfit_collectives: Inspector records left out because the data model cannot hold their
             values (``_fits``).
+        links: Per-link counter rows written (one per sample and NVLink / XGMI link).
+        unfit_links: Link entries left out because their index is beyond ``MAX_LINKS``.
     """
 
     out: Path
@@ -118,6 +122,8 @@ class RecordStats:
     unknown_kinds: int = 0
     collectives: int = 0
     unfit_collectives: int = 0
+    links: int = 0
+    unfit_links: int = 0
 
 
 def check_output(out: Path, force: bool = False) -> None:
@@ -219,6 +225,8 @@ def record(
     samples = _Columns(SAMPLE_COLUMNS, _SAMPLE_INT, _SAMPLE_TEXT)
     markers = _Columns(MARKER_COLUMNS, _MARKER_INT, _MARKER_TEXT)
     collectives = _Columns(COLLECTIVE_COLUMNS, _COLLECTIVE_INT, _COLLECTIVE_TEXT)
+    links = _Columns(LINK_COLUMNS, _LINK_INT, _LINK_TEXT)
+    unfit_links = 0
     gpus: set[tuple[str, int]] = set()
     missed = 0
     unknown_kinds = 0
@@ -259,6 +267,8 @@ def record(
                 node = samples.text(s.node)
                 s_nodes.append(node)
                 gpus.add((node, s.gpu))
+                if s.links:
+                    unfit_links += _append_links(links, s, node)
             samples.rows += len(batch.samples)
             for r in batch.markers:
                 if not _append_marker(markers, r):
@@ -280,17 +290,18 @@ def record(
 
     inspector, unfit = _fitting(collectives.frame().astype({"placed": bool}))
     unfit_collectives += unfit
-    _write(out, devices, samples, markers, inspector)
+    _write(out, devices, samples, markers, inspector, links)
     return RecordStats(
         out=out, node=info.node, devices=len(devices), gpus=len(gpus), samples=samples.rows,
         markers=markers.rows, missed=missed, duration_s=elapsed,
         ended_by="agent" if agent_error is not None else cancelled_for[0], agent_error=agent_error,
         unknown_kinds=unknown_kinds, collectives=len(inspector), unfit_collectives=unfit_collectives,
+        links=links.rows, unfit_links=unfit_links,
     )
 
 
 def _write(out: Path, devices: list[dict[str, Any]], samples: _Columns, markers: _Columns,
-           inspector: pd.DataFrame) -> None:
+           inspector: pd.DataFrame, links: _Columns) -> None:
     """``write_run``, turning an I/O failure into a ``RecordError`` without half-written tables."""
     from chopper.runs.rundir import write_run
 
@@ -300,7 +311,7 @@ def _write(out: Path, devices: list[dict[str, Any]], samples: _Columns, markers:
     tables = [path for table in (*TABLES, *OPTIONAL_TABLES) for path in table_files(out, table)]
     before = {path: stamp(path) for path in tables}
     try:
-        write_run(out, devices, samples.frame(), markers.frame(), inspector)
+        write_run(out, devices, samples.frame(), markers.frame(), inspector, links.frame() if links.rows else None)
     except OSError as exc:
         for path in tables:
             if stamp(path) != before[path]:
@@ -310,6 +321,24 @@ def _write(out: Path, devices: list[dict[str, Any]], samples: _Columns, markers:
             f"{markers.rows} markers recorded were not written. Free space (or choose another --out) and run "
             "`chopper record --since-buffer` again: the agent's buffers still hold the recent samples and markers"
         ) from exc
+
+
+def _append_links(links: _Columns, s: pb.Sample, node: str) -> int:
+    """Append one row per link of sample ``s``; return how many were left out (index beyond ``MAX_LINKS``)."""
+    d = links.data
+    unfit = 0
+    for k in s.links:
+        if k.link >= MAX_LINKS:  # only a newer agent sends one; the run's links table could not hold it
+            unfit += 1
+            continue
+        d["ts_ns"].append(s.ts_ns)
+        d["node"].append(node)
+        d["gpu"].append(s.gpu)
+        d["link"].append(k.link)
+        d["tx_bytes"].append(k.tx_bytes)
+        d["rx_bytes"].append(k.rx_bytes)
+        links.rows += 1
+    return unfit
 
 
 def _append_marker(markers: _Columns, r: pb.MarkerRecord) -> bool:

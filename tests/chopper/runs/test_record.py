@@ -77,6 +77,13 @@ def _assert_simulated_node(run_dir: Path) -> None:
         energy = rows.sort_values("ts_ns", kind="stable")["energy_j"].to_numpy()
         assert len(energy) > 1, f"gpu {gpu} has too few samples"
         assert (np.diff(energy) >= 0).all(), f"gpu {gpu}: cumulative energy went backwards"
+    # Each sample's links (three XGMI peers per simulated GPU of four) add up to its summed counters.
+    per_sample = run.links.groupby(["ts_ns", "gpu"])
+    assert (per_sample.size() == 3).all() and len(per_sample) == len(run.samples)
+    summed = run.samples.set_index(["ts_ns", "gpu"])[["link_tx_bytes", "link_rx_bytes"]]
+    links = per_sample[["tx_bytes", "rx_bytes"]].sum().reindex(summed.index)
+    assert np.allclose(links["tx_bytes"], summed["link_tx_bytes"], rtol=1e-12, atol=0)
+    assert np.allclose(links["rx_bytes"], summed["link_rx_bytes"], rtol=1e-12, atol=0)
 
 
 @pytest.mark.slow
@@ -112,6 +119,7 @@ def test_records_every_marker_of_a_training_run(agent: AgentProcess, tmp_path: P
     _assert_simulated_node(out)
     run = read_run(out)
     assert stats.samples == len(run.samples) and stats.markers == len(run.markers)
+    assert stats.links == len(run.links) and stats.unfit_links == 0
     markers = run.markers
     assert set(markers["job"]) == {"e2e"} and set(markers["node"]) == {"e2e-node"}
     for rank, counts in sent.items():
