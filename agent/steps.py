@@ -34,7 +34,7 @@ SUMMARY_TERMS = (
     "step_time_s", "ideal_s", "matrix_util_loss_s", "compute_at_clock_s", "dvfs_loss_s", "dvfs_power_s",
     "dvfs_thermal_s", "dvfs_current_s", "dvfs_other_s", "dvfs_unattributed_s", "exposed_comm_s", "idle_s", "mfu",
     "busy_ratio", "matrix_ratio", "mean_gfx_clock_mhz", "min_gfx_clock_mhz", "max_temp_c", "energy_j",
-    "tokens_per_s", "tokens_per_j",
+    "tokens_per_s", "tokens_per_j", "link_tx_bytes", "link_rx_bytes",
 )
 
 
@@ -114,7 +114,7 @@ def summarize(
             collective_s=float(coll["collective_s"][i]), collective_bytes=float(coll["collective_bytes"][i]),
             inspector_collective_s=float(coll["inspector_collective_s"][i]),
             inspector_bytes=float(coll["inspector_bytes"][i]), inspector_collectives=int(coll["inspector_count"][i]),
-            collective_source=int(coll["source"][i]), **figures,
+            collective_source=pb.CollectiveSource.Name(int(coll["source"][i])), **figures,
         )
         summary.mean_power_w = summary.energy_j / summary.step_time_s if summary.step_time_s > 0 else float("nan")
         summary.flags.extend(flags[i] if s.device_clock else (*flags[i], "cpu_clock"))
@@ -207,6 +207,7 @@ class RankFiguresNow:
     tokens: float
     mfu: float
     flags: dict[str, int]
+    link_bytes: dict[str, float]
 
 
 class RankFigures:
@@ -214,9 +215,11 @@ class RankFigures:
 
     Seconds by cause, seconds by phase name (the first ``MAX_PHASE_SERIES`` names seen; later
     names add to ``phases.OTHER``), collective seconds (the union of collective windows, hidden or
-    not) and tokens are counters; MFU is rolling over the steps that ended in the
-    last ``MFU_WINDOW_NS``: ``Σ ideal / Σ step time`` over steps whose ideal time is known, summed
-    per ``MFU_BUCKET_NS`` of step end (a step counts while its second is in the window). Memory per
+    not), tokens and NVLink / XGMI bytes by direction (``tx``, ``rx``: the growth of the GPU's
+    summed link counters over the step windows; steps that read none add nothing) are counters;
+    MFU is rolling over the steps that ended in the last ``MFU_WINDOW_NS``: ``Σ ideal / Σ step
+    time`` over steps whose ideal time is known, summed per ``MFU_BUCKET_NS`` of step end (a step
+    counts while its second is in the window). Memory per
     rank is bounded: ``MAX_PHASE_SERIES`` + 1 phase names, the flags the model and ingest raise, and
     at most ``MFU_WINDOW_NS / MFU_BUCKET_NS + 1`` buckets.
     """
@@ -231,6 +234,7 @@ class RankFigures:
         self.collective_sources: dict[str, int] = {}
         self.tokens = 0.0
         self.flags: dict[str, int] = {}
+        self.link_bytes: dict[str, float] = {"tx": 0.0, "rx": 0.0}
         self._recent: deque[list[float]] = deque()  # [bucket of end_ns, Σ ideal_s, Σ step_time_s], oldest first
 
     def add(self, s: pb.StepSummary) -> None:
@@ -261,6 +265,9 @@ class RankFigures:
         source = COLLECTIVE_SOURCES.get(s.collective_source, "none")
         self.collective_sources[source] = self.collective_sources.get(source, 0) + 1
         self.tokens += s.tokens
+        for direction, value in (("tx", s.link_tx_bytes), ("rx", s.link_rx_bytes)):
+            if not np.isnan(value):
+                self.link_bytes[direction] += value
         for flag in s.flags:
             self.flags[flag] = self.flags.get(flag, 0) + 1
 
@@ -268,7 +275,7 @@ class RankFigures:
         """A copy of the totals for one scrape, MFU over the window ending at ``now_ns``."""
         return RankFiguresNow(dict(self.seconds), dict(self.phase_s), self.collective_s, self.inspector_collective_s,
                               self.collective_bytes, self.disagreement_s, dict(self.collective_sources), self.tokens,
-                              self.mfu(now_ns), dict(self.flags))
+                              self.mfu(now_ns), dict(self.flags), dict(self.link_bytes))
 
     def mfu(self, now_ns: int) -> float:
         self._expire(now_ns)
