@@ -36,6 +36,7 @@ from benchmarks import (
     bench_instrument_overhead,
     bench_load_held,
     bench_marker_cost,
+    bench_predict_validation,
     bench_tls,
     bench_trace_vs_hta,
 )
@@ -156,6 +157,21 @@ BENCHES = (
         "bound = the same pairs of the step time; ours = the same pairs of `exposed_comm_s + straggler_wait_s` "
         "from the recorded run's attribution "
         "(`benchmarks/bench_exposed_truth.py`, `tests/e2e/exposed_truth_harness.py`).",
+    ),
+    Bench(
+        "predict_validation", bench_predict_validation.run,
+        "`chopper predict` step time vs the measured one, each of 4 real gloo configurations (2 and 4 ranks at "
+        f"{', '.join(f'{r / 1e6:g}' for r in bench_predict_validation.RATES)} Mbit/s) held back and predicted from "
+        "the other 3",
+        lambda r: (f"{r['within']}/{r['cases']} within goal, largest error {r['max_abs_error']:.1%} ("
+                   + ", ".join(f"{k} {v}" for k, v in r["table"].items()) + ")"),
+        f"within {bench_predict_validation.GOAL_REL_ERROR:.0%} of the measured step time on every held-back "
+        "configuration",
+        "real agent process; per world size one gloo DDP job launched by `torchrun` in two network namespaces "
+        "joined by a `tc`-limited veth pair, one phase per link rate, each phase's timed steps recorded into a run "
+        "directory of its own; truth = median `perf_counter` step time the job timed; predicted = `chopper "
+        "predict` from the other three runs with their bandwidths (`benchmarks/bench_predict_validation.py`, "
+        "`tests/support/scaling_runs.py`; the table is in docs/PREDICT.md).",
     ),
     Bench(
         "trace_vs_hta", bench_trace_vs_hta.run,
