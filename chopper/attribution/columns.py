@@ -24,6 +24,19 @@ STEP_COLUMNS: tuple[str, ...] = (
     "energy_j", "flops", "tokens", "tokens_per_s", "tokens_per_j",
     "flags", "phase_s",
 )
+# Offline rows (``chopper attribute`` of a recorded run) also carry where their collectives came from
+# (``collective_source.step_collectives``): ``collective_source`` ("markers", "inspector" or "none"),
+# which ``exposed_comm_s`` is computed from; ``collective_s``, the union of that source's intervals;
+# ``collective_bytes``, their bytes; the Inspector's own view whatever the source
+# (``inspector_collective_s`` and ``inspector_bytes``, NaN where no Inspector record covers the rank;
+# ``inspector_collectives``, records ended in the step); and ``collective_disagreement_s``, |marked
+# union − Inspector union| where the job marks collectives and the Inspector covers the rank.
+# Live summaries carry the same figures as StepSummary fields; rows read from the aggregator's
+# store do not carry these columns.
+COLLECTIVE_COLUMNS: tuple[str, ...] = (
+    "collective_source", "collective_s", "collective_bytes", "inspector_collective_s", "inspector_bytes",
+    "inspector_collectives", "collective_disagreement_s",
+)
 # Columns a reader of stored rows may find missing (rows written before they existed): filled empty.
 OPTIONAL_COLUMNS: tuple[str, ...] = ("phase_s",)
 

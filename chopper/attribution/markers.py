@@ -8,7 +8,18 @@ Algorithm:
 2. Phases and collectives: per ``(job, rank, kind, name, step)`` in time order, the k-th begin
    pairs with the k-th end (FIFO). Pairing within a step keeps one lost marker from shifting
    every later pair of that name. Unpaired ends or begins are skipped and reported.
-3. Each interval belongs to the step its markers name and is clipped to that step's window.
+3. Each interval belongs to the step its markers name and is clipped to that step's window. A
+   collective's bytes are its begin marker's, else its end marker's (the client sends them on both).
+
+Inspector collectives (the run's ``collectives`` table) are placed on the same step windows
+(``inspector_intervals``):
+
+4. A record names its rank by ``(job, rank)``. One whose ``(job, rank)`` has no steps in the run
+   (rank -1 or no job: the agent could not tell) takes the rank that drove its ``(node, gpu)``,
+   where exactly one rank with steps did; any other record is reported and not used.
+5. Per rank, its records are cut at its step windows in time order
+   (``collective_source.clip_to_steps``); a rank whose windows overlap (step numbers reused)
+   cannot place them and is reported.
 
 Everything is vectorised with pandas; the output frames are sorted by ``(job, rank, step)``.
 """
@@ -19,7 +30,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from chopper.attribution.collective_source import Intervals, clip_to_steps
+
 STEP_KEY = ["job", "rank", "step"]
+RANK_KEY = ["job", "rank"]
 
 
 @dataclass
@@ -29,7 +43,7 @@ class MarkerTables:
     Attributes:
         steps: One row per step: job, rank, step, node, gpu, begin_ns, end_ns, flops, tokens.
         intervals: One row per phase or collective: job, rank, step, is_collective, name,
-            begin_ns, end_ns (clipped to the step window).
+            begin_ns, end_ns (clipped to the step window), bytes (NaN where neither marker has any).
         problems: Human-readable descriptions of markers that could not be paired.
     """
 
@@ -92,8 +106,8 @@ def paired_intervals(markers: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     span["nth"] = span.groupby([*key, "is_begin"], sort=False).cumcount()
     begin = span[span["is_begin"]]
     end = span[~span["is_begin"]]
-    merged = begin[[*key, "nth", "ts_ns"]].merge(
-        end[[*key, "nth", "ts_ns"]], on=[*key, "nth"], how="outer", suffixes=("_begin", "_end"), indicator=True
+    merged = begin[[*key, "nth", "ts_ns", "bytes"]].merge(
+        end[[*key, "nth", "ts_ns", "bytes"]], on=[*key, "nth"], how="outer", suffixes=("_begin", "_end"), indicator=True
     )
     problems += _describe(merged[merged["_merge"] == "left_only"], "phase/collective begins without an end")
     problems += _describe(merged[merged["_merge"] == "right_only"], "phase/collective ends without a begin")
@@ -103,6 +117,7 @@ def paired_intervals(markers: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
         "step": both["step"].to_numpy(dtype=np.int64), "is_collective": both["is_collective"].to_numpy(dtype=bool),
         "name": both["name"].to_numpy(dtype=object), "begin_ns": both["ts_ns_begin"].to_numpy(dtype=np.int64),
         "end_ns": both["ts_ns_end"].to_numpy(dtype=np.int64),
+        "bytes": both["bytes_begin"].fillna(both["bytes_end"]).to_numpy(dtype=np.float64),
     })
     return intervals, problems
 
@@ -115,5 +130,57 @@ def marker_tables(markers: pd.DataFrame) -> MarkerTables:
     inside["begin_ns"] = np.maximum(inside["begin_ns"], inside["begin_ns_step"])
     inside["end_ns"] = np.minimum(inside["end_ns"], inside["end_ns_step"])
     inside = inside[inside["end_ns"] > inside["begin_ns"]]
-    return MarkerTables(steps, inside[["job", "rank", "step", "is_collective", "name", "begin_ns", "end_ns"]],
+    return MarkerTables(steps, inside[["job", "rank", "step", "is_collective", "name", "begin_ns", "end_ns", "bytes"]],
                         problems + more)
+
+
+def inspector_intervals(steps: pd.DataFrame, collectives: pd.DataFrame) -> tuple[Intervals, np.ndarray, list[str]]:
+    """Inspector records on the step windows of their ranks (module docstring, steps 4-5).
+
+    Args:
+        steps: One row per step: job, rank, node, gpu, begin_ns, end_ns (any order).
+        collectives: The run's collectives table (``chopper.runs.rundir.COLLECTIVE_COLUMNS``).
+
+    Returns:
+        The intervals, their ``row`` a position in ``steps``; per step, whether an Inspector
+        record was matched to its rank (``has_feed``); one line per group of records not used.
+    """
+    has_feed = np.zeros(len(steps), bool)
+    if collectives.empty or steps.empty:
+        return Intervals.empty(), has_feed, []
+    steps = steps.reset_index(drop=True)
+    records = collectives[["job", "rank", "node", "gpu", "begin_ns", "end_ns", "bytes"]].astype(
+        {"node": str, "gpu": np.int64, "rank": np.int64})
+    ranks = steps[RANK_KEY].drop_duplicates()
+    named = records.merge(ranks.assign(stepped=True), on=RANK_KEY, how="left")["stepped"].notna().to_numpy()
+    # A GPU driven by exactly one rank with steps lends it to the records that name none.
+    owners = steps[["node", "gpu", *RANK_KEY]].astype({"node": str}).drop_duplicates()
+    owners = owners[~owners.duplicated(["node", "gpu"], keep=False)]
+    lent = records[~named].reset_index(drop=True)
+    owner = lent[["node", "gpu"]].merge(owners, on=["node", "gpu"], how="left")
+    unplaced = owner["rank"].isna().to_numpy()
+    problems = [
+        f"{len(g)} Inspector collective records of node {node!r} gpu {gpu} name job {job!r} rank {rank}, which has "
+        "no steps in this run, and no single rank with steps drove that GPU: not used. Record the job's markers "
+        "on that node, or check the agent's mapping of processes to ranks (docs/INSPECTOR.md)"
+        for (node, gpu, job, rank), g in lent[unplaced].groupby(["node", "gpu", "job", "rank"], sort=True)
+    ]
+    lent[RANK_KEY] = owner[RANK_KEY]
+    placed = pd.concat([records[named], lent[~unplaced].astype({"rank": np.int64})], ignore_index=True)
+    pieces: list[Intervals] = []
+    step_rows = steps.groupby(RANK_KEY, sort=False).indices
+    for key, idx in placed.groupby(RANK_KEY, sort=True).indices.items():
+        rows = step_rows[key]
+        rows = rows[np.argsort(steps["begin_ns"].to_numpy()[rows], kind="stable")]
+        begin, end = steps["begin_ns"].to_numpy(np.int64)[rows], steps["end_ns"].to_numpy(np.int64)[rows]
+        if np.any(end[:-1] > begin[1:]):
+            problems.append(f"job {key[0]!r} rank {key[1]}: step windows overlap (step numbers reused?), so its "
+                            f"{len(idx)} Inspector collective records cannot be placed on steps: not used")
+            continue
+        got = placed.iloc[idx]
+        iv = clip_to_steps(begin, end, got["begin_ns"].to_numpy(np.int64), got["end_ns"].to_numpy(np.int64),
+                           got["bytes"].to_numpy(np.float64))
+        pieces.append(Intervals(rows[iv.row].astype(np.int64), iv.lo_ns, iv.hi_ns, iv.bytes, iv.counted))
+        has_feed[step_rows[key]] = True
+    return Intervals.join(pieces), has_feed, problems
+

@@ -15,6 +15,10 @@ For one rank's step window ``[b, e]``, ``T = e − b``:
 Beside the account, each step's phase times (``phases.py``): per phase name, the union of its
 windows in the step.
 
+Collectives come from the job's collective markers, else from the NCCL / RCCL Inspector's records
+of the run's ``collectives`` table placed on the rank's steps (``markers.inspector_intervals``);
+``collective_source.py`` is the rule, and ``X`` is computed from the collectives it chooses.
+
 Inputs are the DESIGN tables (``chopper.runs.rundir.RecordedRun`` or the agent's buffers) as pandas
 frames; marker kinds are lower-case labels. Per GPU, every step window on it is evaluated at once
 (``timeline.GpuTimeline``), so a run costs a few numpy calls per GPU, not per step.
@@ -29,13 +33,16 @@ import numpy.typing as npt
 import pandas as pd
 
 from chopper.attribution import dvfs, exposed_comm, ideal, idle, matrix_util, phases, straggler
-from chopper.attribution.columns import DVFS_CAUSES, FLAGS, STEP_COLUMNS
-from chopper.attribution.markers import STEP_KEY, marker_tables
+from chopper.attribution.collective_source import SOURCE_LABELS, Intervals, step_collectives
+from chopper.attribution.columns import COLLECTIVE_COLUMNS, DVFS_CAUSES, FLAGS, STEP_COLUMNS
+from chopper.attribution.markers import STEP_KEY, inspector_intervals, marker_tables
 from chopper.attribution.timeline import F64, GpuTimeline
 from chopper.schema import THROTTLE_CAUSES
 
 RATIOS = ("busy_ratio", "matrix_ratio", "gfx_clock_mhz", "temp_c")
-COUNTERS = ("energy_j", *(f"throttle_{c}_s" for c in THROTTLE_CAUSES))
+# Link bytes are the summed NVLink / XGMI counters: per GPU, all links, not per link.
+LINK_COUNTERS = ("link_tx_bytes", "link_rx_bytes")
+COUNTERS = ("energy_j", *(f"throttle_{c}_s" for c in THROTTLE_CAUSES), *LINK_COUNTERS)
 # A step is "partially covered" when samples miss more than this share of its window.
 COVERAGE_TOLERANCE = 1e-3
 
@@ -49,7 +56,8 @@ class Attribution:
     """Result of ``attribute``.
 
     Attributes:
-        steps: One row per (job, rank, step) with ``columns.STEP_COLUMNS``.
+        steps: One row per (job, rank, step) with ``columns.STEP_COLUMNS`` (and, from
+            ``attribute``, ``columns.COLLECTIVE_COLUMNS``).
         stragglers: The slowest rank of every multi-rank step with its evidence.
         problems: Markers that could not be used, one line per (job, rank) and kind.
     """
@@ -89,7 +97,7 @@ def _timelines(samples: pd.DataFrame, base_ns: int) -> dict[tuple[str, int], Gpu
 
 
 FIGURES = ("covered_ns", "busy_known_ns", "busy", "busy_clock", "busy_w", "clock", "matrix", "min_clock",
-           "max_temp", "energy_j", *(f"res_{c}" for c in THROTTLE_CAUSES))
+           "max_temp", "energy_j", *(f"res_{c}" for c in THROTTLE_CAUSES), *LINK_COUNTERS)
 
 
 def window_figures(tl: GpuTimeline, b: F64, e: F64) -> dict[str, F64]:
@@ -107,6 +115,8 @@ def window_figures(tl: GpuTimeline, b: F64, e: F64) -> dict[str, F64]:
     fig["energy_j"] = tl.counter_delta("energy_j", b, e)
     for c in THROTTLE_CAUSES:
         fig[f"res_{c}"] = tl.counter_delta(f"throttle_{c}_s", b, e)
+    for c in LINK_COUNTERS:
+        fig[c] = tl.counter_delta(c, b, e)
     return fig
 
 
@@ -161,6 +171,7 @@ def rank_terms(
         "mean_gfx_clock_mhz": mean_clock, "min_gfx_clock_mhz": fig["min_clock"], "max_temp_c": fig["max_temp"],
         "energy_j": energy, "flops": flops, "tokens": tokens,
         "tokens_per_s": _ratio(tokens, step_s), "tokens_per_j": _ratio(tokens, energy), "compute_s": compute_s,
+        **{c: fig[c] for c in LINK_COUNTERS},
         # Flag conditions, named as in columns.FLAGS.
         "no_flops": ~(flops > 0), "no_peak": (flops > 0) & ~(peak_flops > 0), "ideal_exceeds_compute": over,
         "no_gpu": np.isnan(max_clock_mhz), "no_samples": ~(fig["busy_known_ns"] > 0),
@@ -180,7 +191,8 @@ def flag_tuples(conditions: dict[str, npt.NDArray[Any]]) -> list[tuple[str, ...]
 
 
 def attribute(
-    devices: pd.DataFrame, samples: pd.DataFrame, markers: pd.DataFrame, job: str | None = None
+    devices: pd.DataFrame, samples: pd.DataFrame, markers: pd.DataFrame, job: str | None = None,
+    collectives: pd.DataFrame | None = None,
 ) -> Attribution:
     """Attribute every step of every rank (module docstring, steps 1-6).
 
@@ -189,6 +201,8 @@ def attribute(
         samples: DESIGN sample rows.
         markers: DESIGN marker rows with lower-case kind labels.
         job: Only this job; all jobs when None.
+        collectives: The run's Inspector collective records (``rundir.COLLECTIVE_COLUMNS``); None
+            or empty: the markers' collectives only.
 
     Raises:
         AttributionError: Samples that contradict the data model (repeated timestamps, counters
@@ -221,14 +235,20 @@ def attribute(
     key_index = pd.MultiIndex.from_frame(steps[STEP_KEY])
     iv = tables.intervals
     iv_step = key_index.get_indexer(pd.MultiIndex.from_frame(iv[STEP_KEY])) if len(iv) else np.zeros(0, np.int64)
+    iv_step = iv_step.astype(np.int64)
     is_coll = iv["is_collective"].to_numpy(dtype=bool)
     iv_begin, iv_end = iv["begin_ns"].to_numpy(dtype=np.int64), iv["end_ns"].to_numpy(dtype=np.int64)
-    exposed = exposed_comm.exposed_seconds(n, iv_step.astype(np.int64), is_coll, iv_begin, iv_end)
     phase = ~is_coll
-    phase_s = phases.phase_seconds(n, iv_step[phase].astype(np.int64), iv["name"].to_numpy()[phase].tolist(),
+    phase_s = phases.phase_seconds(n, iv_step[phase], iv["name"].to_numpy()[phase].tolist(),
                                    iv_begin[phase], iv_end[phase])
+    inspector, has_feed, unplaced = inspector_intervals(steps, _job_records(collectives, job))
+    problems += unplaced
+    coll = step_collectives(
+        n, Intervals(iv_step[is_coll], iv_begin[is_coll], iv_end[is_coll], iv["bytes"].to_numpy(np.float64)[is_coll]),
+        inspector, Intervals.spans(iv_step[phase], iv_begin[phase], iv_end[phase]), has_feed,
+    )
     terms = rank_terms(
-        step_s, fig, exposed, steps["max_gfx_clock_mhz"].to_numpy(dtype=np.float64),
+        step_s, fig, coll["exposed_s"], steps["max_gfx_clock_mhz"].to_numpy(dtype=np.float64),
         steps["flops"].to_numpy(dtype=np.float64), steps["peak_flops"].to_numpy(dtype=np.float64),
         steps["tokens"].to_numpy(dtype=np.float64),
     )
@@ -244,4 +264,16 @@ def attribute(
     conditions["slowest_rank"] = slowest.notna().to_numpy(dtype=bool)
     out["flags"] = flag_tuples(conditions) if n else []
     out["phase_s"] = phase_s
-    return Attribution(out[list(STEP_COLUMNS)].reset_index(drop=True), slow, problems)
+    out["collective_source"] = [SOURCE_LABELS[int(s)] for s in coll["source"]]
+    out["collective_disagreement_s"] = coll["disagreement_s"]
+    out["inspector_collectives"] = coll["inspector_count"]
+    for name in ("collective_s", "collective_bytes", "inspector_collective_s", "inspector_bytes"):
+        out[name] = coll[name]
+    return Attribution(out[[*STEP_COLUMNS, *COLLECTIVE_COLUMNS]].reset_index(drop=True), slow, problems)
+
+
+def _job_records(collectives: pd.DataFrame | None, job: str | None) -> pd.DataFrame:
+    """The Inspector records that may belong to ``job``: its own and those the agent could not name a job for."""
+    if collectives is None:
+        return pd.DataFrame()
+    return collectives if job is None else collectives[collectives["job"].isin((job, ""))]

@@ -7,14 +7,18 @@ JSON shape (``chopper attribute --json``)::
                 "current", "other", "unattributed"}, "exposed_comm_s", "straggler_wait_s",
                 "idle_s", "mfu", "busy_ratio", "matrix_ratio", "mean_gfx_clock_mhz",
                 "min_gfx_clock_mhz", "max_temp_c", "energy_j", "tokens_per_s", "tokens_per_j",
-                "flags": [...], "phase_s": {"forward": 0.012, ...}}, ...],
+                "flags": [...], "phase_s": {"forward": 0.012, ...},
+                "collectives": {"source", "collective_s", "bytes", "inspector_s",
+                                "inspector_bytes", "inspector_count", "disagreement_s"}}, ...],
      "summary": {"jobs": [...per job totals...], "ranks": [...per rank totals...],
                  "stragglers": [...slowest rank per step...], "problems": [...]}}
 
 Unknown values (NaN) are ``null``. Totals are sums of seconds; ``mfu`` of a total is
 ``Σ ideal / Σ step time`` over the steps whose ideal time is known. ``phase_s`` of a step maps
 each phase name to the union of its windows in the step, s (phases may nest, so they need not
-add up to the step time); of a total, the sum over its steps.
+add up to the step time); of a total, the sum over its steps. ``collectives`` (runs, not the
+aggregator's store) says where the step's collectives came from (``columns.COLLECTIVE_COLUMNS``):
+``source`` is ``markers``, ``inspector`` or ``none``.
 """
 from __future__ import annotations
 
@@ -23,10 +27,15 @@ from typing import Any
 
 import pandas as pd
 
-from chopper.attribution.columns import DVFS_CAUSES
+from chopper.attribution.columns import COLLECTIVE_COLUMNS, DVFS_CAUSES
 from chopper.attribution.model import Attribution
 
 TERMS = ("step_time_s", "ideal_s", "matrix_util_loss_s", "dvfs_loss_s", "exposed_comm_s", "straggler_wait_s", "idle_s")
+# JSON names of columns.COLLECTIVE_COLUMNS inside a step's "collectives".
+COLLECTIVE_KEYS = dict(zip(COLLECTIVE_COLUMNS, ("source", "collective_s", "bytes", "inspector_s", "inspector_bytes",
+                                                "inspector_count", "disagreement_s"), strict=True))
+# How the table names each collective source.
+SOURCE_WORDS = (("markers", "the markers"), ("inspector", "the Inspector"), ("none", "no collective"))
 EXTRA = ("node", "gpu", "busy_ratio", "matrix_ratio", "mean_gfx_clock_mhz", "min_gfx_clock_mhz", "max_temp_c",
          "energy_j", "flops", "tokens", "tokens_per_s", "tokens_per_j")
 
@@ -83,6 +92,8 @@ def to_json(result: Attribution) -> dict[str, Any]:
         item.update({k: _clean(row[k]) for k in EXTRA})
         item["flags"] = list(row["flags"])
         item["phase_s"] = dict(row["phase_s"])
+        if "collective_source" in row:
+            item["collectives"] = {key: _clean(row[column]) for column, key in COLLECTIVE_KEYS.items()}
         rows.append(item)
     return {"steps": rows, "summary": summary(result)}
 
@@ -93,6 +104,18 @@ TABLE = (
     ("wait", "{:>7.1f}", 7), ("idle", "{:>7.1f}", 7), ("mfu%", "{:>5.1f}", 5), ("clk_MHz", "{:>7.0f}", 7),
     ("flags", "{}", 0),
 )
+
+
+def _collective_line(steps: pd.DataFrame) -> str:
+    """Where one job's collectives came from, and how far the markers and the Inspector disagree."""
+    counts = steps["collective_source"].value_counts()
+    line = "  collectives: " + ", ".join(f"{counts[source]} rank-steps from {words}"
+                                         for source, words in SOURCE_WORDS if source in counts)
+    disagreement = steps["collective_disagreement_s"].dropna()
+    if len(disagreement):
+        line += (f"; markers and Inspector differ by {1e3 * disagreement.mean():.1f} ms per rank-step "
+                 f"(mean of {len(disagreement)})")
+    return line
 
 
 def format_table(result: Attribution) -> str:
@@ -122,6 +145,8 @@ def format_table(result: Attribution) -> str:
             per_step = ", ".join(f"{name} {1e3 * seconds / job['steps']:.1f} ms"
                                  for name, seconds in job["phase_s"].items())
             lines.append(f"  phases, mean per rank-step: {per_step}")
+        if "collective_source" in result.steps:
+            lines.append(_collective_line(result.steps[result.steps["job"] == job["job"]]))
     slow = result.stragglers
     if len(slow):
         worst = slow.sort_values("compute_excess_s", ascending=False).head(5)
@@ -134,6 +159,6 @@ def format_table(result: Attribution) -> str:
                 f" max {s.max_temp_c:.0f} C, cause {s.cause}"
             )
     if result.problems:
-        lines.append("\nmarkers not used:")
+        lines.append("\nmarkers and Inspector records not used:")
         lines += [f"  {p}" for p in result.problems]
     return "\n".join(lines)
