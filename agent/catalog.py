@@ -47,6 +47,12 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("chopper_gpu_peak_flops_per_second", "gauge", "Peak dense BF16 FLOP/s at max clock.", GPU),
     MetricSpec("chopper_gpu_link_tx_bytes_total", "counter", "Bytes sent over XGMI/NVLink.", GPU),
     MetricSpec("chopper_gpu_link_rx_bytes_total", "counter", "Bytes received over XGMI/NVLink.", GPU),
+    MetricSpec(
+        "chopper_gpu_link_bytes_total", "counter",
+        "Bytes over one XGMI/NVLink link, by the vendor's link index and direction (tx sent, rx received); "
+        "one series per link the backend reads (at most 64), which add up to chopper_gpu_link_{tx,rx}_bytes_total.",
+        (*GPU, "link", "direction"),
+    ),
     MetricSpec("chopper_gpu_pcie_tx_bytes_total", "counter", "Bytes sent over PCIe.", GPU),
     MetricSpec("chopper_gpu_pcie_rx_bytes_total", "counter", "Bytes received over PCIe.", GPU),
     MetricSpec(
@@ -118,6 +124,12 @@ METRICS: tuple[MetricSpec, ...] = (
     ),
     MetricSpec("chopper_rank_mfu_ratio", "gauge", "Model FLOPs utilisation over the steps of the last minute, 0-1.",
                RANK),
+    MetricSpec(
+        "chopper_rank_link_bytes_total", "counter",
+        "XGMI/NVLink bytes of the rank's GPU over its summarised steps, all links, by direction (tx, rx): the "
+        "GPU's counters, so ranks sharing a GPU each count its traffic; beside chopper_rank_collective_bytes_total "
+        "it shows traffic no collective claims.", (*RANK, "direction"),
+    ),
     MetricSpec("chopper_rank_tokens_total", "counter", "Tokens the rank's summarised steps processed.", RANK),
     MetricSpec("chopper_rank_flagged_steps_total", "counter", "Summarised steps carrying a flag, by flag.",
                (*RANK, "flag")),

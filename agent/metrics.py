@@ -102,6 +102,9 @@ class AgentCollector(Collector):
                 fam.add(name, gl, value)
             for cause in THROTTLE_CAUSES:
                 fam.add("chopper_gpu_throttle_seconds_total", (*gl, cause), getattr(s, f"throttle_{cause}_s"))
+            for link, tx, rx in s.links:
+                fam.add("chopper_gpu_link_bytes_total", (*gl, str(link), "tx"), tx)
+                fam.add("chopper_gpu_link_bytes_total", (*gl, str(link), "rx"), rx)
 
     def _workloads(self, fam: Families) -> None:
         node = self.view.node
@@ -154,6 +157,8 @@ class AgentCollector(Collector):
                     fam.add("chopper_rank_collective_source_steps_total", (*rl, source), float(count))
                 fam.add("chopper_rank_mfu_ratio", rl, now.mfu)
                 fam.add("chopper_rank_tokens_total", rl, now.tokens)
+                for direction, value in now.link_bytes.items():
+                    fam.add("chopper_rank_link_bytes_total", (*rl, direction), value)
                 for flag, count in sorted(now.flags.items()):
                     fam.add("chopper_rank_flagged_steps_total", (*rl, flag), float(count))
 
