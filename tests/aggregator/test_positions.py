@@ -20,7 +20,9 @@ def _at(job: str, rank: int, collective: str = "all_reduce", step: int = 40) -> 
                            collective=collective, collective_begin_ns=2 * NS, as_of_ns=122 * NS)
 
 
-def test_positions_delivered_without_summaries_answer_query_steps(tmp_path: Path) -> None:
+@pytest.mark.hazard(item=16, input="a delivered position with rank -1, beside good ones, in batches without summaries",
+                    promise="the bad position is dropped and counted (rejected), the good ones answer QuerySteps")
+def test_positions_delivered_without_summaries_answer_query_steps(tmp_path: Path, hazard: HazardOutcome) -> None:
     agg = RunningAggregator(tmp_path)
     try:
         batches = [
@@ -37,6 +39,8 @@ def test_positions_delivered_without_summaries_answer_query_steps(tmp_path: Path
         m = agg.scrape()
         assert m[("chopper_aggregator_rank_positions", ())] == 4.0
         assert m[("chopper_aggregator_rank_positions_dropped_total", (("reason", "rejected"),))] == 1.0
+        hazard.outcome = (f"{len(reply.positions)} positions of job j answered, 1 rejected and counted, "
+                          f"{len(acks)} batches acknowledged")
     finally:
         agg.stop()
 
