@@ -73,6 +73,8 @@ RETIRE_INTERVAL_NS = 10**9
 # almost never waiting for a summary, and the bound keeps a refusal O(1) when all are.
 ROOM_SCAN = 64
 RankKey = tuple[str, int]
+# Where the ranks are is read again once the last read is this old (ns): readers ask about once a second.
+POSITIONS_MAX_AGE_NS = 250_000_000
 # Rejection reasons of this module (the marker ingest's are agent.markers.REJECTION_REASONS).
 ADMISSION_REASONS: dict[str, str] = {
     "too_many_ranks": "the batch is the first of a new (job, rank) while max_ranks are tracked and none can make room: "
@@ -204,6 +206,8 @@ class Agent:
         self._state_lock = threading.Lock()
         # Last marker per (job, rank), guarded by the marker lock; what retirement goes by.
         self._activity = RankActivity()
+        # The last read of where the ranks are, (agent clock ns, positions), shared by its readers.
+        self._positions: tuple[int, list[pb.RankPosition]] = (0, [])
         # The (pid, GPU) each rank last registered with the Inspector feed, guarded by the marker lock.
         self._registered: dict[RankKey, tuple[int, int]] = {}
         self._next_retire_ns = 0
@@ -434,14 +438,24 @@ class Agent:
                 for key, st in self._ingest.ranks.items()
             ]
 
-    def rank_positions(self, job: str | None = None) -> list[pb.RankPosition]:
-        """Where every tracked rank (of ``job``, or all) is now (``agent.positions``), read under the marker lock."""
+    def rank_positions(self) -> list[pb.RankPosition]:
+        """Where every tracked rank is (``agent.positions``), read at most every ``POSITIONS_MAX_AGE_NS``.
+
+        Every reader (each scrape, each subscriber of step summaries, each delivery stream, about once a
+        second each) shares one read, so the marker lock is held for one pass over the ranks however many
+        read; the list is shared: do not change it.
+        """
         now_ns = self._realtime_ns()
+        read_ns, positions = self._positions
+        if 0 <= now_ns - read_ns < POSITIONS_MAX_AGE_NS:
+            return positions
         node = self.settings.node
         with self._marker_lock:
             seen = self._activity.ranks
-            return [position(key[0], node, key[1], st, seen.get(key, 0), now_ns)
-                    for key, st in self._ingest.ranks.items() if job is None or key[0] == job]
+            positions = [position(key[0], node, key[1], st, seen.get(key, 0), now_ns)
+                         for key, st in self._ingest.ranks.items()]
+        self._positions = (now_ns, positions)  # one tuple: readers on other threads see both or neither
+        return positions
 
     def info(self) -> pb.AgentInfo:
         return pb.AgentInfo(
