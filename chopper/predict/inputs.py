@@ -19,8 +19,8 @@ with ``chopper.attribution.attribute``) or the aggregator's step store
    - ``step_time_s``, ``ideal_s``, ``tokens`` (per rank), ``flops`` (per rank): means over ranks.
 
 2. **Collectives** (``RunInputs.collectives``, one row per collective call of the job). Where
-   the run has an Inspector ``collectives`` table (NCCL/RCCL Inspector records, columns of
-   ``CollectiveRecord`` in ``agent.proto``), its records are used (GPU kernel time); otherwise
+   the run has Inspector records of the job (``RecordedRun.collectives``: NCCL/RCCL Inspector
+   records, the fields of ``CollectiveRecord``), they are used (GPU kernel time); otherwise
    the collective markers (``chopper.collective`` or ``chopper.pytorch``'s hooks). A call is the
    k-th collective of one name in one step (markers) or one ``(comm_id, seq)`` (records); its
    ``seconds`` is the **minimum over ranks** of its duration: a rank that entered early waits
@@ -49,9 +49,8 @@ from chopper.predict import volumes
 if TYPE_CHECKING:
     import pandas as pd
 
-# Columns of an Inspector collectives table that predictions read (CollectiveRecord fields).
-RECORD_COLUMNS: tuple[str, ...] = ("job", "rank", "collective", "begin_ns", "end_ns", "exec_s", "bytes",
-                                   "comm_id", "comm_ranks", "seq")
+    from chopper.runs.rundir import RecordedRun
+
 STEP_FRAME: tuple[str, ...] = ("step", "step_time_s", "compute_s", "noncomm_s", "idle_s", "exposed_comm_s",
                                "collective_s", "ideal_s", "tokens", "flops")
 CALL_FRAME: tuple[str, ...] = ("step", "name", "collective", "source", "bytes", "size", "world", "seconds")
@@ -121,16 +120,26 @@ def load_inputs(path: str | Path, job: str | None = None, bandwidth_gbs: float |
         steps = attribute(run.devices, run.samples, run.markers, job=job).steps
     except (RunDirError, AttributionError) as exc:
         raise PredictInputError(str(exc)) from None
-    chosen = _one_job(steps, job, root)
+    return from_run(run, steps, job, bandwidth_gbs)
+
+
+def from_run(run: RecordedRun, steps: pd.DataFrame, job: str | None = None,
+             bandwidth_gbs: float | None = None) -> RunInputs:
+    """``RunInputs`` of a run already read (``read_run``) and attributed (``steps``), as the report has it.
+
+    Raises:
+        PredictInputError: As ``load_inputs``.
+    """
+    chosen = _one_job(steps, job, run.path)
     world = _world(steps, chosen)
     notes: list[str] = []
-    records = _read_records(root)
-    if records is not None and not records[records["job"] == chosen].empty:
-        calls = _record_calls(records[records["job"] == chosen], steps[steps["job"] == chosen], notes)
+    records = run.collectives[run.collectives["job"] == chosen]
+    if not records.empty:
+        calls = _record_calls(records, steps[steps["job"] == chosen], notes)
     else:
         calls = _marker_calls(run.markers[run.markers["job"] == chosen], world, notes)
     frame = _step_frame(steps[steps["job"] == chosen], calls)
-    return RunInputs(str(root), "run", chosen, world, frame, calls, bandwidth_gbs, notes)
+    return RunInputs(str(run.path), "run", chosen, world, frame, calls, bandwidth_gbs, notes)
 
 
 def _one_job(steps: pd.DataFrame, job: str | None, root: Path) -> str:
@@ -220,9 +229,12 @@ def _marker_calls(markers: pd.DataFrame, world: int, notes: list[str]) -> pd.Dat
     if intervals.empty:
         return _empty_calls()
     intervals = intervals.assign(nth=intervals.groupby(key, sort=False).cumcount())
-    begins = markers[markers["kind"] == "collective_begin"].sort_values("ts_ns", kind="stable")
-    begins = begins.assign(nth=begins.groupby(key, sort=False).cumcount())[[*key, "nth", "bytes"]]
-    joined = intervals.merge(begins, on=[*key, "nth"], how="left")
+    if "bytes" in intervals.columns:
+        joined = intervals
+    else:  # intervals of an attribution that does not carry bytes: the k-th begin marker's
+        begins = markers[markers["kind"] == "collective_begin"].sort_values("ts_ns", kind="stable")
+        begins = begins.assign(nth=begins.groupby(key, sort=False).cumcount())[[*key, "nth", "bytes"]]
+        joined = intervals.merge(begins, on=[*key, "nth"], how="left")
     joined = joined.assign(seconds=(joined["end_ns"] - joined["begin_ns"]) / 1e9)
     calls = joined.groupby(["step", "name", "nth"], sort=True).agg(
         seconds=("seconds", "min"), bytes=("bytes", "max")).reset_index()
@@ -230,36 +242,12 @@ def _marker_calls(markers: pd.DataFrame, world: int, notes: list[str]) -> pd.Dat
     return _with_size(_canonical_calls(calls, notes, "collective calls"), "markers")
 
 
-def _read_records(root: Path) -> pd.DataFrame | None:
-    """The run's Inspector ``collectives`` table, or None when it has none."""
-    import pandas as pd
-
-    from chopper.runs.rundir import table_files
-
-    parquet, csv = table_files(root, "collectives")
-    if not parquet.exists() and not csv.exists():
-        return None
-    file = parquet if parquet.exists() else csv
-    try:
-        frame = pd.read_parquet(file) if file == parquet else pd.read_csv(file, dtype={"job": str, "comm_id": str})
-    except Exception as exc:  # pyarrow and pandas raise several unrelated types for bad files
-        raise PredictInputError(f"cannot read {file} ({type(exc).__name__}: {exc}); re-export the collectives "
-                                "table or move it out of the run") from None
-    missing = [c for c in RECORD_COLUMNS if c not in frame.columns]
-    if missing:
-        raise PredictInputError(f"{file}: missing column(s) {', '.join(missing)}; the collectives table has the "
-                                "fields of CollectiveRecord (chopper/proto/chopper/v1/agent.proto)")
-    return frame.astype({"job": str, "comm_id": str})
-
-
 def _record_calls(records: pd.DataFrame, steps: pd.DataFrame, notes: list[str]) -> pd.DataFrame:
     """One row per ``(comm_id, seq)`` from Inspector records, placed in the step of its rank whose
     window holds the record's begin (module docstring, 2)."""
     import pandas as pd
 
-    records = records.rename(columns={"collective": "name", "comm_ranks": "world"})
-    records = records.assign(seconds=pd.to_numeric(records["exec_s"], errors="coerce"),
-                             bytes=pd.to_numeric(records["bytes"], errors="coerce"))
+    records = records.rename(columns={"collective": "name", "comm_ranks": "world", "exec_s": "seconds"})
     windows = steps[["rank", "step", "begin_ns", "end_ns"]].sort_values("begin_ns")
     placed = pd.merge_asof(records.sort_values("begin_ns"), windows, on="begin_ns", by="rank", direction="backward",
                            suffixes=("", "_step"))

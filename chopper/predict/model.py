@@ -220,6 +220,8 @@ def predict(inputs: Sequence[RunInputs], world_size: int, bandwidth_gbs: float |
                       ignore_index=True)
     timed = timed[timed["collective_s"] > 0]
     share = float(np.clip(timed["exposed_comm_s"] / timed["collective_s"], 0.0, 1.0).median()) if len(timed) else 1.0
+    # A type without a fit of its own is timed by the fit of all types, by bus bytes (step 1).
+    pooled = fits.get(POOLED) or (next(iter(fits.values())) if len(fits) == 1 else None)
     plan: list[PlannedCall] = []
     notes: list[str] = []
     comm = unc = 0.0
@@ -227,13 +229,13 @@ def predict(inputs: Sequence[RunInputs], world_size: int, bandwidth_gbs: float |
         if world_size == 1:
             plan.append(PlannedCall(collective, size, calls, 0.0, "none"))
             continue
-        fit = fits.get(collective) or fits.get(POOLED)
+        fit = fits.get(collective) or pooled
         if fit is None:
             reason = refused.get(collective) or refused.get(POOLED) or f"{collective}: never observed"
             raise PredictionRefused(f"cannot time {collective} of {size:.0f} bytes: {reason}")
         if fit.collective != collective:
-            notes.append(f"{collective}: no fit of its own ({refused.get(collective, 'never observed')}); the pooled "
-                         "fit of all collectives by bus bytes is used")
+            notes.append(f"{collective}: no fit of its own ({refused.get(collective, 'never observed')}); the "
+                         f"{fit.collective} fit is used by bus bytes")
         unsupported = support(fit, size, world_size, target_bw)
         if unsupported is not None:
             raise PredictionRefused(f"{collective} at N={world_size}: {unsupported}")
@@ -264,3 +266,16 @@ def _measured(i: RunInputs) -> dict[str, Any]:
             "collective_source": i.collective_source,
             "step_time_s": float(i.steps["step_time_s"].median()) if len(i.steps) else math.nan,
             "noncomm_s": float(i.steps["noncomm_s"].median()) if len(i.steps) else math.nan}
+
+
+def scaling_curve(inputs: Sequence[RunInputs], worlds: Sequence[int], bandwidth_gbs: float | None = None,
+                  parallelism: str | None = None, algorithm: str = "ring",
+                  alpha_s: float | None = None) -> list[tuple[int, Prediction | None, str | None]]:
+    """``predict`` at each of ``worlds``: ``(N, prediction, None)``, or ``(N, None, reason)`` where refused."""
+    out: list[tuple[int, Prediction | None, str | None]] = []
+    for n in worlds:
+        try:
+            out.append((n, predict(inputs, n, bandwidth_gbs, parallelism, algorithm, alpha_s), None))
+        except (PredictionRefused, FitRefused) as exc:
+            out.append((n, None, str(exc)))
+    return out

@@ -4,8 +4,9 @@ Every figure is registered in ``FIGURES`` as a ``FigureSpec`` (``chopper.report.
 its section, its title, a caption for the reader, the inputs it needs (``"run"``,
 ``"attribution"``, ``"traces"``, ``"cross_rank"``) and an adapter from ``ReportData`` to the pure
 function. The report renders, in registry order, every spec whose inputs are present. This module
-holds the figures of a recorded run; the trace figures live in ``chopper.report.trace_figures``
-and are appended to ``FIGURES`` here, so it stays the one registry.
+holds the figures of a recorded run; the scaling prediction (``chopper.report.predict_figures``)
+and the trace figures (``chopper.report.trace_figures``) are appended to ``FIGURES`` here, so it
+stays the one registry.
 
 Figures are built on ``matplotlib.figure.Figure`` with an explicit Agg canvas, never through
 ``pyplot``: no GUI backend is ever selected, no global figure registry fills up, and a caller's
@@ -27,7 +28,7 @@ from matplotlib.colors import TwoSlopeNorm
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from chopper.report import trace_figures
+from chopper.report import predict_figures, trace_figures
 from chopper.report.spec import (
     ATTRIBUTION_SECTION,
     HARDWARE_SECTION,
@@ -650,5 +651,6 @@ FIGURES: list[FigureSpec] = [
         "left with dark rows on the right is a straggler and the ranks it held up.",
         ("attribution",), lambda d: straggler_heatmaps(_steps(d)),
     ),
+    *predict_figures.PREDICT_FIGURES,
     *trace_figures.TRACE_FIGURES,
 ]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -15,6 +16,7 @@ from matplotlib.figure import Figure
 
 if TYPE_CHECKING:
     from chopper.attribution import Attribution
+    from chopper.predict.curve import ScalingCurve
     from chopper.report.traces import TraceSet
     from chopper.runs.rundir import RecordedRun
 
@@ -43,6 +45,16 @@ class ReportData:
     run: RecordedRun | None = None
     attribution: Attribution | None = None
     traces: TraceSet | None = None
+
+    @cached_property
+    def scaling(self) -> ScalingCurve | None:
+        """The run's predicted step time at other world sizes (``chopper.predict.curve``), or None
+        without a run or where its collectives cannot support a fit."""
+        if self.run is None or self.attribution is None:
+            return None
+        from chopper.predict.curve import run_curve
+
+        return run_curve(self.run, self.attribution.steps)
 
     @property
     def cross_rank(self) -> TraceSet | None:
