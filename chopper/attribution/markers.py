@@ -19,15 +19,18 @@ Inspector collectives (the run's ``collectives`` table) are placed on the same s
    where exactly one rank with steps did; any other record is reported and not used.
 5. Per rank, its records are cut at its step windows in time order
    (``collective_source.clip_to_steps``); a rank whose windows overlap (step numbers reused)
-   cannot place them and is reported.
+   cannot place them and is reported. A step that holds a piece of a record the plugin gave no
+   event timestamps (``placed`` false: it ends at its dump time) is marked ``unplaced``.
 
 Everything is vectorised with pandas; the output frames are sorted by ``(job, rank, step)``.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
+import numpy.typing as npt
 import pandas as pd
 
 from chopper.attribution.collective_source import Intervals, clip_to_steps
@@ -134,22 +137,34 @@ def marker_tables(markers: pd.DataFrame) -> MarkerTables:
                         problems + more)
 
 
-def inspector_intervals(steps: pd.DataFrame, collectives: pd.DataFrame) -> tuple[Intervals, np.ndarray, list[str]]:
+class InspectorSteps(NamedTuple):
+    """The Inspector's records of a run on its steps (``inspector_intervals``).
+
+    Attributes:
+        intervals: The records cut at the step windows; ``row`` is a position in the steps given.
+        has_feed: Per step, whether an Inspector record was matched to its rank.
+        unplaced: Per step, whether it holds a piece of a record without event timestamps.
+        problems: One line per group of records not used.
+    """
+
+    intervals: Intervals
+    has_feed: npt.NDArray[np.bool_]
+    unplaced: npt.NDArray[np.bool_]
+    problems: list[str]
+
+
+def inspector_intervals(steps: pd.DataFrame, collectives: pd.DataFrame) -> InspectorSteps:
     """Inspector records on the step windows of their ranks (module docstring, steps 4-5).
 
     Args:
         steps: One row per step: job, rank, node, gpu, begin_ns, end_ns (any order).
         collectives: The run's collectives table (``chopper.runs.rundir.COLLECTIVE_COLUMNS``).
-
-    Returns:
-        The intervals, their ``row`` a position in ``steps``; per step, whether an Inspector
-        record was matched to its rank (``has_feed``); one line per group of records not used.
     """
-    has_feed = np.zeros(len(steps), bool)
+    has_feed, unplaced_rows = np.zeros(len(steps), bool), np.zeros(len(steps), bool)
     if collectives.empty or steps.empty:
-        return Intervals.empty(), has_feed, []
+        return InspectorSteps(Intervals.empty(), has_feed, unplaced_rows, [])
     steps = steps.reset_index(drop=True)
-    records = collectives[["job", "rank", "node", "gpu", "begin_ns", "end_ns", "bytes"]].astype(
+    records = collectives[["job", "rank", "node", "gpu", "begin_ns", "end_ns", "bytes", "placed"]].astype(
         {"node": str, "gpu": np.int64, "rank": np.int64})
     ranks = steps[RANK_KEY].drop_duplicates()
     named = records.merge(ranks.assign(stepped=True), on=RANK_KEY, how="left")["stepped"].notna().to_numpy()
@@ -178,9 +193,13 @@ def inspector_intervals(steps: pd.DataFrame, collectives: pd.DataFrame) -> tuple
                             f"{len(idx)} Inspector collective records cannot be placed on steps: not used")
             continue
         got = placed.iloc[idx]
-        iv = clip_to_steps(begin, end, got["begin_ns"].to_numpy(np.int64), got["end_ns"].to_numpy(np.int64),
-                           got["bytes"].to_numpy(np.float64))
-        pieces.append(Intervals(rows[iv.row].astype(np.int64), iv.lo_ns, iv.hi_ns, iv.bytes, iv.counted))
+        for timed in (True, False):
+            some = got[got["placed"] == timed]
+            iv = clip_to_steps(begin, end, some["begin_ns"].to_numpy(np.int64), some["end_ns"].to_numpy(np.int64),
+                               some["bytes"].to_numpy(np.float64))
+            pieces.append(Intervals(rows[iv.row].astype(np.int64), iv.lo_ns, iv.hi_ns, iv.bytes, iv.counted))
+            if not timed:
+                unplaced_rows[rows[iv.row]] = True
         has_feed[step_rows[key]] = True
-    return Intervals.join(pieces), has_feed, problems
+    return InspectorSteps(Intervals.join(pieces), has_feed, unplaced_rows, problems)
 

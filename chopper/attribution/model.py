@@ -34,14 +34,14 @@ import pandas as pd
 
 from chopper.attribution import dvfs, exposed_comm, ideal, idle, matrix_util, phases, straggler
 from chopper.attribution.collective_source import SOURCE_LABELS, Intervals, step_collectives
-from chopper.attribution.columns import COLLECTIVE_COLUMNS, DVFS_CAUSES, FLAGS, STEP_COLUMNS
+from chopper.attribution.columns import COLLECTIVE_COLUMNS, DVFS_CAUSES, FLAGS, LINK_COLUMNS, STEP_COLUMNS
 from chopper.attribution.markers import STEP_KEY, inspector_intervals, marker_tables
 from chopper.attribution.timeline import F64, GpuTimeline
 from chopper.schema import THROTTLE_CAUSES
 
 RATIOS = ("busy_ratio", "matrix_ratio", "gfx_clock_mhz", "temp_c")
 # Link bytes are the summed NVLink / XGMI counters: per GPU, all links, not per link.
-LINK_COUNTERS = ("link_tx_bytes", "link_rx_bytes")
+LINK_COUNTERS = LINK_COLUMNS
 COUNTERS = ("energy_j", *(f"throttle_{c}_s" for c in THROTTLE_CAUSES), *LINK_COUNTERS)
 # A step is "partially covered" when samples miss more than this share of its window.
 COVERAGE_TOLERANCE = 1e-3
@@ -57,7 +57,7 @@ class Attribution:
 
     Attributes:
         steps: One row per (job, rank, step) with ``columns.STEP_COLUMNS`` (and, from
-            ``attribute``, ``columns.COLLECTIVE_COLUMNS``).
+            ``attribute``, ``columns.COLLECTIVE_COLUMNS`` and ``columns.LINK_COLUMNS``).
         stragglers: The slowest rank of every multi-rank step with its evidence.
         problems: Markers that could not be used, one line per (job, rank) and kind.
     """
@@ -241,11 +241,11 @@ def attribute(
     phase = ~is_coll
     phase_s = phases.phase_seconds(n, iv_step[phase], iv["name"].to_numpy()[phase].tolist(),
                                    iv_begin[phase], iv_end[phase])
-    inspector, has_feed, unplaced = inspector_intervals(steps, _job_records(collectives, job))
-    problems += unplaced
+    inspector = inspector_intervals(steps, _job_records(collectives, job))
+    problems += inspector.problems
     coll = step_collectives(
         n, Intervals(iv_step[is_coll], iv_begin[is_coll], iv_end[is_coll], iv["bytes"].to_numpy(np.float64)[is_coll]),
-        inspector, Intervals.spans(iv_step[phase], iv_begin[phase], iv_end[phase]), has_feed,
+        inspector.intervals, Intervals.spans(iv_step[phase], iv_begin[phase], iv_end[phase]), inspector.has_feed,
     )
     terms = rank_terms(
         step_s, fig, coll["exposed_s"], steps["max_gfx_clock_mhz"].to_numpy(dtype=np.float64),
@@ -262,6 +262,7 @@ def attribute(
     slowest = out[STEP_KEY].merge(slow[STEP_KEY].assign(slowest=True), on=STEP_KEY, how="left")["slowest"]
     conditions = {k: terms[k] for k in ROW_FLAGS}
     conditions["slowest_rank"] = slowest.notna().to_numpy(dtype=bool)
+    conditions["inspector_unplaced"] = inspector.unplaced
     out["flags"] = flag_tuples(conditions) if n else []
     out["phase_s"] = phase_s
     out["collective_source"] = [SOURCE_LABELS[int(s)] for s in coll["source"]]
@@ -269,7 +270,8 @@ def attribute(
     out["inspector_collectives"] = coll["inspector_count"]
     for name in ("collective_s", "collective_bytes", "inspector_collective_s", "inspector_bytes"):
         out[name] = coll[name]
-    return Attribution(out[[*STEP_COLUMNS, *COLLECTIVE_COLUMNS]].reset_index(drop=True), slow, problems)
+    return Attribution(out[[*STEP_COLUMNS, *COLLECTIVE_COLUMNS, *LINK_COLUMNS]].reset_index(drop=True), slow,
+                       problems)
 
 
 def _job_records(collectives: pd.DataFrame | None, job: str | None) -> pd.DataFrame:

@@ -21,6 +21,7 @@ import pytest
 from chopper.attribution import attribute_run
 from chopper.runs.rundir import write_run
 from chopper.schema import DeviceInfo, Sample
+from tests.support.hazards import HazardOutcome
 
 T0 = 1_765_000_000_000_000_000
 MS = 1_000_000
@@ -46,9 +47,9 @@ def _markers() -> list[dict]:
     return rows
 
 
-def _record(job: str, rank: int, gpu: int, lo_ms: int, hi_ms: int, nbytes: int, seq: int) -> dict:
+def _record(job: str, rank: int, gpu: int, lo_ms: int, hi_ms: int, nbytes: int, seq: int, placed: bool = True) -> dict:
     return dict(job=job, node="n1", rank=rank, gpu=gpu, collective="AllReduce", begin_ns=T0 + lo_ms * MS,
-                end_ns=T0 + hi_ms * MS, placed=True, exec_s=(hi_ms - lo_ms) / 1e3, timing_source="kernel_gpu",
+                end_ns=T0 + hi_ms * MS, placed=placed, exec_s=(hi_ms - lo_ms) / 1e3, timing_source="kernel_gpu",
                 bytes=nbytes, algo_bandwidth_gbs=1.0, bus_bandwidth_gbs=1.75, comm_id="0x1", comm_rank=0,
                 comm_ranks=8, comm_nodes=1, seq=seq, pid=100 + gpu, format_version="v4.0")
 
@@ -60,8 +61,9 @@ def _collectives() -> list[dict]:
         _record("a", 0, 0, 50, 80, 1000, 1), _record("a", 0, 0, 95, 105, 500, 2),
         _record("a", 0, 0, 150, 170, 2000, 3), _record("a", 0, 0, 165, 190, 3000, 4),
         # Job b. Step 1: [65, 90], and [92, 94] from a process the agent could not name (rank -1,
-        # no job) on b's GPU. Step 2: nothing, although the Inspector covers the rank.
-        _record("b", 0, 1, 65, 90, 4096, 1), _record("", -1, 1, 92, 94, 8, 2),
+        # no job) on b's GPU, from a dump without event timestamps. Step 2: nothing, although the
+        # Inspector covers the rank.
+        _record("b", 0, 1, 65, 90, 4096, 1), _record("", -1, 1, 92, 94, 8, 2, placed=False),
         # A GPU without steps in the run: reported, not used.
         _record("", -1, 3, 10, 20, 8, 1),
     ]
@@ -112,6 +114,8 @@ def test_a_job_that_marks_collectives_keeps_them_and_the_disagreement_is_compute
     assert (s2["inspector_collective_s"], s2["inspector_bytes"], s2["inspector_collectives"]) == (0.0, 0.0, 0)
     assert s1["collective_disagreement_s"] == pytest.approx(0.003)
     assert s2["collective_disagreement_s"] == pytest.approx(0.030)
+    flagged = sorted(key for key, row in rows.items() if "inspector_unplaced" in row["flags"])
+    assert flagged == [("b", 1)]
     [problem] = [p for p in result.problems if "Inspector" in p]
     assert problem.startswith("1 Inspector collective records of node 'n1' gpu 3 name job '' rank -1, which has no "
                               "steps in this run")
@@ -139,3 +143,29 @@ def test_attribute_cli_json_carries_the_collective_columns(tmp_path: Path) -> No
     table = subprocess.run([sys.executable, "-m", "chopper.cli", "attribute", str(run)],
                            capture_output=True, text=True, check=True).stdout
     assert "collectives: 2 rank-steps from the Inspector" in table
+
+
+@pytest.mark.hazard(item=1, input="Inspector records of a GPU no rank with steps drove, and of a rank whose step "
+                    "windows overlap (step numbers reused), in a recorded run",
+                    promise="those records are listed as not used with the reason; every step is still attributed")
+def test_records_that_cannot_be_placed_are_reported(tmp_path: Path, hazard: HazardOutcome) -> None:
+    markers = _markers()
+    # Job a's step 2 begins inside step 1: its windows overlap.
+    for row in markers:
+        if row["job"] == "a" and row["kind"] == "step_begin" and row["step"] == 2:
+            row["ts_ns"] = T0 + 50 * MS
+    devices = [DeviceInfo("n1", g, "simulated", "sim", f"SIM-{g}", 2000.0, 1e15, 1 << 30, 500.0) for g in range(4)]
+    run = write_run(tmp_path / "run", devices, [], markers, _collectives())
+    result = attribute_run(run)
+    assert len(result.steps) == 4
+    problems = [p for p in result.problems if "Inspector" in p]
+    assert problems == [
+        "1 Inspector collective records of node 'n1' gpu 3 name job '' rank -1, which has no steps in this run, and "
+        "no single rank with steps drove that GPU: not used. Record the job's markers on that node, or check the "
+        "agent's mapping of processes to ranks (docs/INSPECTOR.md)",
+        "job 'a' rank 0: step windows overlap (step numbers reused?), so its 4 Inspector collective records cannot "
+        "be placed on steps: not used",
+    ]
+    assert set(result.steps[result.steps["job"] == "a"]["collective_source"]) == {"none"}
+    hazard.outcome = (f"{len(problems)} groups of records reported as not used, naming the GPU or the rank and why; "
+                      f"all {len(result.steps)} steps attributed")
