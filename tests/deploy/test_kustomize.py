@@ -238,11 +238,12 @@ def test_least_privilege(overlay: str) -> None:
     assert "volumes" in aggregator and all("hostPath" not in v for v in aggregator["volumes"])
     host_paths = {v["hostPath"]["path"] for v in pod_spec(overlay, "DaemonSet", "chopper-agent")["volumes"]
                   if "hostPath" in v}
-    expected = {"/run/chopper", "/var/lib/kubelet/pod-resources"}
+    expected = {"/run/chopper", "/var/lib/kubelet/pod-resources", "/var/lib/chopper/inspector"}
     assert host_paths == (expected | {"/dev/kfd", "/dev/dri", "/opt/rocm"} if overlay == "amd" else expected)
-    rocm = [m for m in pod_spec(overlay, "DaemonSet", "chopper-agent")["containers"][0]["volumeMounts"]
-            if m["mountPath"] == "/opt/rocm"]
-    assert all(m["readOnly"] for m in rocm)
+    # What the agent only reads is mounted read-only: ROCm, and the training pods' Inspector dumps.
+    read_only = [m for m in pod_spec(overlay, "DaemonSet", "chopper-agent")["containers"][0]["volumeMounts"]
+                 if m["mountPath"] in ("/opt/rocm", "/var/lib/chopper/inspector")]
+    assert read_only and all(m["readOnly"] for m in read_only)
 
 
 def test_vendor_overlays_target_their_gpu_nodes() -> None:
