@@ -37,6 +37,11 @@ COLLECTIVE_COLUMNS: tuple[str, ...] = (
     "collective_source", "collective_s", "collective_bytes", "inspector_collective_s", "inspector_bytes",
     "inspector_collectives", "collective_disagreement_s",
 )
+# Offline rows also carry the step's NVLink / XGMI traffic: the growth of its GPU's summed link
+# counters (all links, sent and received) over the step window, bytes; NaN where the samples read
+# none. Live summaries carry them as StepSummary fields; rows read from the aggregator's store do
+# not. Beside collective_bytes they show traffic no collective claims (docs/ATTRIBUTION.md).
+LINK_COLUMNS: tuple[str, ...] = ("link_tx_bytes", "link_rx_bytes")
 # Columns a reader of stored rows may find missing (rows written before they existed): filled empty.
 OPTIONAL_COLUMNS: tuple[str, ...] = ("phase_s",)
 

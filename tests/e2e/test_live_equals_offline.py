@@ -20,7 +20,8 @@ from tests.support.recording import observe_recorder_streams
 from tests.support.training import finish_training, start_training
 
 TERMS = ("step_time_s", "ideal_s", "matrix_util_loss_s", "dvfs_loss_s", "dvfs_power_s", "dvfs_thermal_s",
-         "dvfs_unattributed_s", "idle_s", "mfu", "busy_ratio", "mean_gfx_clock_mhz", "max_temp_c", "energy_j")
+         "dvfs_unattributed_s", "idle_s", "mfu", "busy_ratio", "mean_gfx_clock_mhz", "max_temp_c", "energy_j",
+         "link_tx_bytes", "link_rx_bytes")
 
 
 def live_summaries(target: str) -> pd.DataFrame:
@@ -71,6 +72,8 @@ def test_live_summaries_equal_offline_attribution(agent_process: AgentProcess, t
     assert np.allclose(joined["exposed_comm_s_live"], joined["exposed_comm_s"] + joined["straggler_wait_s"],
                        rtol=1e-6, atol=1e-9)
     assert (joined["exposed_comm_s_live"] > 0).all()  # the demo's all_reduce runs outside any phase
+    # The simulated links carry each all_reduce's gradient bytes: every step moves some.
+    assert (joined["link_tx_bytes_live"] > 0).all() and (joined["link_rx_bytes_live"] > 0).all()
     # Phase times: the same names per step, the same seconds.
     for live_phases, offline_phases in zip(joined["phase_s_live"], joined["phase_s"], strict=True):
         assert live_phases.keys() == offline_phases.keys() and {"forward", "backward", "optimizer"} <= set(live_phases)
