@@ -172,7 +172,10 @@ def _step_plan(inputs: Sequence[RunInputs], parallelism: str | None) -> list[tup
     if grad <= 0:
         raise PredictionRefused(f"--parallelism {parallelism}: the runs show no gradient collective (all_reduce or "
                                 "reduce_scatter) to size that strategy's collectives from")
-    return [(c, s, 1.0) for c, s in volumes.step_plan(parallelism, grad)]
+    planned: dict[tuple[str, float], float] = {}
+    for c, s in volumes.step_plan(parallelism, grad):
+        planned[(c, s)] = planned.get((c, s), 0.0) + 1.0
+    return [(c, s, k) for (c, s), k in planned.items()]
 
 
 def predict(inputs: Sequence[RunInputs], world_size: int, bandwidth_gbs: float | None = None,
