@@ -70,3 +70,14 @@ def test_real_gpus_report_physical_values() -> None:
         if not (math.isnan(a.energy_j) or math.isnan(b.energy_j)):
             mean_w = (b.energy_j - a.energy_j) / elapsed_s
             assert 1 <= mean_w <= 2000, mean_w
+    # Each NVLink's counters (none on a PCIe card) never go backwards and add up to the all-links aggregate
+    # that the same field read returned; link indices are NVML's and below NVML_NVLINK_MAX_LINKS.
+    for a, b in zip(first, last, strict=True):
+        assert [k.link for k in a.links] == [k.link for k in b.links] == sorted({k.link for k in a.links})
+        for before, after in zip(a.links, b.links, strict=True):
+            assert 0 <= before.link < 64
+            for x, y in ((before.tx_bytes, after.tx_bytes), (before.rx_bytes, after.rx_bytes)):
+                assert math.isnan(x) or math.isnan(y) or 0 <= x <= y
+        if b.links and not math.isnan(b.link_tx_bytes):
+            assert sum(k.tx_bytes for k in b.links) == pytest.approx(b.link_tx_bytes, rel=1e-3, abs=1024 * len(b.links))
+            assert sum(k.rx_bytes for k in b.links) == pytest.approx(b.link_rx_bytes, rel=1e-3, abs=1024 * len(b.links))
