@@ -1,7 +1,7 @@
 """``chopper``: the command line.
 
 Subcommands: ``demo``, ``info``, ``steps``, ``record``, ``capture``, ``attribute``, ``report``, ``trace``,
-``predict``.
+``predict``, ``where``.
 """
 from __future__ import annotations
 
@@ -104,6 +104,12 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("--latency-us", type=float, default=None, help="fix α (µs per latency step), not fit it")
     predict.add_argument("--job", default=None, help="only this job")
     predict.add_argument("--json", action="store_true", help="print JSON instead of text")
+    where = sub.add_parser("where", help="where each rank of a job is, as the aggregator last heard from its agents "
+                                         "(docs/HANGS.md)")
+    where.add_argument("--aggregator", required=True, help="aggregator gRPC address (host:port), the job's replica")
+    where.add_argument("--job", required=True, help="the job (as its processes passed to chopper.init)")
+    where.add_argument("--json", action="store_true", help="print every rank's position as JSON instead of one line")
+    connect.add_arguments(where)
     return parser
 
 
@@ -131,6 +137,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _trace(args)
     if args.command == "predict":
         return _predict(args)
+    if args.command == "where":
+        return _where(args)
     if args.command == "demo":
         from chopper.demo.run import DemoOptions, run_demo
 
@@ -237,6 +245,43 @@ def _trace(args: argparse.Namespace) -> int:
             print(f"chopper trace: warning: {warning}", file=sys.stderr)
     result = analyze(traces, top=args.top)
     print(json.dumps(result, indent=1, allow_nan=False) if args.json else format_text(result), end="\n")
+    return 0
+
+
+def _where(args: argparse.Namespace) -> int:
+    """``chopper where``: 0 with positions, 1 when the aggregator has none of the job or fails, 2: bad flags."""
+    import json
+
+    import grpc
+    from google.protobuf.json_format import MessageToDict
+
+    from chopper.positions import describe
+    from chopper.proto.chopper.v1 import aggregator_pb2 as apb
+    from chopper.proto.chopper.v1 import aggregator_pb2_grpc as apb_grpc
+
+    try:
+        channel = connect.from_args(args).channel(args.aggregator)
+    except ConfigError as exc:
+        print(f"chopper where: {exc}", file=sys.stderr)
+        return 2
+    try:
+        reply = apb_grpc.AggregatorStub(channel).QuerySteps(apb.QueryStepsRequest(job=args.job, last=1), timeout=10)
+    except grpc.RpcError as exc:
+        print(f"chopper where: {args.aggregator} did not answer: {exc.code().name} {exc.details()}", file=sys.stderr)
+        return 1
+    finally:
+        channel.close()
+    if not reply.positions:
+        print(f"chopper where: the aggregator at {args.aggregator} holds no position of job {args.job!r}: no agent "
+              "delivering to it tracks a rank of that job (agents need --aggregators; with several replicas, ask the "
+              "one the job routes to)", file=sys.stderr)
+        return 1
+    if args.json:
+        rows = [MessageToDict(p, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+                for p in reply.positions]  # every field, rank 0 and "" included
+        print(json.dumps(rows, indent=1))
+    else:
+        print(f"job {args.job}: {describe(reply.positions)}")
     return 0
 
 

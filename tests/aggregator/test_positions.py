@@ -69,3 +69,24 @@ def test_bounded_the_oldest_evicted(hazard: HazardOutcome) -> None:
     assert len(table) == 20 and table.evicted_total == 30
     assert not table.query("job29") and [p.job for p in table.query("job30")] == ["job30"]
     hazard.outcome = f"{len(table)} held of 50 delivered, {table.evicted_total} evicted, the newest kept"
+
+
+def test_chopper_where_asks_the_aggregator(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from chopper import cli
+
+    agg = RunningAggregator(tmp_path)
+    try:
+        batch = apb.SummaryBatch(agent="n1", incarnation="i1", positions=[_at("j", 0), _at("j", 1, collective="")])
+        list(agg.stub.Deliver(iter([batch]), timeout=10))
+        assert cli.main(["where", "--aggregator", agg.address, "--job", "j"]) == 0
+        assert capsys.readouterr().out == ("job j: rank 0 inside collective all_reduce of step 40 for 120 s; "
+                                           "rank 1 inside step 40 for 121 s\n")
+        assert cli.main(["where", "--aggregator", agg.address, "--job", "j", "--json"]) == 0
+        rows = json.loads(capsys.readouterr().out)
+        assert [(r["rank"], r.get("collective", "")) for r in rows] == [(0, "all_reduce"), (1, "")]
+        assert cli.main(["where", "--aggregator", agg.address, "--job", "nobody"]) == 1
+        assert "holds no position of job 'nobody'" in capsys.readouterr().err
+    finally:
+        agg.stop()
