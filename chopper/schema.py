@@ -3,8 +3,8 @@
 Every part of Chopper (backends, the agent, recorded runs, the attribution model) speaks these
 three tables. Column names and order here are the contract; ``docs/DATA_MODEL.md`` documents
 them. A sample's per-link counters (``Sample.links``) are not columns of the samples table: a
-recorded run keeps them in its optional ``links`` table (``LINK_COLUMNS``), one row per link. This module stays import-light (no numpy, pandas or torch) because ``import chopper``
-pulls it in.
+recorded run keeps them in its optional ``links`` table (``LINK_COLUMNS``), one row per link.
+This module stays import-light (no numpy, pandas or torch) because ``import chopper`` pulls it in.
 """
 from __future__ import annotations
 

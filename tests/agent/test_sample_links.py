@@ -1,4 +1,4 @@
-"""A sample's per-link counters on the wire: the agent's hand-encoded Sample.links parse back as protobuf writes them."""
+"""A sample's per-link counters on the wire: the agent's hand-encoded Sample.links read as protobuf writes them."""
 from __future__ import annotations
 
 import math
