@@ -9,12 +9,12 @@ four GPUs) receives every rank's markers over its unix socket. Per world size (2
 gloo DDP job (``tests/support/scaling_train.py``: 6 ``Linear(384, 384)`` layers, 0.89 M parameters,
 3.5 MB of fp32 gradients in one bucket, 160 rows per rank per step, one intra-op thread, two ranks
 per core, instrumented with ``chopper.pytorch.instrument``) is launched by ``torchrun`` in two
-network namespaces joined by a ``tc``-limited veth pair; it runs one phase per link rate
-(``RATES``: A B for 2 ranks, B A for 4), and each phase's timed steps are recorded into a run
-directory of their own. Then, for each configuration, ``chopper predict`` (the CLI, ``--json``)
-is given the other three recorded runs with their link bandwidths (``--run-bandwidth``) and the
-held-back configuration's world size and bandwidth; its step time is compared with the measured
-one. The bottleneck is each direction of the veth pair, which one edge of gloo's ring crosses:
+network namespaces joined by a ``tc``-limited veth pair; its blocks of steps alternate between
+the link rates (``RATES``, ABBA), it is recorded from launch to exit, and each rate's timed
+steps are put into a run directory of their own. Then, for each configuration, ``chopper
+predict`` (its functions, the figures ``--json`` prints) is given the other three recorded runs
+with their link bandwidths (``--run-bandwidth``) and the held-back configuration's world size and
+bandwidth; its step time is compared with the measured one. The bottleneck is each direction of the veth pair, which one edge of gloo's ring crosses:
 ``2 (n − 1) / n × 3.5 MB`` per step (3.5 MB at 2 ranks, 5.3 MB at 4), ``wire_ms`` at the link's rate.
 
 Needs root, ``ip`` and ``tc`` (network namespaces); raises naming what is missing otherwise.
@@ -46,7 +46,7 @@ from tests.support.scaling_runs import GOAL_REL_ERROR, Workload, held_back, run_
 
 RATES = (1e9, 500e6)  # bit/s each way
 WORLD_SIZES = (2, 4)
-WORKLOAD = Workload(warmup=5, steps=40)
+WORKLOAD = Workload(warmup=5, blocks=8, block_steps=6)  # 24 timed steps per rate and rank
 JOB_TIMEOUT_S = 240.0
 SECTION = "## Validation"
 
@@ -101,11 +101,13 @@ def section(result: dict[str, Any]) -> str:
         f"{WORKLOAD.batch} rows per rank per step, one intra-op thread per rank, two ranks per core at every world "
         "size) "
         "at 2 and 4 ranks, launched by `torchrun` in two network namespaces (\"nodes\") joined by a veth pair "
-        f"limited by `tc` to {' and '.join(f'{r / 1e6:g}' for r in RATES)} Mbit/s each way. Each configuration's "
-        f"{WORKLOAD.steps} timed steps (after {WORKLOAD.warmup} untimed) are recorded by a real agent into a run "
-        "directory of their own; each configuration is then predicted by `chopper predict --json` from the other "
-        "three runs, given every run's bandwidth (`--run-bandwidth`), and compared with the median step time its "
-        "job timed itself with `time.perf_counter` (every rank's steps).",
+        f"limited by `tc` to {' and '.join(f'{r / 1e6:g}' for r in RATES)} Mbit/s each way. In one job per world "
+        f"size, blocks of {WORKLOAD.block_steps} timed steps alternate between the rates (ABBA), so that load that "
+        "drifts during the job moves both alike; a real agent records the job, and each configuration's "
+        f"{WORKLOAD.blocks * WORKLOAD.block_steps // len(RATES)} timed steps per rank are put into a run directory "
+        "of their own. Each configuration is then predicted by `chopper predict` (its functions, the figures "
+        "`--json` prints) from the other three runs, given every run's bandwidth (`--run-bandwidth`), and "
+        "compared with the median step time its job timed itself with `time.perf_counter` (every rank's steps).",
         "",
         "The bottleneck is the veth pair: gloo's all-reduce is a ring whose two edges between the nodes cross it, "
         "one each way, each carrying `2 (n − 1) / n` of the gradients per step (3.5 MB at 2 ranks, 5.3 MB at 4); "

@@ -4,7 +4,7 @@ Two "nodes" (network namespaces joined by a ``tc``-limited veth pair) run a gloo
 by ``torchrun``, at 2 and at 4 ranks, each at two link rates (``tests/support/scaling_runs.py``);
 a real agent records each configuration's timed steps into a run directory of its own. The truth
 is the step time each job timed itself (``perf_counter``, median over every rank's steps). Each
-configuration is predicted by ``chopper predict --json`` from the other three runs and must land
+configuration is predicted by ``chopper predict``'s functions from the other three runs and must land
 within 15 % of its truth. ``benchmarks/bench_predict_validation.py`` runs the same at its full
 size and writes the table into docs/PREDICT.md.
 
@@ -26,7 +26,7 @@ from tests.support.scaling_runs import GOAL_REL_ERROR, Config, Workload, held_ba
 
 RATES = (1e9, 500e6)  # bit/s each way: 3.5 MB of gradients take 28 / 57 ms at 2 ranks, 43 / 85 ms at 4
 WORLD_SIZES = (2, 4)
-WORKLOAD = Workload(warmup=3, steps=20)
+WORKLOAD = Workload(warmup=3, blocks=4, block_steps=5)  # 10 timed steps per rate and rank
 CONFIGS = [Config(n, r) for n in WORLD_SIZES for r in RATES]
 
 

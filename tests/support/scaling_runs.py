@@ -15,14 +15,14 @@ predicts each configuration from the others):
 2. The ranks (``tests/support/scaling_train.py``) train the same model on the same number of rows
    at every world size (weak scaling), one intra-op thread each, two ranks per core at every world
    size (node a's k-th core is node b's k-th core), and time every step with ``perf_counter``.
-3. One job per world size runs one phase per link rate: at the job's gate before a phase the
-   harness sets that phase's rate; at the gate after its warm-up steps it notes the time, which
-   is where that configuration's recorded run begins. A configuration is one (world size, rate)
-   phase. Its markers and samples are recorded (``chopper.runs.record.record``) into a run
-   directory of its own while the job waits at the next phase's gate (the last: once every rank
-   reported), so each run directory holds exactly the steps the job timed at that rate. One job
-   for both rates halves the start-ups (torchrun, torch, DDP's imports: ~25 s a job on two busy
-   cores) and measures both rates on the same processes.
+3. One job per world size alternates between the link rates in blocks of steps, ABBA (``rate_of``),
+   so that a machine whose load drifts during the job moves every rate alike: at the job's gate
+   before each block the harness sets that block's rate, and each block begins with untimed
+   settling steps. The agent's stream is recorded (``chopper.runs.record.record``) from the
+   launch until every rank reported; a configuration is one (world size, rate), and its run
+   directory (``split_run``) holds the recording's devices, samples and links and the markers of
+   that rate's timed steps only: what ``chopper predict`` reads. One job for both rates also
+   halves the start-ups (torchrun, torch, DDP's imports: ~25 s a job on two busy cores).
 4. Truth per configuration, from the job's own clocks only: the median over every rank's timed
    steps (``Measured.step_s``), and tokens/s = ``world_size × rows per rank ÷ step_s``.
 5. ``held_back``: each configuration is predicted with ``chopper predict``'s functions from the
@@ -53,6 +53,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -70,7 +71,9 @@ TRAIN = REPO / "tests" / "support" / "scaling_train.py"
 MASTER_PORT = 29500
 RANK_NICE = -10  # the ranks run ahead of other load on the machine (they are root's, as the namespaces are)
 GOAL_REL_ERROR = 0.15  # predicted step time within 15 % of the measured one, on every held-back configuration
-RECORD_S = 2.0  # the buffered run is replayed at once; this only bounds the stream's tail
+# After every rank reported (its markers were delivered before), the recording goes on this long, so
+# the agent's samples after the last step reach it too.
+RECORD_TAIL_S = 1.0
 # The environment a scheduler would give a fresh job: nothing of the machine's launcher, scheduler or
 # Chopper settings leaks in.
 _KEPT_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "VIRTUAL_ENV")
@@ -84,11 +87,14 @@ class Workload:
     layers: int = 6
     batch: int = 160
     warmup: int = 5
-    steps: int = 30
+    blocks: int = 4  # per job; block k runs at rate_of(rates, k), ABBA
+    settle: int = 1
+    block_steps: int = 6
 
     def argv(self) -> list[str]:
         return ["--width", str(self.width), "--layers", str(self.layers), "--batch", str(self.batch),
-                "--warmup", str(self.warmup), "--steps", str(self.steps)]
+                "--warmup", str(self.warmup), "--blocks", str(self.blocks), "--settle", str(self.settle),
+                "--block-steps", str(self.block_steps)]
 
 
 @dataclass(frozen=True)
@@ -111,6 +117,12 @@ class Config:
         return self.world_size // 2
 
 
+def rate_of(rates: Sequence[float], block: int) -> float:
+    """The rate of ``block``: ABBA over two rates (A B B A A B ...); more rates cycle forwards then back."""
+    lap, pos = divmod(block, len(rates))
+    return rates[pos if lap % 2 == 0 else len(rates) - 1 - pos]
+
+
 def ring_edge_fraction(world_size: int) -> float:
     """Share of the buffer a ring all-reduce sends over each ring edge: ``2 (n − 1) / n``."""
     return 2 * (world_size - 1) / world_size
@@ -123,13 +135,13 @@ class Measured:
     config: Config
     job: str
     run_dir: Path
-    reports: list[dict[str, Any]]  # each rank's scaling_train.py report, by rank, ``step_s`` of this phase only
-    wall_s: float  # the job's launch to exit (all its phases)
+    reports: list[dict[str, Any]]  # each rank's scaling_train.py report, by rank, ``steps`` of this rate only
+    wall_s: float  # the job's launch to exit (both rates)
     step_s: float = field(init=False)
     tokens_per_s: float = field(init=False)
 
     def __post_init__(self) -> None:
-        steps = [s for r in self.reports for s in r["step_s"]]
+        steps = [seconds for r in self.reports for _, _, seconds in r["steps"]]
         self.step_s = statistics.median(steps)
         tokens = sum(int(r["tokens_per_step"]) for r in self.reports)
         self.tokens_per_s = tokens / self.step_s
@@ -146,7 +158,7 @@ class Measured:
     @property
     def rank_step_s(self) -> dict[int, float]:
         """Each rank's median step time after warm-up."""
-        return {int(r["rank"]): statistics.median(r["step_s"]) for r in self.reports}
+        return {int(r["rank"]): statistics.median(seconds for _, _, seconds in r["steps"]) for r in self.reports}
 
     def summary(self) -> dict[str, Any]:
         """The figures of this configuration, for tables and JSON (milliseconds, MB, tokens/s)."""
@@ -193,51 +205,23 @@ def _tail(path: Path) -> str:
     return path.read_text(errors="replace")[-3000:] if path.exists() else ""
 
 
-class _Gates:
-    """The harness's side of the job's gates (``scaling_train.py``): rates, run windows, recordings."""
-
-    def __init__(self, link: VethLink, agent: AgentProcess, out: Path, rates: Sequence[float], world_size: int) -> None:
-        self.link, self.agent, self.out, self.rates, self.world_size = link, agent, out, rates, world_size
-        self.since_ns: list[int] = []  # where each phase's timed steps begin, CLOCK_REALTIME ns
-        self.recorded: list[Path] = []
-
-    def poll(self) -> None:
-        """Answer the gate the job waits at, if any; record a phase when the next one asks for its rate.
-
-        The last phase is recorded as soon as every rank wrote its report (its markers were
-        delivered before), while the processes exit.
-        """
-        phase = len(self.since_ns)
-        if phase == len(self.rates):
-            if len(self.recorded) < phase and self.reported():
-                self.record(phase - 1)
-        elif (self.out / f"phase{phase}.ready").exists() and not (self.out / f"phase{phase}.go").exists():
-            if phase:
-                self.record(phase - 1)  # the job waits here, so the recording holds only phase - 1
-            self.link.set_rate(self.rates[phase])
-            (self.out / f"phase{phase}.go").touch()
-        elif (self.out / f"measure{phase}.ready").exists():
-            self.since_ns.append(time.time_ns())
-            (self.out / f"measure{phase}.go").touch()
-
-    def reported(self) -> bool:
-        return all((self.out / f"rank{r}.json").exists() for r in range(self.world_size))
-
-    def record(self, phase: int) -> None:
-        from chopper.runs.record import record
-
-        run_dir = self.out.parent / f"{self.out.name}-{self.rates[phase] / 1e6:g}Mbit-run"
-        record(self.agent.target, run_dir, RECORD_S, self.since_ns[phase])
-        self.recorded.append(run_dir)
+def _serve_gates(out: Path, link: VethLink, rates: Sequence[float], served: int) -> int:
+    """Answer the block gate the job waits at, if any (``scaling_train.py``); returns the blocks served."""
+    if (out / f"block{served}.ready").exists():
+        link.set_rate(rate_of(rates, served))
+        (out / f"block{served}.go").touch()
+        return served + 1
+    return served
 
 
-def _wait(procs: Sequence[subprocess.Popen[Any]], gates: _Gates, logs: Sequence[Path], job: str, deadline: float,
-          timeout_s: float) -> None:
+def _wait(procs: Sequence[subprocess.Popen[Any]], out: Path, link: VethLink, rates: Sequence[float],
+          logs: Sequence[Path], job: str, deadline: float, timeout_s: float) -> None:
     """Serve the gates until both nodes' torchrun exited 0; the first failure or the deadline raises.
 
     Both nodes are watched at once: when one fails, the other would wait for it until its own
     rendezvous timeout, minutes later.
     """
+    served = 0
     while True:
         codes = [proc.poll() for proc in procs]
         for side, code in enumerate(codes):
@@ -249,65 +233,94 @@ def _wait(procs: Sequence[subprocess.Popen[Any]], gates: _Gates, logs: Sequence[
         if time.monotonic() > deadline:
             raise TimeoutError(f"{job} ran past {timeout_s:g} s; node a's log ends:\n{_tail(logs[0])}\n"
                                f"node b's log ends:\n{_tail(logs[1])}")
-        gates.poll()
+        served = _serve_gates(out, link, rates, served)
         time.sleep(0.01)
+
+
+def split_run(recording: Path, steps: dict[Config, set[int]], out: Path) -> dict[Config, Path]:
+    """One run directory per configuration from the job's recording: its devices, samples and links,
+    and the markers of that configuration's timed steps only.
+
+    Raises:
+        RuntimeError: A timed step has no ``step_end`` marker of every rank in the recording.
+    """
+    import pandas as pd
+
+    from chopper.runs.rundir import read_run, write_run
+
+    run = read_run(recording)
+    ranks = run.markers["rank"].nunique()
+    ended = run.markers[run.markers["kind"] == "step_end"].groupby("step")["rank"].nunique()
+    dirs = {}
+    for config, wanted in steps.items():
+        missing = sorted(s for s in wanted if ended.get(s, 0) < ranks)
+        if missing:
+            raise RuntimeError(f"{recording}: timed step(s) {missing[:5]} of {config.name} lack a rank's step_end; "
+                               "the markers did not reach the recording")
+        markers = run.markers[run.markers["step"].isin(pd.Series(sorted(wanted)))]
+        dirs[config] = write_run(out / f"{config.name}-run", run.devices, run.samples, markers, links=run.links)
+    return dirs
 
 
 def run_world(agent: AgentProcess, workdir: Path, world_size: int, rates_bit_s: Sequence[float], workload: Workload,
               timeout_s: float, prefix: str = "scaling") -> list[Measured]:
-    """One job of ``world_size`` ranks over a fresh link, one phase per rate, one recorded run per phase.
+    """One job of ``world_size`` ranks over a fresh link, its blocks alternating between the rates (ABBA).
 
-    The job is Chopper job ``<prefix>-<world_size>ranks``; each phase is a configuration of its own
-    (``Measured``), recorded from its first timed step to the gate that ends it (module docstring).
+    The job is Chopper job ``<prefix>-<world_size>ranks``, recorded from its launch to its last
+    report; each rate is a configuration of its own (``Measured``), with a run directory holding
+    that rate's timed steps (``split_run``, module docstring).
 
     Raises:
         TimeoutError: The job did not finish within ``timeout_s`` (everything it started is removed).
-        RuntimeError: A node's torchrun failed or a rank wrote no report.
+        RuntimeError: A node's torchrun failed, a rank wrote no report, or the recording lacks a timed step.
     """
-    configs = [Config(world_size, rate) for rate in rates_bit_s]
+    from chopper.runs.record import record
+
+    configs = {rate: Config(world_size, rate) for rate in rates_bit_s}
     job = f"{prefix}-{world_size}ranks"
     out = workdir / job
     out.mkdir(parents=True)
     logs = [out / f"node{side}.log" for side in range(2)]
     cores = ",".join(str(c) for c in sorted(os.sched_getaffinity(0)))
-    argv = [*workload.argv(), "--phases", str(len(configs))]
+    first = configs[rate_of(rates_bit_s, 0)]
+    stop = threading.Event()
+    recorder = threading.Thread(target=record, args=(agent.target, out / "recording", None, time.time_ns(), stop),
+                                name="scaling-recorder", daemon=True)
+    recorder.start()
     started = time.monotonic()
-    with VethLink(rates_bit_s[0]) as link:
-        gates = _Gates(link, agent, out, rates_bit_s, world_size)
-        try:
-            procs = []
-            for side in range(2):
-                with open(logs[side], "wb") as log:
-                    procs.append(link.popen(side, _torchrun(link, side, configs[0], argv, out, cores), cwd=REPO,
-                                            env=_env(link, side, configs[0], agent, job), stdin=subprocess.DEVNULL,
-                                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
-            _wait(procs, gates, logs, job, started + timeout_s, timeout_s)
-        finally:
-            kill_namespace_processes(link)
-    wall_s = time.monotonic() - started
+    try:
+        with VethLink(first.rate_bit_s) as link:
+            try:
+                procs = []
+                for side in range(2):
+                    with open(logs[side], "wb") as log:
+                        procs.append(link.popen(side, _torchrun(link, side, first, workload.argv(), out, cores),
+                                                cwd=REPO, env=_env(link, side, first, agent, job),
+                                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                                start_new_session=True))
+                _wait(procs, out, link, rates_bit_s, logs, job, started + timeout_s, timeout_s)
+            finally:
+                kill_namespace_processes(link)
+        wall_s = time.monotonic() - started
+        time.sleep(RECORD_TAIL_S)
+    finally:
+        stop.set()
+        recorder.join(COMMAND_TIMEOUT_S)
     missing = [r for r in range(world_size) if not (out / f"rank{r}.json").exists()]
-    if missing or len(gates.since_ns) != len(configs):
-        raise RuntimeError(f"{job}: rank(s) {missing} wrote no report, {len(gates.since_ns)} of {len(configs)} "
-                           f"phases timed; logs in {out}")
-    if len(gates.recorded) < len(configs):
-        gates.record(len(configs) - 1)
+    if missing:
+        raise RuntimeError(f"{job}: rank(s) {missing} wrote no report; logs in {out}")
     reports = [json.loads((out / f"rank{r}.json").read_text()) for r in range(world_size)]
-    return [Measured(config, job, run_dir, [{**r, "step_s": r["step_s"][k]} for r in reports], wall_s)
-            for k, (config, run_dir) in enumerate(zip(configs, gates.recorded, strict=True))]
+    by_config = {c: [{**r, "steps": [s for s in r["steps"] if rate_of(rates_bit_s, s[1]) == rate]} for r in reports]
+                 for rate, c in configs.items()}
+    dirs = split_run(out / "recording", {c: {s[0] for s in rs[0]["steps"]} for c, rs in by_config.items()}, workdir)
+    return [Measured(c, job, dirs[c], by_config[c], wall_s) for c in configs.values()]
 
 
 def run_all(agent: AgentProcess, workdir: Path, world_sizes: Sequence[int], rates_bit_s: Sequence[float],
             workload: Workload, timeout_s: float, prefix: str = "scaling") -> list[Measured]:
-    """``run_world`` for each world size in turn (one namespace-heavy job at a time).
-
-    Every other world size runs the rates in reverse order (A B, then B A), so a machine that
-    drifts during the experiment moves both rates alike.
-    """
-    measured: list[Measured] = []
-    for i, world_size in enumerate(world_sizes):
-        rates = list(rates_bit_s) if i % 2 == 0 else list(rates_bit_s)[::-1]
-        measured += run_world(agent, workdir, world_size, rates, workload, timeout_s, prefix)
-    return measured
+    """``run_world`` for each world size in turn (one namespace-heavy job at a time)."""
+    return [m for world_size in world_sizes
+            for m in run_world(agent, workdir, world_size, rates_bit_s, workload, timeout_s, prefix)]
 
 
 def bandwidth_gbs(rate_bit_s: float) -> float:

@@ -17,17 +17,17 @@ nice ``--nice``. The harness runs both "nodes" (network namespaces) on one machi
 k-th core is node b's k-th core: every core holds one rank of each node, two ranks per core at
 every world size, which keeps the per-rank compute the same from 2 ranks to 4.
 
-Schedule: ``--phases`` phases (one per link rate the harness sets), each ``--warmup`` steps, then
-``--steps`` timed steps. Before each part, rank 0 asks the harness through a gate file and waits
-(``gate``): ``phase<k>.ready`` (the harness sets phase k's rate, then writes ``phase<k>.go``) and
-``measure<k>.ready`` (the harness notes where the run to record begins). Then every rank meets at a
-barrier that is not marked. A step is timed from before its forward to after
-``zero_grad(set_to_none=False)``.
+Schedule: ``--warmup`` untimed steps, then ``--blocks`` blocks, each ``--settle`` untimed steps
+after the harness set the block's link rate, then ``--block-steps`` timed steps. Before each
+block, rank 0 writes the gate file ``block<k>.ready`` and waits for ``block<k>.go`` (the harness
+sets the rate meanwhile); then every rank meets at a barrier that is not marked (``gate``). A step
+is timed from before its forward to after ``zero_grad(set_to_none=False)``.
 
 Output: ``--out``/``rank<RANK>.json``, written once at the end (to a temporary name, then
 renamed): ``rank``, ``world_size``, ``local_rank``, ``core``, ``params``, ``grad_bytes``,
-``tokens_per_step`` (rows of this rank per step), ``step_s`` (per phase, the seconds of each
-timed step), ``hook_errors`` and the client's ``stats``.
+``tokens_per_step`` (rows of this rank per step), ``steps`` (``[step, block, seconds]`` of each
+timed step; ``step`` is the number Chopper's markers carry, counted from 0 over every step),
+``hook_errors`` and the client's ``stats``.
 
 ``torchrun --nnodes 2 --node-rank K --nproc-per-node N ... tests/support/scaling_train.py --out DIR``,
 with ``CHOPPER_AGENT``, ``CHOPPER_JOB`` and ``GLOO_SOCKET_IFNAME`` set.
@@ -103,7 +103,7 @@ def train_step(ddp: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor
 
 
 def train(args: argparse.Namespace) -> dict[str, object]:
-    """Train every phase (module docstring); returns this rank's report."""
+    """Train the schedule (module docstring); returns this rank's report."""
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.manual_seed(0)  # the same initial weights on every rank (DDP broadcasts rank 0's anyway)
@@ -114,17 +114,22 @@ def train(args: argparse.Namespace) -> dict[str, object]:
     x, y = torch.randn(args.batch, args.width, generator=gen), torch.randn(args.batch, args.width, generator=gen)
     chopper.init()
     inst = chopper.pytorch.instrument(ddp, optimizer, tokens_per_step=args.batch)
-    step_s: list[list[float]] = []
-    for phase in range(args.phases):
-        gate(args.out, f"phase{phase}")
-        for _ in range(args.warmup):
-            train_step(ddp, optimizer, x, y)
-        gate(args.out, f"measure{phase}")
-        step_s.append([train_step(ddp, optimizer, x, y) for _ in range(args.steps)])
+    timed: list[tuple[int, int, float]] = []
+    step = 0
+    for _ in range(args.warmup):
+        train_step(ddp, optimizer, x, y)
+        step += 1
+    for block in range(args.blocks):
+        gate(args.out, f"block{block}")
+        for i in range(args.settle + args.block_steps):
+            seconds = train_step(ddp, optimizer, x, y)
+            if i >= args.settle:
+                timed.append((step, block, seconds))
+            step += 1
     inst.remove()
     params = sum(p.numel() for p in net.parameters())
     return {"rank": rank, "world_size": dist.get_world_size(), "params": params,
-            "grad_bytes": 4 * params, "tokens_per_step": args.batch, "step_s": step_s,
+            "grad_bytes": 4 * params, "tokens_per_step": args.batch, "steps": timed,
             "hook_errors": dict(inst.errors)}
 
 
@@ -135,9 +140,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--layers", type=int, default=6)
     parser.add_argument("--batch", type=int, default=160, help="rows per rank per step")
     parser.add_argument("--bucket-mb", type=float, default=64.0, help="DDP bucket_cap_mb: above the gradients' size")
-    parser.add_argument("--phases", type=int, default=1, help="phases, one per link rate")
-    parser.add_argument("--warmup", type=int, default=5, help="untimed steps at the start of each phase")
-    parser.add_argument("--steps", type=int, default=30, help="timed steps per phase")
+    parser.add_argument("--warmup", type=int, default=5, help="untimed steps before the first block")
+    parser.add_argument("--blocks", type=int, default=4, help="blocks, each at the rate the harness sets")
+    parser.add_argument("--settle", type=int, default=1, help="untimed steps at the start of each block")
+    parser.add_argument("--block-steps", type=int, default=6, help="timed steps per block")
     parser.add_argument("--cores", default="", help="comma-separated CPU ids (default: this process's)")
     parser.add_argument("--nice", type=int, default=0)
     args = parser.parse_args(argv)
