@@ -263,17 +263,17 @@ def test_a_run_without_collectives_reads_as_an_empty_table(run_dir: Path) -> Non
     assert not (run_dir / "collectives.parquet").exists()
 
 
-def _refusal(tmp_path: Path, change: dict, csv: bool = False) -> str:
-    """The message read_run gives for a collectives table whose row 1 has ``change``."""
-    run = write_run(tmp_path / "run", _devices(), _samples(), _markers(), _collectives())
-    frame = pd.read_parquet(run / "collectives.parquet").astype(object)
+def _refusal(tmp_path: Path, change: dict, csv: bool = False, table: str = "collectives") -> str:
+    """The message read_run gives for a ``table`` (collectives or links) whose row 1 has ``change``."""
+    run = write_run(tmp_path / "run", _devices(), _samples(links=True), _markers(), _collectives())
+    frame = pd.read_parquet(run / f"{table}.parquet").astype(object)
     for column, value in change.items():
         frame.loc[1, column] = value
     if csv:
-        (run / "collectives.parquet").unlink()
-        frame.to_csv(run / "collectives.csv", index=False)
+        (run / f"{table}.parquet").unlink()
+        frame.to_csv(run / f"{table}.csv", index=False)
     else:
-        frame.to_parquet(run / "collectives.parquet", index=False)
+        frame.to_parquet(run / f"{table}.parquet", index=False)
     with pytest.raises(RunDirError) as err:
         read_run(run)
     return str(err.value)
@@ -331,26 +331,11 @@ def test_a_run_without_links_reads_as_none(run_dir: Path) -> None:
                     promise="the run is refused with the file, the row or column and the fix; a run without the "
                     "table reads as an empty one")
 def test_bad_link_rows_are_refused_naming_the_fix(tmp_path: Path, hazard: HazardOutcome) -> None:
-    def refusal(name: str, change: dict, row: int = 1, csv: bool = False) -> str:
-        run = write_run(tmp_path / name, _devices(), _samples(links=True), _markers())
-        frame = pd.read_parquet(run / "links.parquet")
-        for column, value in change.items():
-            frame[column] = frame[column].astype(object)
-            frame.loc[row, column] = value
-        (run / "links.parquet").unlink()
-        if csv:
-            frame.to_csv(run / "links.csv", index=False)
-        else:
-            frame.to_parquet(run / "links.parquet", index=False)
-        with pytest.raises(RunDirError) as err:
-            read_run(run)
-        return str(err.value)
-
     messages = {
-        "orphan": refusal("a", {"ts_ns": T0 + 3}),
-        "twice": refusal("b", {"link": 0}),
-        "index": refusal("c", {"link": 64}),
-        "text": refusal("d", {"link": "one"}, csv=True),
+        "orphan": _refusal(tmp_path / "a", {"ts_ns": T0 + 3}, table="links"),
+        "twice": _refusal(tmp_path / "b", {"link": 0}, table="links"),
+        "index": _refusal(tmp_path / "c", {"link": 64}, table="links"),
+        "text": _refusal(tmp_path / "d", {"link": "one"}, csv=True, table="links"),
     }
     assert f"links.parquet: row 1 (ts_ns={T0 + 3}, node=n1, gpu=0) belongs to no sample" in messages["orphan"]
     assert "re-export the links table together with the samples table" in messages["orphan"]
