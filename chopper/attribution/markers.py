@@ -182,24 +182,25 @@ def inspector_intervals(steps: pd.DataFrame, collectives: pd.DataFrame) -> Inspe
     ]
     lent[RANK_KEY] = owner[RANK_KEY]
     placed = pd.concat([records[named], lent[~unplaced].astype({"rank": np.int64})], ignore_index=True)
+    # Plain arrays, records grouped by rank: the loop below costs a few numpy calls per rank.
+    step_begin, step_end = steps["begin_ns"].to_numpy(np.int64), steps["end_ns"].to_numpy(np.int64)
+    lo, hi = placed["begin_ns"].to_numpy(np.int64), placed["end_ns"].to_numpy(np.int64)
+    nbytes, timed = placed["bytes"].to_numpy(np.float64), placed["placed"].to_numpy(bool)
     pieces: list[Intervals] = []
     step_rows = steps.groupby(RANK_KEY, sort=False).indices
     for key, idx in placed.groupby(RANK_KEY, sort=True).indices.items():
         rows = step_rows[key]
-        rows = rows[np.argsort(steps["begin_ns"].to_numpy()[rows], kind="stable")]
-        begin, end = steps["begin_ns"].to_numpy(np.int64)[rows], steps["end_ns"].to_numpy(np.int64)[rows]
+        rows = rows[np.argsort(step_begin[rows], kind="stable")]
+        begin, end = step_begin[rows], step_end[rows]
         if np.any(end[:-1] > begin[1:]):
             problems.append(f"job {key[0]!r} rank {key[1]}: step windows overlap (step numbers reused?), so its "
                             f"{len(idx)} Inspector collective records cannot be placed on steps: not used")
             continue
-        got = placed.iloc[idx]
-        for timed in (True, False):
-            some = got[got["placed"] == timed]
-            iv = clip_to_steps(begin, end, some["begin_ns"].to_numpy(np.int64), some["end_ns"].to_numpy(np.int64),
-                               some["bytes"].to_numpy(np.float64))
-            pieces.append(Intervals(rows[iv.row].astype(np.int64), iv.lo_ns, iv.hi_ns, iv.bytes, iv.counted))
-            if not timed:
-                unplaced_rows[rows[iv.row]] = True
-        has_feed[step_rows[key]] = True
+        iv = clip_to_steps(begin, end, lo[idx], hi[idx], nbytes[idx])
+        pieces.append(Intervals(rows[iv.row].astype(np.int64), iv.lo_ns, iv.hi_ns, iv.bytes, iv.counted))
+        late = idx[~timed[idx]]
+        if late.size:
+            unplaced_rows[rows[clip_to_steps(begin, end, lo[late], hi[late], nbytes[late]).row]] = True
+        has_feed[rows] = True
     return InspectorSteps(Intervals.join(pieces), has_feed, unplaced_rows, problems)
 
