@@ -168,10 +168,11 @@ BENCHES = (
         f"within {bench_predict_validation.GOAL_REL_ERROR:.0%} of the measured step time on every held-back "
         "configuration",
         "real agent process; per world size one gloo DDP job launched by `torchrun` in two network namespaces "
-        "joined by a `tc`-limited veth pair, one phase per link rate, each phase's timed steps recorded into a run "
-        "directory of its own; truth = median `perf_counter` step time the job timed; predicted = `chopper "
-        "predict` from the other three runs with their bandwidths (`benchmarks/bench_predict_validation.py`, "
-        "`tests/support/scaling_runs.py`; the table is in docs/PREDICT.md).",
+        "joined by a `tc`-limited veth pair, blocks of steps alternating between the link rates (ABBA), the job "
+        "recorded and each rate's timed steps put into a run directory of their own; truth = median "
+        "`perf_counter` step time the job timed; predicted = `chopper predict` from the other three runs with "
+        "their bandwidths (`benchmarks/bench_predict_validation.py`, `tests/support/scaling_runs.py`; the table "
+        "is in docs/PREDICT.md).",
     ),
     Bench(
         "trace_vs_hta", bench_trace_vs_hta.run,

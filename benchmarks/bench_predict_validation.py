@@ -14,14 +14,17 @@ the link rates (``RATES``, ABBA), it is recorded from launch to exit, and each r
 steps are put into a run directory of their own. Then, for each configuration, ``chopper
 predict`` (its functions, the figures ``--json`` prints) is given the other three recorded runs
 with their link bandwidths (``--run-bandwidth``) and the held-back configuration's world size and
-bandwidth; its step time is compared with the measured one. The bottleneck is each direction of the veth pair, which one edge of gloo's ring crosses:
-``2 (n − 1) / n × 3.5 MB`` per step (3.5 MB at 2 ranks, 5.3 MB at 4), ``wire_ms`` at the link's rate.
+bandwidth; its step time is compared with the measured one. The bottleneck is each direction of
+the veth pair, which one edge of gloo's ring crosses: ``2 (n − 1) / n × 3.5 MB`` per step (3.5 MB
+at 2 ranks, 5.3 MB at 4), ``wire_ms`` at the link's rate.
 
 Needs root, ``ip`` and ``tc`` (network namespaces); raises naming what is missing otherwise.
 
-Run: ``python benchmarks/bench_predict_validation.py [--write-section docs/PREDICT.md]``; the
-flag replaces the "Validation" section of that file with this run's table. ``run()`` returns
-the figures as a dict.
+Run: ``python benchmarks/bench_predict_validation.py [--write-section docs/PREDICT.md]
+[--write-performance docs/PERFORMANCE.md]``: the first flag replaces the "Validation" section of
+that file with this run's table, the second this benchmark's row and section of the generated
+performance page (as ``python -m benchmarks --only predict_validation --write`` does), both from
+the same run. ``run()`` returns the figures as a dict.
 """
 from __future__ import annotations
 
@@ -33,6 +36,7 @@ import platform
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -49,14 +53,18 @@ WORLD_SIZES = (2, 4)
 WORKLOAD = Workload(warmup=5, blocks=8, block_steps=6)  # 24 timed steps per rate and rank
 JOB_TIMEOUT_S = 240.0
 SECTION = "## Validation"
+# Per configuration, the figures of ``held_back`` that the table shows.
+CONFIG_FIGURES = ("from", "predicted_step_ms", "uncertainty_ms", "measured_step_ms", "error", "within_goal", "refused",
+                  "noncomm_ms", "own_noncomm_ms", "predicted_tokens_per_s", "tokens_per_s", "wire_ms", "wire_share")
 
 
 def run() -> dict[str, Any]:
     """Record the four configurations, predict each from the others.
 
     Returns:
-        ``rows`` (``held_back``'s, one per configuration), ``within`` and ``cases``, ``max_abs_error``,
-        ``table`` (``configuration: predicted / measured ms (error)``), ``meets_goal``.
+        ``configs`` (``CONFIG_FIGURES`` of ``held_back``'s row, by configuration), ``within`` and
+        ``cases``, ``max_abs_error``, ``table`` (``configuration: predicted / measured ms (error)``),
+        ``meets_goal``.
     """
     reason = unavailable()
     if reason is not None:
@@ -78,7 +86,8 @@ def run() -> dict[str, Any]:
                                 if "error" in r else f"refused / {r['measured_step_ms']:g} ms") for r in rows},
         "within": sum(r["within_goal"] for r in rows), "cases": len(rows),
         "max_abs_error": round(max(errors), 4) if errors else None,
-        "meets_goal": all(r["within_goal"] for r in rows), "rows": rows,
+        "meets_goal": all(r["within_goal"] for r in rows),
+        "configs": {r["config"]: {k: r[k] for k in CONFIG_FIGURES if k in r} for r in rows},
     }
 
 
@@ -119,19 +128,27 @@ def section(result: dict[str, Any]) -> str:
         f"configuration: **{'met' if result['meets_goal'] else 'not met'}** ({result['within']}/{result['cases']}, "
         f"largest error {result['max_abs_error']:.1%}).",
         "",
+        "`non-comm` is the time of a step that is not communication (compute and idle, the slowest rank's, median "
+        "over steps): the one predict kept, from the run of the same world size at the other rate, beside this "
+        "configuration's own, which the prediction did not see. Their difference is the part of the error that "
+        "comes from compute that differed between the two rates of one job, which the model assumes equal: "
+        "across runs it moves by a few ms either way, from the load of the shared machine and from the "
+        "emulated link's work (both TCP stacks, veth, `tc`), which runs on the cores the ranks compute on.",
+        "",
         "| held-back configuration | predicted from | predicted step (± 1 sd) | measured step | error | "
-        "predicted / measured tokens/s | wire (share) |",
-        "|---|---|---|---|---|---|---|",
+        "non-comm: kept / own | predicted / measured tokens/s | wire (share) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    for r in result["rows"]:
+    for name, r in result["configs"].items():
         wire = f"{r['wire_ms']:g} ms ({r['wire_share']:.0%})"
         if "error" not in r:
-            lines.append(f"| {r['config']} | {', '.join(r['from'])} | refused: {r['refused']} | "
-                         f"{r['measured_step_ms']:g} ms | | | {wire} |")
+            lines.append(f"| {name} | {', '.join(r['from'])} | refused: {r['refused']} | "
+                         f"{r['measured_step_ms']:g} ms | | | | {wire} |")
             continue
         lines.append(
-            f"| {r['config']} | {', '.join(r['from'])} | {r['predicted_step_ms']:g} ± {r['uncertainty_ms']:g} ms | "
-            f"{r['measured_step_ms']:g} ms | {r['error']:+.1%} | {r['predicted_tokens_per_s']:,.0f} / "
+            f"| {name} | {', '.join(r['from'])} | {r['predicted_step_ms']:g} ± {r['uncertainty_ms']:g} ms | "
+            f"{r['measured_step_ms']:g} ms | {r['error']:+.1%} | {r['noncomm_ms']:g} / {r['own_noncomm_ms']:g} ms | "
+            f"{r['predicted_tokens_per_s']:,.0f} / "
             f"{r['tokens_per_s']:,.0f} | {wire} |")
     lines += [
         "",
@@ -160,8 +177,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write-section", type=Path, metavar="PATH",
                         help="replace the Validation section of this file (docs/PREDICT.md)")
+    parser.add_argument("--write-performance", type=Path, metavar="PATH",
+                        help="update this benchmark's row and section of the performance page (docs/PERFORMANCE.md)")
     args = parser.parse_args(argv)
+    started = time.monotonic()
     result = run()
+    seconds = time.monotonic() - started
     for name, line in result["table"].items():
         print(f"{name}: predicted / measured {line}")
     print(f"{result['within']}/{result['cases']} held-back configurations within {GOAL_REL_ERROR:.0%}")
@@ -169,6 +190,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.write_section:
         write_section(args.write_section, section(result))
         print(f"wrote the Validation section of {args.write_section}", file=sys.stderr)
+    if args.write_performance:
+        from benchmarks import __main__ as suite
+
+        bench = next(b for b in suite.BENCHES if b.name == "predict_validation")
+        previous = args.write_performance.read_text() if args.write_performance.exists() else ""
+        args.write_performance.write_text(suite._markdown([(bench, result, "", seconds)], previous) + "\n")
+        print(f"wrote {args.write_performance}", file=sys.stderr)
     return 0
 
 

@@ -350,7 +350,10 @@ def held_back(measured: Sequence[Measured]) -> list[dict[str, Any]]:
         One row per configuration: its ``summary()`` figures, ``predicted_step_ms`` and
         ``uncertainty_ms`` (one standard deviation, predict's own), ``error`` (predicted ÷ measured
         − 1), ``within_goal`` (``|error| ≤ GOAL_REL_ERROR``), the predicted and measured tokens/s,
-        predict's split (``noncomm_ms``, ``comm_ms``, ``exposed_ms``), the inputs' configurations
+        predict's split (``noncomm_ms``, ``comm_ms``, ``exposed_ms``), ``own_noncomm_ms`` (the
+        median non-communication time of this configuration's own run, which the prediction did
+        not see: beside ``noncomm_ms`` it shows how much of the error is compute that moved with
+        the rate), the inputs' configurations
         and the fits' relative RMS residuals; or, where predict refused, ``refused`` with its
         message and ``within_goal`` False.
     """
@@ -361,7 +364,8 @@ def held_back(measured: Sequence[Measured]) -> list[dict[str, Any]]:
     rows = []
     for target in measured:
         others = [m for m in measured if m is not target]
-        row = {**target.summary(), "from": [m.config.name for m in others]}
+        own = 1e3 * float(inputs[target.config].steps["noncomm_s"].median())
+        row = {**target.summary(), "from": [m.config.name for m in others], "own_noncomm_ms": round(own, 2)}
         try:
             result = predict_json([inputs[m.config] for m in others], target.config.world_size,
                                   target.config.rate_bit_s)
