@@ -117,7 +117,7 @@ def load_inputs(path: str | Path, job: str | None = None, bandwidth_gbs: float |
             return RunInputs(str(root), "store", chosen, _world(steps, chosen), frame, _empty_calls(),
                              bandwidth_gbs, ["the aggregator's store keeps step totals, not collective timings"])
         run = read_run(root)
-        steps = attribute(run.devices, run.samples, run.markers, job=job).steps
+        steps = attribute(run.devices, run.samples, run.markers, job=job, collectives=run.collectives).steps
     except (RunDirError, AttributionError) as exc:
         raise PredictInputError(str(exc)) from None
     return from_run(run, steps, job, bandwidth_gbs)

@@ -2,6 +2,8 @@
 data cannot support."""
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -12,16 +14,16 @@ ALPHA, BUS_GBS = 20e-6, 12.0  # 20 µs per latency step, 12 GB/s bus bandwidth
 
 
 def pairs(rng: np.random.Generator, sizes: list[float], worlds: list[int], noise: float, reps: int = 20,
-          bandwidths: list[float] | None = None) -> dict[str, np.ndarray]:
+          bandwidths: list[float] | None = None) -> dict[str, Any]:
     """Ring all-reduce timings drawn from t = α·L + V/B with multiplicative noise of ``noise`` (sd)."""
     rows = []
     for i, (s, n) in enumerate((s, n) for s in sizes for n in worlds):
         b = BUS_GBS if bandwidths is None else bandwidths[i % len(bandwidths)]
-        L, V = volumes.latency_steps("all_reduce", n), volumes.bus_bytes("all_reduce", s, n)
+        steps, sent = volumes.latency_steps("all_reduce", n), volumes.bus_bytes("all_reduce", s, n)
         for _ in range(reps):
-            rows.append((L, V, (ALPHA * L + V / (b * GB)) * (1 + noise * rng.standard_normal()), s, n, b))
-    L, V, t, S, W, B = map(np.asarray, zip(*rows, strict=True))
-    return {"latency_steps": L, "bus_bytes": V, "seconds": t, "sizes": S, "worlds": W, "bandwidths_gbs": B}
+            rows.append((steps, sent, (ALPHA * steps + sent / (b * GB)) * (1 + noise * rng.standard_normal()), s, n, b))
+    names = ("latency_steps", "bus_bytes", "seconds", "sizes", "worlds", "bandwidths_gbs")
+    return {name: np.asarray(column) for name, column in zip(names, zip(*rows, strict=True), strict=True)}
 
 
 def test_fit_recovers_alpha_and_beta_from_noisy_pairs() -> None:
