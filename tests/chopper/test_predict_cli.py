@@ -110,27 +110,41 @@ def test_one_run_is_refused_until_alpha_is_fixed(runs: dict[int, tuple[Path, flo
 
 
 @pytest.fixture(scope="module")
-def no_collectives(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def clean(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return ALL_SCENARIOS["clean"]().write(tmp_path_factory.mktemp("clean") / "run")
+
+
+@pytest.fixture(scope="module")
+def no_collectives(clean: Path) -> Path:
     """A run whose job marks steps and phases but no collective."""
-    src = ALL_SCENARIOS["clean"]().write(tmp_path_factory.mktemp("clean") / "run")
-    run = read_run(src)
+    run = read_run(clean)
     markers = run.markers[~run.markers["kind"].str.startswith("collective")]
-    return write_run(src.parent / "no_collectives", run.devices, run.samples, markers)
+    return write_run(clean.parent / "no_collectives", run.devices, run.samples, markers)
 
 
-@pytest.mark.hazard(item=3, input="chopper predict of a missing path, a run without collectives, --world-size 0, "
-                                  "two --run-bandwidth for one input, a run bandwidth of -1",
+@pytest.fixture(scope="module")
+def no_steps(clean: Path) -> Path:
+    """A run whose steps never end (every step_end lost)."""
+    run = read_run(clean)
+    markers = run.markers[run.markers["kind"] != "step_end"]
+    return write_run(clean.parent / "no_steps", run.devices, run.samples, markers)
+
+
+@pytest.mark.hazard(item=3, input="chopper predict of a missing path, a run without collectives, a run without a "
+                                  "complete step, --world-size 0, two --run-bandwidth for one input, a run "
+                                  "bandwidth of -1",
                     promise="exit 2 (3 for the run that cannot support a fit) with a message naming the problem")
 @pytest.mark.parametrize(("args", "code", "message"), [
     (["/nonexistent/run", "--world-size", "4"], 2, "does not exist; pass a recorded run directory"),
     (["{run}", "--world-size", "4"], 3, "no input has timed collectives"),
+    (["{no_steps}", "--world-size", "4"], 2, "no complete step (no step_begin/step_end pair)"),
     (["{run}", "--world-size", "0"], 2, "--world-size must be at least 1"),
     (["{run}", "--world-size", "2", "--run-bandwidth", "1", "--run-bandwidth", "2"], 2, "2 --run-bandwidth for 1"),
     (["{run}", "--world-size", "2", "--run-bandwidth", "-1"], 2, "must be a positive number of GB/s"),
 ])
-def test_bad_input_exits_with_a_message(args: list[str], code: int, message: str, no_collectives: Path, hazard,
-                                        capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["predict", *(a.format(run=no_collectives) for a in args)]
+def test_bad_input_exits_with_a_message(args: list[str], code: int, message: str, no_collectives: Path,
+                                        no_steps: Path, hazard, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["predict", *(a.format(run=no_collectives, no_steps=no_steps) for a in args)]
     assert main(argv) == code
     err = capsys.readouterr().err
     assert message in err, err

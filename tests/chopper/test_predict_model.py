@@ -46,6 +46,7 @@ def test_the_curve_passes_through_the_measured_step(runs: dict[str, Path]) -> No
     assert at[1].comm_s == 0.0 and at[8].comm_s > at[2].comm_s
 
 
+@pytest.mark.slow  # two reports: 40 s on a loaded machine
 def test_the_report_draws_it_only_where_a_fit_exists(runs: dict[str, Path]) -> None:
     drawn = build_report(runs["two_sizes"], runs["two_sizes"].parent / "two.html").read_text(encoding="utf-8")
     assert "scaling-prediction" in figure_keys(drawn) and "Scaling prediction" in drawn
