@@ -241,6 +241,7 @@ class SimulatedBackend:
         self._thr_power = np.zeros(n)
         self._thr_thermal = np.zeros(n)
         self._link = np.zeros(n)
+        self._link_rows: list[tuple[float, tuple[LinkBytes, ...]]] = [(-1.0, ())] * n  # (total, its links)
         self._pcie = np.zeros(n)
         self._seen_step = np.zeros(n, dtype=bool)
 
@@ -344,13 +345,22 @@ class SimulatedBackend:
         rows = zip(clock.tolist(), busy.tolist(), matrix.tolist(), mem_busy.tolist(), power.tolist(),
                    self._energy.tolist(), self._temp.tolist(), mem_used.tolist(), self._link.tolist(),
                    self._pcie.tolist(), self._thr_power.tolist(), self._thr_thermal.tolist(), strict=True)
-        node, mclk, links = self.node, spec.mem_clock_mhz, range(self.links)
-        share = 1.0 / self.links
+        node, mclk = self.node, spec.mem_clock_mhz
         return [
             Sample(now_ns, node, g, c, mclk, b, m, mb, p, e, t, mu, lk, lk, pc, 0.5 * pc, tp, tt, 0.0, 0.0,
-                   tuple([LinkBytes(k, lk * share, lk * share) for k in links]))
+                   self._links_of(g, lk))
             for g, (c, b, m, mb, p, e, t, mu, lk, pc, tp, tt) in enumerate(rows)
         ]
+
+    def _links_of(self, g: int, total: float) -> tuple[LinkBytes, ...]:
+        """GPU ``g``'s links carrying ``total`` bytes evenly; the last tuple again while no byte moved."""
+        last, links = self._link_rows[g]
+        if total != last:
+            share = total / self.links
+            new = tuple.__new__  # a named tuple's own constructor is a Python call per link
+            links = tuple([new(LinkBytes, (k, share, share)) for k in range(self.links)])
+            self._link_rows[g] = (total, links)
+        return links
 
     def _static(self) -> np.ndarray:
         return self.spec.idle_w * self._leak * (1.0 + LEAK_PER_C * (self._temp - 40.0))
