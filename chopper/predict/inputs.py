@@ -228,15 +228,10 @@ def _marker_calls(markers: pd.DataFrame, world: int, notes: list[str]) -> pd.Dat
     intervals = intervals[intervals["is_collective"]].sort_values([*key, "begin_ns"], kind="stable")
     if intervals.empty:
         return _empty_calls()
-    intervals = intervals.assign(nth=intervals.groupby(key, sort=False).cumcount())
-    if "bytes" in intervals.columns:
-        joined = intervals
-    else:  # intervals of an attribution that does not carry bytes: the k-th begin marker's
-        begins = markers[markers["kind"] == "collective_begin"].sort_values("ts_ns", kind="stable")
-        begins = begins.assign(nth=begins.groupby(key, sort=False).cumcount())[[*key, "nth", "bytes"]]
-        joined = intervals.merge(begins, on=[*key, "nth"], how="left")
-    joined = joined.assign(seconds=(joined["end_ns"] - joined["begin_ns"]) / 1e9)
-    calls = joined.groupby(["step", "name", "nth"], sort=True).agg(
+    # The k-th call of a name in a step, on every rank; bytes are its markers' (attribution.markers).
+    intervals = intervals.assign(nth=intervals.groupby(key, sort=False).cumcount(),
+                                 seconds=(intervals["end_ns"] - intervals["begin_ns"]) / 1e9)
+    calls = intervals.groupby(["step", "name", "nth"], sort=True).agg(
         seconds=("seconds", "min"), bytes=("bytes", "max")).reset_index()
     calls = calls.assign(world=np.int64(world))
     return _with_size(_canonical_calls(calls, notes, "collective calls"), "markers")
