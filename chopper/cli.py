@@ -50,7 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="say where each rank is once a job has not stepped for this long, and again every "
                             "SECONDS while it lasts (default 10)")
     connect.add_arguments(steps)
-    record = sub.add_parser("record", help="record an agent's devices, samples and markers into a run directory")
+    record = sub.add_parser("record", help="record an agent's devices, samples, markers and Inspector collectives "
+                            "into a run directory")
     record.add_argument("--agent", default=DEFAULT_AGENT, help=f"agent gRPC target (default {DEFAULT_AGENT})")
     connect.add_arguments(record)
     record.add_argument("--out", required=True, help="run directory to write (Parquet devices/samples/markers)")
@@ -352,8 +353,15 @@ def _record(args: argparse.Namespace, security: connect.ClientSecurity) -> int:
     if stats.unknown_kinds:
         print(f"chopper: warning: left out {stats.unknown_kinds} marker(s) of a kind newer than this chopper; "
               "upgrade chopper-telemetry", file=sys.stderr)
+    for count, what in ((stats.unfit_collectives, "Inspector collective record(s)"),
+                        (stats.unfit_links, "per-link counter(s)")):
+        if count:
+            print(f"chopper: warning: left out {count} {what} whose values a recorded run cannot hold "
+                  "(docs/DATA_MODEL.md)", file=sys.stderr)
     print(f"recorded {stats.samples} samples of {stats.gpus} GPUs and {stats.markers} markers over "
           f"{stats.duration_s:.1f} s into {stats.out}")
+    if stats.collectives or stats.links:
+        print(f"recorded {stats.collectives} Inspector collectives and {stats.links} per-link counter rows")
     return 0
 
 
