@@ -8,7 +8,7 @@ committed rules, rendered with a 5 s stall window. Every surface must say where 
 - the agent's ``/metrics``: ``chopper_rank_open_step`` 3 for both ranks, and
   ``chopper_rank_position_seconds`` with kind collective / name all_reduce for rank 0 and kind
   phase / name backward for rank 1, growing with the hang;
-- the aggregator's ``QuerySteps``: both positions, no summary needed;
+- the aggregator's ``QuerySteps``, and ``chopper where`` asking it: both positions, no summary needed;
 - ``chopper steps --stalled-after 2``: the "where" line, e.g. ``job hang: no step for 3 s; rank 0
   inside collective all_reduce of step 3 for 3 s; rank 1 inside phase backward of step 3 for 3 s``;
 - the ``ChopperJobStalled`` alert firing in Prometheus, its description naming both places.
@@ -139,6 +139,11 @@ def test_a_hung_job_is_located_on_every_surface(stack) -> None:  # type: ignore[
         assert re.fullmatch(rf"rank 0 inside collective all_reduce of step {HANG_STEP} for \d+ s; "
                             rf"rank 1 inside phase backward of step {HANG_STEP} for \d+ s", line), line
         print(f"aggregator: {line}")
+        where_cli = subprocess.run([sys.executable, "-m", "chopper.cli", "where", "--aggregator", agg.address, "--job",
+                                    "hang"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert where_cli.returncode == 0 and re.fullmatch(
+            rf"job hang: rank 0 inside collective all_reduce of step {HANG_STEP} for \d+ s; "
+            rf"rank 1 inside phase backward of step {HANG_STEP} for \d+ s\n", where_cli.stdout), where_cli
 
         # 3. chopper steps: step rows, then the where line once the job has not stepped for 2 s.
         where = rf"^job hang: no step for \d+ s; rank 0 inside collective all_reduce of step {HANG_STEP} for \d+ s; " \
