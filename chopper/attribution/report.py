@@ -9,7 +9,8 @@ JSON shape (``chopper attribute --json``)::
                 "min_gfx_clock_mhz", "max_temp_c", "energy_j", "tokens_per_s", "tokens_per_j",
                 "flags": [...], "phase_s": {"forward": 0.012, ...},
                 "collectives": {"source", "collective_s", "bytes", "inspector_s",
-                                "inspector_bytes", "inspector_count", "disagreement_s"}}, ...],
+                                "inspector_bytes", "inspector_count", "disagreement_s"},
+                "links": {"tx_bytes", "rx_bytes"}}, ...],
      "summary": {"jobs": [...per job totals...], "ranks": [...per rank totals...],
                  "stragglers": [...slowest rank per step...], "problems": [...]}}
 
@@ -18,7 +19,8 @@ Unknown values (NaN) are ``null``. Totals are sums of seconds; ``mfu`` of a tota
 each phase name to the union of its windows in the step, s (phases may nest, so they need not
 add up to the step time); of a total, the sum over its steps. ``collectives`` (runs, not the
 aggregator's store) says where the step's collectives came from (``columns.COLLECTIVE_COLUMNS``):
-``source`` is ``markers``, ``inspector`` or ``none``.
+``source`` is ``markers``, ``inspector`` or ``none``. ``links`` (runs) holds the NVLink / XGMI
+bytes of the step's GPU over the step window, all links (``columns.LINK_COLUMNS``).
 """
 from __future__ import annotations
 
@@ -94,6 +96,8 @@ def to_json(result: Attribution) -> dict[str, Any]:
         item["phase_s"] = dict(row["phase_s"])
         if "collective_source" in row:
             item["collectives"] = {key: _clean(row[column]) for column, key in COLLECTIVE_KEYS.items()}
+        if "link_tx_bytes" in row:
+            item["links"] = {"tx_bytes": _clean(row["link_tx_bytes"]), "rx_bytes": _clean(row["link_rx_bytes"])}
         rows.append(item)
     return {"steps": rows, "summary": summary(result)}
 
