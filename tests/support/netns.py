@@ -19,7 +19,8 @@ parallel runs never share a name; interface names stay within the kernel's 15 ch
 
 What ``close`` removes, in this order, whatever happened before (it runs from ``with``, on a setup
 failure and at interpreter exit, and twice is harmless): each process it started that still runs
-(SIGKILL by pid, then reaped), then both namespaces (``ip netns delete``, which destroys the veth
+(SIGKILL by pid, then reaped), every process still inside the namespaces (``ip netns pids``: a
+launcher's children outlive it), then both namespaces (``ip netns delete``, which destroys the veth
 ends inside them and their qdiscs). Nothing outside those two namespaces is touched. Every ``ip`` /
 ``tc`` call has a timeout. Needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN) and iproute2;
 ``unavailable()`` says why a machine cannot, after trying it once for real.
@@ -31,6 +32,7 @@ import contextlib
 import os
 import secrets
 import shutil
+import signal
 import subprocess
 from types import TracebackType
 from typing import Any
@@ -128,10 +130,29 @@ class VethLink:
                     proc.kill()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(COMMAND_TIMEOUT_S)
+        self.kill_inside()
         for ns in self._made:
             with contextlib.suppress(NetnsError, subprocess.TimeoutExpired):
                 _run("ip", "netns", "delete", ns)
         atexit.unregister(self.close)
+
+    def kill_inside(self) -> int:
+        """SIGKILL every process still inside either namespace; how many.
+
+        What ``popen`` started is not all: a launcher's children (torchrun's workers) run in sessions
+        of their own and outlive it, and a namespace that still holds a process lingers after
+        ``ip netns delete``.
+        """
+        killed = 0
+        for ns in self._made:
+            with contextlib.suppress(subprocess.SubprocessError, OSError):
+                listed = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True,
+                                        timeout=COMMAND_TIMEOUT_S, check=False).stdout.split()
+                for pid in listed:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(int(pid), signal.SIGKILL)
+                        killed += 1
+        return killed
 
     def __enter__(self) -> VethLink:
         return self

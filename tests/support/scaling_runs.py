@@ -46,10 +46,8 @@ Times are seconds, rates bit/s, sizes bytes.
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -187,20 +185,6 @@ def _torchrun(link: VethLink, side: int, config: Config, argv: Sequence[str], ou
             "--cores", cores, "--nice", str(RANK_NICE), *argv]
 
 
-def kill_namespace_processes(link: VethLink) -> int:
-    """SIGKILL every process inside the link's namespaces (torchrun and its workers); returns how many."""
-    killed = 0
-    for ns in link.namespaces:
-        with contextlib.suppress(subprocess.SubprocessError, OSError):
-            listed = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True,
-                                    timeout=COMMAND_TIMEOUT_S, check=False).stdout.split()
-            for pid in listed:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(int(pid), signal.SIGKILL)
-                    killed += 1
-    return killed
-
-
 def _tail(path: Path) -> str:
     return path.read_text(errors="replace")[-3000:] if path.exists() else ""
 
@@ -300,7 +284,7 @@ def run_world(agent: AgentProcess, workdir: Path, world_size: int, rates_bit_s: 
                                                 start_new_session=True))
                 _wait(procs, out, link, rates_bit_s, logs, job, started + timeout_s, timeout_s)
             finally:
-                kill_namespace_processes(link)
+                link.kill_inside()
         wall_s = time.monotonic() - started
         time.sleep(RECORD_TAIL_S)
     finally:
