@@ -1,4 +1,4 @@
-"""Inspector dumps → a real agent's /metrics and step account, for a job that marks no collective.
+"""Inspector dumps → a real agent's /metrics and step account, live and recorded, for a job that marks no collective.
 
 A real agent process (simulated GPUs) reads ``--inspector-dir``; a real trainer process
 (``tests/e2e/inspector_trainer.py``) marks steps and phases only and appends, per collective, the
@@ -6,7 +6,9 @@ line NCCL's Inspector plugin writes in verbose mode (``tests/support/inspector_d
 as the plugin's source writes it). The collective windows the trainer measured are the truth: the
 agent must find the records by the trainer's pid, put them on its steps and make them its exposed
 communication, without a single collective marker. A second "process" that never talks to the
-agent dumps into ``inspector_dir/<job>/`` and is named by that directory.
+agent dumps into ``inspector_dir/<job>/`` and is named by that directory. Then ``chopper record
+--since-buffer`` (the real CLI) writes the run, and ``chopper attribute --json`` on it must find the
+same windows from the run's ``collectives`` table, as the live summaries do.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ import pytest
 from chopper.demo.run import metric_sum
 from chopper.proto.chopper.v1 import agent_pb2 as pb
 from chopper.runs import consumer
+from chopper.runs.rundir import read_run
 from tests.support.daemons import AgentProcess
 from tests.support.inspector_dumps import Collective, Comm, coll_line
 from tests.support.polling import wait_until
@@ -99,5 +102,39 @@ def test_inspector_collectives_drive_exposed_comm_of_a_job_that_marks_none(tmp_p
         assert collective == pytest.approx(sum((e - b) / 1e9 for b, e in truth["windows"]), abs=STEPS * 2e-6)
         assert metric_sum(text, "chopper_rank_collective_bytes_total", job="zero-code") == STEPS * (64 << 20)
         assert metric_sum(text, "chopper_inspector_dir_present") == 1
+
+        run = tmp_path / "run"
+        recorded = subprocess.run(
+            [sys.executable, "-m", "chopper.cli", "record", "--agent", agent.target, "--out", str(run),
+             "--duration", "3", "--since-buffer"], cwd=REPO, text=True, capture_output=True, timeout=60)
+        assert recorded.returncode == 0, recorded.stderr
+        assert f"recorded {STEPS + 5} Inspector collectives" in recorded.stdout
     finally:
         agent.terminate()
+    _check_recorded(run, truth["windows"])
+
+
+def _check_recorded(run: Path, windows: list[tuple[int, int]]) -> None:
+    """The recorded run's collectives table, and ``chopper attribute --json`` on it, against the trainer's windows."""
+    table = read_run(run).collectives
+    mine = table[table["job"] == "zero-code"]
+    assert len(mine) == STEPS and set(mine["rank"]) == {0} and mine["placed"].all()
+    assert set(mine["collective"]) == {"AllReduce"} and set(mine["bytes"]) == {64 << 20}
+    assert set(mine["timing_source"]) == {"kernel_gpu"} and set(mine["format_version"]) == {"v4.0"}
+
+    out = subprocess.run([sys.executable, "-m", "chopper.cli", "attribute", str(run), "--json", "--job", "zero-code"],
+                         cwd=REPO, text=True, capture_output=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    steps = sorted(json.loads(out.stdout)["steps"], key=lambda s: s["step"])
+    assert [s["step"] for s in steps] == list(range(STEPS))
+    uncapped = 0
+    for s, (begin, end) in zip(steps, windows, strict=True):
+        c = s["collectives"]
+        assert (c["source"], c["bytes"], c["inspector_count"], c["disagreement_s"]) == (
+            "inspector", 64 << 20, 1, None)
+        assert c["collective_s"] == pytest.approx((end - begin) / 1e9, abs=2e-6), s["step"]
+        assert c["inspector_s"] == pytest.approx(c["collective_s"])
+        if "comm_capped" not in s["flags"]:
+            uncapped += 1
+            assert s["exposed_comm_s"] == pytest.approx(c["collective_s"], abs=1e-9)
+    assert uncapped >= STEPS // 2
