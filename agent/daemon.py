@@ -208,8 +208,6 @@ class Agent:
         self._activity = RankActivity()
         # The last read of where the ranks are, (agent clock ns, positions), shared by its readers.
         self._positions: tuple[int, list[pb.RankPosition]] = (0, [])
-        # The (pid, GPU) each rank last registered with the Inspector feed, guarded by the marker lock.
-        self._registered: dict[RankKey, tuple[int, int]] = {}
         self._next_retire_ns = 0
         self.ranks_retired: Counter[str] = Counter({"idle": 0, "limit": 0})
         # Who holds each GPU per Slurm or the kubelet, read on its own thread (agent/workload.py).
@@ -333,11 +331,9 @@ class Agent:
             state = self._ingest.ranks.get(key)
             if state is not None:  # a batch whose header was refused made no state
                 self._activity.seen(key, now_ns, state.open_step is not None)
-                if self._registered.get(key) != (batch.pid, state.gpu):
-                    self._registered[key] = (batch.pid, state.gpu)
-                    claimed = self.inspector.register(batch.pid, batch.job, batch.rank, state.gpu)
-                    if claimed:
-                        self.collectives.extend(claimed)
+                claimed = self.inspector.register(batch.pid, batch.job, batch.rank, state.gpu)
+                if claimed:
+                    self.collectives.extend(claimed)
             if result.closed_steps:
                 # Still under the marker lock, so retirement sees these steps pending.
                 with self._state_lock:
@@ -408,8 +404,7 @@ class Agent:
         self._activity.forget(key)
         self._ingest.ranks.pop(key, None)
         self._rank_figures.pop(key, None)
-        if self._registered.pop(key, None) is not None:
-            self.inspector.forget(*key)
+        self.inspector.forget(*key)
 
     def tracked_ranks(self) -> int:
         with self._marker_lock:

@@ -149,6 +149,7 @@ class InspectorFeed:
         self._lock = threading.Lock()
         self._held: deque[tuple[int, InspectorRecord, str]] = deque()  # (arrival ns, record, directory job)
         self._pids: dict[int, set[tuple[str, int, int]]] = {}  # pid -> registered (job, rank, gpu)
+        self._registered: dict[tuple[str, int], tuple[int, int]] = {}  # (job, rank) -> its (pid, gpu) in _pids
         self._world: OrderedDict[int, tuple[int, int]] = OrderedDict()  # pid -> (largest comm size, rank in it)
         self._ranks: OrderedDict[tuple[str, int], _RankRecords] = OrderedDict()
         self._totals: OrderedDict[str, dict[tuple[str, str], CollectiveTotals]] = OrderedDict()
@@ -158,14 +159,18 @@ class InspectorFeed:
     # -- registration (from the marker path) ---------------------------------------------------
 
     def register(self, pid: int, job: str, rank: int, gpu: int) -> list[pb.CollectiveRecord]:
-        """Note that ``(job, rank)`` on GPU ``gpu`` sends markers from process ``pid``; the held records
-        it claims and those whose hold ran out, placed, in their wire form."""
+        """Note that ``(job, rank)`` on GPU ``gpu`` sends markers from process ``pid`` (called for every
+        batch; a registration that did not change costs a lookup); the held records it claims and
+        those whose hold ran out, placed, in their wire form."""
         if pid <= 0:
             return []
+        key = (job, rank)
         with self._lock:
-            owners = self._pids.setdefault(pid, set())
-            owners.difference_update({o for o in owners if o[:2] == (job, rank)})
-            owners.add((job, rank, gpu))
+            if self._registered.get(key) == (pid, gpu):
+                return []
+            self._unregister(key)
+            self._registered[key] = (pid, gpu)
+            self._pids.setdefault(pid, set()).add((job, rank, gpu))
             out = self._expire(self._clock())
             if any(r.pid == pid for _, r, _ in self._held):
                 claimed = [h for h in self._held if h[1].pid == pid]
@@ -177,11 +182,19 @@ class InspectorFeed:
         """Drop a retired rank: its registration and its intervals."""
         with self._lock:
             self._ranks.pop((job, rank), None)
-            for pid in [p for p, owners in self._pids.items() if any(o[:2] == (job, rank) for o in owners)]:
-                owners = self._pids[pid]
-                owners.difference_update({o for o in owners if o[:2] == (job, rank)})
-                if not owners:
-                    del self._pids[pid]
+            self._unregister((job, rank))
+
+    def _unregister(self, key: tuple[str, int]) -> None:
+        """Drop the registration of ``key`` = ``(job, rank)``, if any (caller holds the lock): a restarted
+        trainer's old pid no longer names the rank."""
+        old = self._registered.pop(key, None)
+        if old is None:
+            return
+        pid, gpu = old
+        owners = self._pids[pid]
+        owners.discard((*key, gpu))
+        if not owners:
+            del self._pids[pid]
 
     # -- records (from the watcher) --------------------------------------------------------------
 

@@ -6,8 +6,6 @@ bandwidth, timing source ``kernel_gpu``).
 """
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from agent.inspector import feed as feed_mod
@@ -41,15 +39,13 @@ def unheld(feed: InspectorFeed, clock: Clock, *batches: tuple[list[InspectorReco
 def record(pid: int = 100, begin_s: float | None = 1.0, end_s: float | None = 1.5, dump_s: float = 2.0,
            comm_ranks: int = 2, comm_rank: int = 1, collective: str = "AllReduce", nbytes: int = 16 * 2**30,
            exec_s: float = 0.061974, bus_gbs: float = 485.119099) -> InspectorRecord:
-    fields = {f.name for f in dataclasses.fields(InspectorRecord)}
-    values = dict(
+    return InspectorRecord(
         collective=collective, seq=1407, bytes=nbytes, exec_s=exec_s, timing_source="kernel_gpu",
         algo_gbs=277.210914, bus_gbs=bus_gbs, comm_id="0x7f8c496ae9f661", comm_rank=comm_rank,
         comm_ranks=comm_ranks, comm_nodes=1, hostname="node-a", pid=pid, dump_ns=BASE + int(dump_s * S),
         begin_ns=None if begin_s is None else BASE + int(begin_s * S),
         end_ns=None if end_s is None else BASE + int(end_s * S), version="v4.0",
     )
-    return InspectorRecord(**{k: v for k, v in values.items() if k in fields})
 
 
 def test_a_registered_pid_names_job_rank_and_gpu() -> None:
@@ -165,3 +161,15 @@ def test_a_forgotten_rank_loses_its_registration_and_intervals() -> None:
 def test_size_buckets_are_half_open() -> None:
     assert [size_bucket(b) for b in (0, 64 * 2**10 - 1, 64 * 2**10, 2**20, 2**30)] == [
         "lt64KiB", "lt64KiB", "64KiB-1MiB", "1-16MiB", "ge256MiB"]
+
+
+def test_a_restarted_trainer_moves_its_rank_to_its_new_pid() -> None:
+    clock = Clock()
+    feed = InspectorFeed("node-a", max_ranks=8, clock=clock)
+    feed.register(100, "j", 0, 0)
+    assert feed.register(100, "j", 0, 0) == []  # the same registration again: nothing to do
+    feed.register(200, "j", 0, 0)
+    (new,) = feed.add([record(pid=200)], "")
+    assert (new.job, new.rank) == ("j", 0)
+    (old,) = unheld(feed, clock, ([record(pid=100)], ""))  # the old pid names nobody now
+    assert (old.job, old.rank) == ("", -1)
