@@ -252,6 +252,10 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("chopper_inspector_records_held_items", "gauge",
                "Inspector records of a process that has not registered yet, waiting (up to 5 s) for the trainer's "
                "first markers to name its rank.", NODE),
+    MetricSpec("chopper_inspector_ranks_silent", "gauge",
+               "Ranks whose process turned the Inspector on (NCCL_INSPECTOR_ENABLE=1) but none of whose records was "
+               "read within 30 s of its first markers: point the job's NCCL_INSPECTOR_DUMP_DIR into inspector_dir and "
+               "check that its NCCL (>= 2.23) loads NCCL_PROFILER_PLUGIN. Their steps are no longer held back.", NODE),
     MetricSpec("chopper_inspector_dir_present", "gauge", "1 while inspector_dir exists and can be listed.", NODE),
     MetricSpec("chopper_inspector_files", "gauge",
                "Dump files of inspector_dir, by state: tracked (being read), open (a handle held), untracked (beyond "

@@ -331,7 +331,8 @@ class Agent:
             state = self._ingest.ranks.get(key)
             if state is not None:  # a batch whose header was refused made no state
                 self._activity.seen(key, now_ns, state.open_step is not None)
-                claimed = self.inspector.register(batch.pid, batch.job, batch.rank, state.gpu)
+                claimed = self.inspector.register(batch.pid, batch.job, batch.rank, state.gpu,
+                                                 batch.inspector_enabled)
                 if claimed:
                     self.collectives.extend(claimed)
             if result.closed_steps:

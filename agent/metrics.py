@@ -230,6 +230,7 @@ class AgentCollector(Collector):
             fam.add("chopper_inspector_records_mapped_total", (node, via), float(count))
         fam.add("chopper_inspector_records_unplaced_total", (node,), float(counts.unplaced))
         fam.add("chopper_inspector_records_held_items", (node,), float(counts.held))
+        fam.add("chopper_inspector_ranks_silent", (node,), float(counts.silent))
         h = self.view.inspector_reader
         if h is None:
             return

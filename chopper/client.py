@@ -278,6 +278,8 @@ class Client:
             process (docs/CAPTURE.md).
         device_uuid: The device's UUID (``MarkerBatch.device_uuid``; docs/IDENTITY.md), "" for none.
         device_source: How ``gpu``/``device_uuid`` were found, for the warning when the agent lacks the device.
+        inspector_enabled: Whether NCCL's Inspector profiler plugin runs in this process
+            (``MarkerBatch.inspector_enabled``); None reads ``NCCL_INSPECTOR_ENABLE=1`` from the environment.
     """
 
     def __init__(
@@ -298,6 +300,7 @@ class Client:
         control: bool = True,
         device_uuid: str = "",
         device_source: str = "",
+        inspector_enabled: bool | None = None,
     ) -> None:
         # Identity is made sendable here, once (module docstring), and said so; training goes on.
         given_job = str(job)  # chopper.init(job=SLURM_JOB_ID as an int) is a job name too
@@ -322,6 +325,8 @@ class Client:
         wire_pid = _integer(given_pid)
         self.pid = _said("pid", given_pid, wire_pid if wire_pid is not None and abs(wire_pid) <= _INT64_MAX
                          else os.getpid(), "a pid is an integer of int64", "pass no pid: the client reads its own")
+        self.inspector_enabled = (os.environ.get("NCCL_INSPECTOR_ENABLE", "").strip() == "1"
+                                  if inspector_enabled is None else bool(inspector_enabled))
         # Every local process reaches the agent as the same unix peer: saying which one it is
         # gives it a stream budget of its own (chopper/daemon/access.py).
         self._peer_metadata = ((PID_METADATA, str(os.getpid())),)
@@ -788,6 +793,7 @@ class Client:
             batch = pb2.MarkerBatch(
                 job=self.job, rank=self.rank, gpu=self.gpu, seq=self._seq + 1, pid=self.pid,
                 client_dropped_total=self._dropped_total(), markers=markers, device_uuid=self.device_uuid,
+                inspector_enabled=self.inspector_enabled,
             )
         except Exception as e:  # markers already popped are counted, never lost
             self._drop_invalid("encode_error", len(markers), f"{type(e).__name__}: {e}")

@@ -22,7 +22,10 @@ Each mapped record becomes one interval ``[begin_ns, end_ns]`` of its rank (``Co
 the plugin's event timestamps where it wrote them (verbose dumps, ``placed``), else ending at its
 dump time and lasting its execution time (not placed: late by up to the plugin's dump interval).
 What the step account takes from them is ``collectives_in``; when a step summary may be written
-is ``covers``.
+is ``covers``: once the rank's records were dumped past the step's end. A rank whose process turned
+the plugin on (``MarkerBatch.inspector_enabled``) is waited for from its first step, before any of
+its records arrived (the plugin's first dump comes after that step's end); one whose records have
+not come ``EXPECT_NS`` after it registered is ``silent`` and no longer waited for.
 
 Totals by ``(job, collective, size bucket)`` feed ``/metrics``: count, execution seconds, bytes,
 and bus bytes (bus bandwidth × execution time, so rate(bus bytes) / rate(seconds) is the
@@ -55,6 +58,9 @@ MAX_JOBS = 64
 # (beyond, the oldest is mapped by rules 2-3 at once).
 HOLD_NS = 5 * 10**9
 MAX_HELD = 8192
+# How long a rank that turned the plugin on is waited for before its first record; after it the rank is
+# silent (its NCCL_INSPECTOR_DUMP_DIR lies outside inspector_dir, or its NCCL loads no profiler plugin).
+EXPECT_NS = 30 * 10**9
 # Processes whose largest communicator is remembered (rule 2).
 MAX_PIDS = 4096
 # Intervals that ended this long before a window's begin are not looked at (records of several
@@ -132,6 +138,7 @@ class FeedCounts:
     ranks: int
     unplaced: int
     held: int
+    silent: int  # ranks that turned the plugin on and sent no record within EXPECT_NS
 
 
 class InspectorFeed:
@@ -152,20 +159,26 @@ class InspectorFeed:
         self._registered: dict[tuple[str, int], tuple[int, int]] = {}  # (job, rank) -> its (pid, gpu) in _pids
         self._world: OrderedDict[int, tuple[int, int]] = OrderedDict()  # pid -> (largest comm size, rank in it)
         self._ranks: OrderedDict[tuple[str, int], _RankRecords] = OrderedDict()
+        # (job, rank) that turned the plugin on and has no record yet -> when it registered, ns.
+        self._expected: dict[tuple[str, int], int] = {}
         self._totals: OrderedDict[str, dict[tuple[str, str], CollectiveTotals]] = OrderedDict()
         self._mapped: Counter[str] = Counter(dict.fromkeys(MAPPINGS, 0))
         self._unplaced = 0
 
     # -- registration (from the marker path) ---------------------------------------------------
 
-    def register(self, pid: int, job: str, rank: int, gpu: int) -> list[pb.CollectiveRecord]:
+    def register(self, pid: int, job: str, rank: int, gpu: int,
+                 inspector_enabled: bool = False) -> list[pb.CollectiveRecord]:
         """Note that ``(job, rank)`` on GPU ``gpu`` sends markers from process ``pid`` (called for every
-        batch; a registration that did not change costs a lookup); the held records it claims and
-        those whose hold ran out, placed, in their wire form."""
+        batch; a registration that did not change costs a lookup) and, with ``inspector_enabled``, that
+        its records are to be waited for; the held records it claims and those whose hold ran out,
+        placed, in their wire form."""
         if pid <= 0:
             return []
         key = (job, rank)
         with self._lock:
+            if inspector_enabled and key not in self._ranks and key not in self._expected:
+                self._expected[key] = self._clock()
             if self._registered.get(key) == (pid, gpu):
                 return []
             self._unregister(key)
@@ -182,6 +195,7 @@ class InspectorFeed:
         """Drop a retired rank: its registration and its intervals."""
         with self._lock:
             self._ranks.pop((job, rank), None)
+            self._expected.pop((job, rank), None)
             self._unregister((job, rank))
 
     def _unregister(self, key: tuple[str, int]) -> None:
@@ -267,6 +281,7 @@ class InspectorFeed:
         entry = ranks.get(key)
         if entry is None:
             entry = ranks[key] = _RankRecords(gpu)
+            self._expected.pop(key, None)
             while len(ranks) > self.max_ranks:
                 ranks.popitem(last=False)
         ranks.move_to_end(key)
@@ -295,10 +310,14 @@ class InspectorFeed:
             return (job, rank) in self._ranks
 
     def covers(self, job: str, rank: int, end_ns: int) -> bool:
-        """True when ``(job, rank)`` has no Inspector feed, or its records were dumped at or after ``end_ns``."""
+        """True when ``(job, rank)`` has no Inspector feed and expects none (or is silent), or its records
+        were dumped at or after ``end_ns``."""
         with self._lock:
             entry = self._ranks.get((job, rank))
-            return entry is None or entry.latest_dump_ns >= end_ns
+            if entry is not None:
+                return entry.latest_dump_ns >= end_ns
+            since = self._expected.get((job, rank))
+            return since is None or self._clock() - since > EXPECT_NS
 
     def collectives_in(self, job: str, rank: int, begin_ns: int, end_ns: int) -> list[StepPiece]:
         """The rank's intervals that overlap the step ``[begin_ns, end_ns]``, clipped to it.
@@ -325,7 +344,9 @@ class InspectorFeed:
         with self._lock:
             totals = {(job, coll, bucket): CollectiveTotals(t.count, t.seconds, t.bytes, t.bus_bytes)
                       for job, by_key in self._totals.items() for (coll, bucket), t in by_key.items()}
-            return FeedCounts(dict(self._mapped), totals, len(self._ranks), self._unplaced, len(self._held))
+            now = self._clock()
+            silent = sum(now - since > EXPECT_NS for since in self._expected.values())
+            return FeedCounts(dict(self._mapped), totals, len(self._ranks), self._unplaced, len(self._held), silent)
 
 
 def _interval(r: InspectorRecord) -> tuple[int, int, bool]:

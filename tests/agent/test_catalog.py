@@ -15,7 +15,8 @@ BASE_UNITS = ("_hertz", "_ratio", "_watts", "_joules", "_celsius", "_bytes", "_s
 UNITLESS = {"chopper_agent_backend_up", "chopper_host_load1", "chopper_rank_last_step", "chopper_rank_open_step",
             "chopper_agent_marker_streams",
             "chopper_agent_subscribers", "chopper_agent_delivery_connected", "chopper_agent_workload_source_up",
-            "chopper_agent_ranks", "chopper_inspector_dir_present", "chopper_inspector_files"}
+            "chopper_agent_ranks", "chopper_inspector_dir_present", "chopper_inspector_files",
+            "chopper_inspector_ranks_silent"}
 
 
 def test_docs_metrics_md_is_current() -> None:

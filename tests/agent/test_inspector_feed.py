@@ -124,6 +124,31 @@ def test_a_step_waits_for_records_dumped_after_its_end() -> None:
     assert feed.covers("j", 0, BASE + 2 * S) and not feed.covers("j", 0, BASE + 3 * S)
 
 
+def test_a_rank_that_turned_the_plugin_on_is_waited_for_before_its_first_record() -> None:
+    clock = Clock()
+    feed = InspectorFeed("node-a", max_ranks=8, clock=clock)
+    feed.register(100, "j", 0, 0, inspector_enabled=True)
+    feed.register(200, "k", 0, 1)  # one that did not: never waited for
+    assert not feed.covers("j", 0, BASE + S) and feed.covers("k", 0, BASE + S)
+    assert not feed.has_feed("j", 0)  # waited for, but no records to take yet
+    feed.add([record(dump_s=2.0)], "")
+    assert feed.covers("j", 0, BASE + S) and feed.counts().silent == 0
+
+
+def test_a_rank_whose_records_never_come_turns_silent_and_is_no_longer_waited_for() -> None:
+    clock = Clock()
+    feed = InspectorFeed("node-a", max_ranks=8, clock=clock)
+    feed.register(100, "j", 0, 0, inspector_enabled=True)
+    clock.ns += feed_mod.EXPECT_NS
+    assert not feed.covers("j", 0, BASE + S) and feed.counts().silent == 0
+    clock.ns += 1
+    assert feed.covers("j", 0, BASE + S) and feed.counts().silent == 1
+    feed.register(100, "j", 0, 0, inspector_enabled=True)  # later batches do not restart the wait
+    assert feed.covers("j", 0, BASE + S)
+    feed.forget("j", 0)
+    assert feed.counts().silent == 0
+
+
 def test_totals_add_time_bytes_and_bus_bytes_by_collective_and_size() -> None:
     feed = InspectorFeed("node-a", max_ranks=8)
     feed.register(100, "j", 0, 0)

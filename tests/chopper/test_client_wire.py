@@ -218,3 +218,23 @@ def test_a_valid_identity_is_sent_unchanged(caplog: pytest.LogCaptureFixture) ->
         "llama-7b", 3, 1, "GPU-8932f937", "unix:///run/chopper/agent.sock")
     assert messages(caplog, "identity_replaced") == []
     c.shutdown(0)
+
+
+@pytest.mark.parametrize(("value", "sent"), [("1", True), (" 1\n", True), ("0", False), ("", False), (None, False)])
+def test_every_batch_says_whether_the_inspector_plugin_is_on(sock: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              value: str | None, sent: bool) -> None:
+    """NCCL turns its Inspector plugin on with NCCL_INSPECTOR_ENABLE=1 (ext-profiler/inspector README)."""
+    if value is None:
+        monkeypatch.delenv("NCCL_INSPECTOR_ENABLE", raising=False)
+    else:
+        monkeypatch.setenv("NCCL_INSPECTOR_ENABLE", value)
+    rec = Recorder()
+    server = start_server(sock, rec)
+    try:
+        c = fast_client(sock, control=False)
+        with c.step(0):
+            pass
+        c.shutdown(FLUSH_S)
+    finally:
+        server.stop(None)
+    assert rec.batches and {b.inspector_enabled for b in rec.batches} == {sent}

@@ -3,8 +3,10 @@
 A real agent process (simulated GPUs) reads ``--inspector-dir``; a real trainer process
 (``tests/e2e/inspector_trainer.py``) marks steps and phases only and appends, per collective, the
 line NCCL's Inspector plugin writes in verbose mode (``tests/support/inspector_dumps.py``, laid out
-as the plugin's source writes it). The collective windows the trainer measured are the truth: the
-agent must find the records by the trainer's pid, put them on its steps and make them its exposed
+as the plugin's source writes it), late as the plugin's dump thread writes it, with
+``NCCL_INSPECTOR_ENABLE=1`` set as the recipes set it. The collective windows the trainer measured
+are the truth: the agent must find the records by the trainer's pid, put them on its steps (the
+first one too, which ends before any record of the rank arrives) and make them its exposed
 communication, without a single collective marker. A second "process" that never talks to the
 agent dumps into ``inspector_dir/<job>/`` and is named by that directory. Then ``chopper record
 --since-buffer`` (the real CLI) writes the run, and ``chopper attribute --json`` on it must find the
@@ -58,7 +60,7 @@ def test_inspector_collectives_drive_exposed_comm_of_a_job_that_marks_none(tmp_p
             [sys.executable, "-m", "tests.e2e.inspector_trainer", "--steps", str(STEPS)], cwd=REPO, text=True,
             capture_output=True, timeout=60,
             env={**env, "CHOPPER_AGENT": agent.target, "CHOPPER_JOB": "zero-code", "RANK": "0", "CHOPPER_GPU": "0",
-                 "NCCL_INSPECTOR_DUMP_DIR": str(dump)},
+                 "NCCL_INSPECTOR_ENABLE": "1", "NCCL_INSPECTOR_DUMP_DIR": str(dump)},
         )
         assert trainer.returncode == 0, trainer.stderr
         truth = json.loads(trainer.stdout.splitlines()[-1])
@@ -102,6 +104,7 @@ def test_inspector_collectives_drive_exposed_comm_of_a_job_that_marks_none(tmp_p
         assert collective == pytest.approx(sum((e - b) / 1e9 for b, e in truth["windows"]), abs=STEPS * 2e-6)
         assert metric_sum(text, "chopper_rank_collective_bytes_total", job="zero-code") == STEPS * (64 << 20)
         assert metric_sum(text, "chopper_inspector_dir_present") == 1
+        assert metric_sum(text, "chopper_inspector_ranks_silent") == 0
 
         run = tmp_path / "run"
         recorded = subprocess.run(

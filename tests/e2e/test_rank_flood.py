@@ -149,9 +149,11 @@ def test_a_flood_of_ranks_stays_within_max_ranks(tmp_path: Path, hazard: HazardO
         # Counted: every flood marker accepted or rejected, each rejection answered and counted by reason.
         assert accepted_closed + rejected_closed == offered_closed and accepted_open + rejected_open == offered_open
         assert rejected_closed + rejected_open == refused and rejected_open > 0
-        # Finished ranks made room for most new ones (not for those that came while every finished rank still
-        # waited for its summary); ranks inside a step made none: the open phase got only what finished ones left.
-        assert accepted_closed >= offered_closed / 2 and retired >= accepted_closed / 2 - MAX_RANKS
+        # Finished ranks made room for new ones: several times max_ranks got in, each beyond the first max_ranks
+        # by retiring a finished one (how many depends on how fast the sampler closes their summaries against the
+        # flood's pace, so no fraction of the offered is asserted); ranks inside a step made none: the open
+        # phase got only what finished ones left.
+        assert accepted_closed / 2 >= 3 * MAX_RANKS and retired >= accepted_closed / 2 - MAX_RANKS
         assert accepted_open <= MAX_RANKS
         assert metric_sum(text, "chopper_agent_markers_rejected_total") == refused  # nothing else was rejected
         # The log: one warning per made-up rank on a missing GPU would be 1,000 lines.

@@ -65,7 +65,7 @@ class Marker(_message.Message):
     def __init__(self, ts_ns: _Optional[int] = ..., kind: _Optional[_Union[MarkerKind, str]] = ..., step: _Optional[int] = ..., name: _Optional[str] = ..., flops: _Optional[float] = ..., tokens: _Optional[int] = ..., bytes: _Optional[int] = ..., clock: _Optional[_Union[ClockSource, str]] = ...) -> None: ...
 
 class MarkerBatch(_message.Message):
-    __slots__ = ("job", "rank", "gpu", "seq", "markers", "client_dropped_total", "pid", "device_uuid")
+    __slots__ = ("job", "rank", "gpu", "seq", "markers", "client_dropped_total", "pid", "device_uuid", "inspector_enabled")
     JOB_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     GPU_FIELD_NUMBER: _ClassVar[int]
@@ -74,6 +74,7 @@ class MarkerBatch(_message.Message):
     CLIENT_DROPPED_TOTAL_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     DEVICE_UUID_FIELD_NUMBER: _ClassVar[int]
+    INSPECTOR_ENABLED_FIELD_NUMBER: _ClassVar[int]
     job: str
     rank: int
     gpu: int
@@ -82,7 +83,8 @@ class MarkerBatch(_message.Message):
     client_dropped_total: int
     pid: int
     device_uuid: str
-    def __init__(self, job: _Optional[str] = ..., rank: _Optional[int] = ..., gpu: _Optional[int] = ..., seq: _Optional[int] = ..., markers: _Optional[_Iterable[_Union[Marker, _Mapping]]] = ..., client_dropped_total: _Optional[int] = ..., pid: _Optional[int] = ..., device_uuid: _Optional[str] = ...) -> None: ...
+    inspector_enabled: bool
+    def __init__(self, job: _Optional[str] = ..., rank: _Optional[int] = ..., gpu: _Optional[int] = ..., seq: _Optional[int] = ..., markers: _Optional[_Iterable[_Union[Marker, _Mapping]]] = ..., client_dropped_total: _Optional[int] = ..., pid: _Optional[int] = ..., device_uuid: _Optional[str] = ..., inspector_enabled: _Optional[bool] = ...) -> None: ...
 
 class PushMarkersResponse(_message.Message):
     __slots__ = ("accepted", "rejected", "errors")
