@@ -17,7 +17,8 @@ NODE = ("node",)
 # The sections of ``AgentCollector.collect()``, each built on its own (``Sections``), and the series
 # each one holds: the values of the ``section`` label of ``chopper_agent_metrics_section_errors_total``.
 SECTIONS: dict[str, str] = {
-    "gpus": "`chopper_gpu_*` but `chopper_gpu_workload_info`: each device's identity and latest sample",
+    "gpus": "`chopper_gpu_*` but `chopper_gpu_workload_info` and the health series: each device's identity and "
+            "latest sample",
     "workloads": "`chopper_gpu_workload_info`, `chopper_agent_workload_*`",
     "host": "`chopper_host_*`",
     "ranks": "`chopper_rank_*` but the positions",
@@ -27,11 +28,19 @@ SECTIONS: dict[str, str] = {
     "reloads": "`chopper_agent_token_file_reloads*`, `chopper_agent_tls_reloads*`",
     "delivery": "`chopper_agent_delivery_*`",
     "inspector": "`chopper_inspector_*`: the NCCL/RCCL Inspector records read from inspector_dir (docs/INSPECTOR.md)",
+    "health": "`chopper_gpu_health_status` and the error counters (`chopper_gpu_xid_errors_total`, "
+              "`chopper_gpu_ecc_errors_total`, ...): each device's health (docs/HEALTH.md)",
 }
 
 METRICS: tuple[MetricSpec, ...] = (
     # GPUs: the latest sample of each device.
-    MetricSpec("chopper_gpu_info", "info", "GPU identity; value is always 1.", (*GPU, "uuid")),
+    MetricSpec(
+        "chopper_gpu_info", "info",
+        "GPU identity, one series per device; value is always 1. Join it onto any GPU series on (node, gpu) for "
+        "its UUID and PCI bus id. A partition (MIG instance, AMD CPX/DPX) names its chip: chip_uuid, partition, "
+        "the chip's memory_partition (NPS) and compute_share (the fraction of the chip's compute it holds).",
+        (*GPU, "uuid", "pci_bus_id", "partition", "memory_partition", "chip_uuid", "compute_share"),
+    ),
     MetricSpec("chopper_gpu_gfx_clock_hertz", "gauge", "Mean graphics/SM clock over the last interval, Hz.", GPU),
     MetricSpec("chopper_gpu_gfx_clock_max_hertz", "gauge", "Maximum graphics/SM clock of the device, Hz.", GPU),
     MetricSpec("chopper_gpu_mem_clock_hertz", "gauge", "Mean memory clock over the last sample interval, Hz.", GPU),
@@ -42,6 +51,10 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("chopper_gpu_power_cap_watts", "gauge", "Power cap of the device, W.", GPU),
     MetricSpec("chopper_gpu_energy_joules_total", "counter", "Energy used by the device, J.", GPU),
     MetricSpec("chopper_gpu_temperature_celsius", "gauge", "Hotspot temperature, degrees Celsius.", GPU),
+    MetricSpec("chopper_gpu_memory_temperature_celsius", "gauge",
+               "Hottest HBM/memory temperature sensor, degrees Celsius; where the backend reads it.", GPU),
+    MetricSpec("chopper_gpu_vr_temperature_celsius", "gauge",
+               "Hottest voltage-regulator temperature sensor, degrees Celsius; where the backend reads it (AMD).", GPU),
     MetricSpec("chopper_gpu_memory_used_bytes", "gauge", "Device memory in use, bytes.", GPU),
     MetricSpec("chopper_gpu_memory_total_bytes", "gauge", "Device memory, bytes.", GPU),
     MetricSpec("chopper_gpu_peak_flops_per_second", "gauge", "Peak dense BF16 FLOP/s at max clock.", GPU),
@@ -58,6 +71,55 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec(
         "chopper_gpu_throttle_seconds_total", "counter",
         "Time the clock was held down, by cause (power, thermal, current, other), s.", (*GPU, "cause"),
+    ),
+    MetricSpec(
+        "chopper_gpu_counter_flops_ratio", "gauge",
+        "Counter-derived FLOP utilisation over the last interval, 0-1: matrix/tensor activity x (graphics clock / "
+        "max clock), from the hardware's own activity counter (NVML GPM on Hopper and newer), with no markers; "
+        "absent where the backend reads no matrix activity counter (docs/HEALTH.md).", GPU,
+    ),
+    # GPU health and errors (docs/HEALTH.md): read at most once per health_interval_s, cumulative as the
+    # vendor library reports them. scope is "device", or "chip" for a counter of the whole chip that a
+    # partition reports (on the chip's first partition only, never repeated per partition).
+    MetricSpec("chopper_gpu_xid_errors_total", "counter",
+               "NVIDIA XID events the driver reported since the agent started, by XID code (at most 32 codes; "
+               "the rest as other).", (*GPU, "xid", "scope")),
+    MetricSpec(
+        "chopper_gpu_ecc_errors_total", "counter",
+        "ECC errors by severity (corrected, uncorrected, deferred), window (volatile: since the driver loaded; "
+        "aggregate: the device's lifetime) and block (an AMD RAS block such as umc, gfx, xgmi_wafl; total for "
+        "the device-wide count).", (*GPU, "severity", "window", "block", "scope"),
+    ),
+    MetricSpec("chopper_gpu_retired_pages", "gauge",
+               "Device memory pages retired by the NVIDIA driver, by cause (single_bit, double_bit).",
+               (*GPU, "cause", "scope")),
+    MetricSpec("chopper_gpu_bad_pages", "gauge",
+               "AMD HBM pages in the bad-page table, by status (retired, pending, unreservable).",
+               (*GPU, "status", "scope")),
+    MetricSpec("chopper_gpu_remapped_rows", "gauge",
+               "HBM rows remapped by the NVIDIA driver (Ampere and newer), by the error class that caused them "
+               "(correctable, uncorrectable).", (*GPU, "class", "scope")),
+    MetricSpec(
+        "chopper_gpu_memory_repair_state", "gauge",
+        "1 while a memory repair is in the given state (retirement_pending, remap_pending: takes effect at the "
+        "next GPU reset; remap_failed: the device needs service), else 0.", (*GPU, "state", "scope"),
+    ),
+    MetricSpec("chopper_gpu_pcie_replays_total", "counter", "PCIe replays (retransmitted TLPs) of the device's link.",
+               (*GPU, "scope")),
+    MetricSpec("chopper_gpu_pcie_naks_total", "counter", "PCIe NAKs of the device's link, by direction (sent, "
+               "received) (AMD).", (*GPU, "direction", "scope")),
+    MetricSpec(
+        "chopper_gpu_link_errors_total", "counter",
+        "NVLink errors summed over the device's links, by type (crc_flit, crc_data, replay, recovery).",
+        (*GPU, "type", "scope"),
+    ),
+    MetricSpec("chopper_gpu_xgmi_error_state", "gauge",
+               "AMD XGMI error status: 0 none, 1 one error, 2 several since it was last cleared.", (*GPU, "scope")),
+    MetricSpec(
+        "chopper_gpu_health_status", "gauge",
+        "GPU health from its error counters and repair states: 0 healthy, 1 warning (a correctable error "
+        "counter moved within the last 10 minutes, or a repair is pending), 2 critical (an uncorrectable "
+        "error, a critical XID or a failed remap within the last 10 minutes); rules in docs/HEALTH.md.", GPU,
     ),
     MetricSpec(
         "chopper_gpu_workload_info", "info",

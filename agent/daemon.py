@@ -43,6 +43,7 @@ from agent.buffers import RingBuffer
 from agent.capture import CaptureManager
 from agent.config import AgentSettings
 from agent.delivery import Forwarder, delivery_tls
+from agent.health import HealthTracker
 from agent.inspector.feed import InspectorFeed
 from agent.inspector.watch import DumpDirWatcher
 from agent.markers import ClosedStep, IngestResult, MarkerIngest, RankState
@@ -55,7 +56,7 @@ from agent.workload import PciAddressed, build_tracker
 from chopper import __version__
 from chopper.daemon.access import Refusals
 from chopper.proto.chopper.v1 import agent_pb2 as pb
-from chopper.schema import SAMPLE_COLUMNS, DeviceInfo, MarkerKind, Sample
+from chopper.schema import SAMPLE_COLUMNS, DeviceInfo, ErrorCount, MarkerKind, Sample
 
 if TYPE_CHECKING:
     from agent.host import HostSample, HostSampler
@@ -180,6 +181,8 @@ class Agent:
             if settings.inspector_dir else None
         )
         self.latest: dict[int, Sample] = {}
+        # Error counters and their growth per GPU (docs/HEALTH.md); under _state_lock.
+        self.health = HealthTracker()
         self.latest_host: HostSample | None = None
         # Attribution totals per (job, rank), guarded by the state lock.
         self._rank_figures: dict[tuple[str, int], RankFigures] = {}
@@ -270,6 +273,8 @@ class Agent:
         with self._state_lock:
             for s in samples:
                 self.latest[s.gpu] = s
+                if s.errors:
+                    self.health.update(s.gpu, s.ts_ns, s.errors)
                 self._history.setdefault(s.gpu, deque(maxlen=self._history_len)).append(s)
             latest_ns = {gpu: s.ts_ns for gpu, s in self.latest.items()}
             ready = self._pending.ready(latest_ns, now_ns, self._inspected)
@@ -278,7 +283,7 @@ class Agent:
                 first = min(s.begin_ns for s in steps)
                 summaries += summarize(
                     steps, self.settings.node, self._window_samples(gpu, first), self._devices_by_gpu.get(gpu),
-                    self.ticker.period_ns, self.inspector,
+                    self.ticker.period_ns, self.inspector, self.health,
                 )
             # Under the same lock as the pop, so retirement never sees a step in neither place.
             for summary in summaries:
@@ -295,6 +300,12 @@ class Agent:
             placed = self.inspector.expire()
             if placed:
                 self.collectives.extend(placed)
+
+    def gpu_health(self) -> dict[int, tuple[tuple[ErrorCount, ...], int | None]]:
+        """Per GPU with health readings: its latest counters and its status (``agent.health``)."""
+        now_ns = self._realtime_ns()
+        with self._state_lock:
+            return {gpu: (self.health.counters(gpu), self.health.status(gpu, now_ns)) for gpu in self.latest}
 
     def _inspected(self, step: ClosedStep) -> bool:
         """Whether the Inspector records that cover ``step``'s end are in (True for a rank without any)."""
@@ -488,4 +499,7 @@ def _sample_to_pb(s: Sample, job: str) -> pb.Sample:
             msg.MergeFromString(b"".join([pack(_LINK_HEAD, 0x08, k, 0x11, tx, 0x19, rx) for k, tx, rx in s.links]))
         except struct.error:  # a link index of 128 or more needs a longer varint
             msg.links.extend([pb.LinkBytes(link=k, tx_bytes=tx, rx_bytes=rx) for k, tx, rx in s.links])
+    if s.errors:  # only on the samples where the backend read health (docs/HEALTH.md)
+        msg.errors.extend([pb.ErrorCount(kind=e.kind, window=e.window, detail=e.detail, value=e.value,
+                                         chip_wide=e.chip_wide) for e in s.errors])
     return msg

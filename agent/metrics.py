@@ -32,6 +32,24 @@ if TYPE_CHECKING:
     from agent.state import AgentView
 
 MHZ = 1e6
+# ErrorCount kind -> (metric, its labels after GPU and before scope, from the count's window and detail).
+_HEALTH_FAMILIES: dict[str, tuple[str, Callable[[str, str], tuple[str, ...]]]] = {
+    "xid": ("chopper_gpu_xid_errors_total", lambda w, d: (d,)),
+    **{f"ecc_{sev}": ("chopper_gpu_ecc_errors_total", lambda w, d, sev=sev: (sev, w, d or "total"))
+       for sev in ("corrected", "uncorrected", "deferred")},
+    "retired_pages": ("chopper_gpu_retired_pages", lambda w, d: (d,)),
+    "bad_pages": ("chopper_gpu_bad_pages", lambda w, d: (d,)),
+    "remapped_rows": ("chopper_gpu_remapped_rows", lambda w, d: (d,)),
+    **{state: ("chopper_gpu_memory_repair_state", lambda w, d, state=state: (state,))
+       for state in ("retirement_pending", "remap_pending", "remap_failed")},
+    "pcie_replay": ("chopper_gpu_pcie_replays_total", lambda w, d: ()),
+    "pcie_nak_sent": ("chopper_gpu_pcie_naks_total", lambda w, d: ("sent",)),
+    "pcie_nak_received": ("chopper_gpu_pcie_naks_total", lambda w, d: ("received",)),
+    "link_crc": ("chopper_gpu_link_errors_total", lambda w, d: (f"crc_{d}" if d else "crc",)),
+    "link_replay": ("chopper_gpu_link_errors_total", lambda w, d: ("replay",)),
+    "link_recovery": ("chopper_gpu_link_errors_total", lambda w, d: ("recovery",)),
+    "xgmi_error": ("chopper_gpu_xgmi_error_state", lambda w, d: ()),
+}
 # Every RPC of the Agent service, each with its undecodable-message count (0 until one arrives).
 AGENT_METHODS = tuple(m.name for m in pb.DESCRIPTOR.services_by_name["Agent"].methods)
 
@@ -59,7 +77,7 @@ class AgentCollector(Collector):
         self.fills: dict[str, Callable[[Families], None]] = {
             "gpus": self._gpus, "workloads": self._workloads, "host": self._host, "ranks": self._ranks,
             "positions": self._positions, "self": self._self, "reloads": self._reloads, "delivery": self._delivery,
-            "inspector": self._inspector,
+            "inspector": self._inspector, "health": self._health,
         }
         self.sections = Sections(self.fills, logger, clock)
         self._position_names = NameLabels()
@@ -76,7 +94,8 @@ class AgentCollector(Collector):
         latest = self.view.latest_samples
         for d in self.view.devices:
             gl = (d.node, str(d.gpu), d.vendor, d.model)
-            fam.add("chopper_gpu_info", (*gl, d.uuid), 1.0)
+            fam.add("chopper_gpu_info", (*gl, d.uuid, d.pci_bus_id, d.partition, d.memory_partition,
+                                         d.chip_uuid or d.uuid, f"{d.compute_share:g}"), 1.0)
             fam.add("chopper_gpu_gfx_clock_max_hertz", gl, d.max_gfx_clock_mhz * MHZ)
             fam.add("chopper_gpu_power_cap_watts", gl, d.power_cap_w)
             fam.add("chopper_gpu_memory_total_bytes", gl, float(d.memory_bytes))
@@ -93,6 +112,8 @@ class AgentCollector(Collector):
                 ("chopper_gpu_power_watts", s.power_w),
                 ("chopper_gpu_energy_joules_total", s.energy_j),
                 ("chopper_gpu_temperature_celsius", s.temp_c),
+                ("chopper_gpu_memory_temperature_celsius", s.mem_temp_c),
+                ("chopper_gpu_vr_temperature_celsius", s.vr_temp_c),
                 ("chopper_gpu_memory_used_bytes", s.mem_used_bytes),
                 ("chopper_gpu_link_tx_bytes_total", s.link_tx_bytes),
                 ("chopper_gpu_link_rx_bytes_total", s.link_rx_bytes),
@@ -100,11 +121,26 @@ class AgentCollector(Collector):
                 ("chopper_gpu_pcie_rx_bytes_total", s.pcie_rx_bytes),
             ):
                 fam.add(name, gl, value)
+            if d.max_gfx_clock_mhz > 0:  # NaN matrix activity (no counter) leaves the series out
+                fam.add("chopper_gpu_counter_flops_ratio", gl, s.matrix_ratio * s.gfx_clock_mhz / d.max_gfx_clock_mhz)
             for cause in THROTTLE_CAUSES:
                 fam.add("chopper_gpu_throttle_seconds_total", (*gl, cause), getattr(s, f"throttle_{cause}_s"))
             for link, tx, rx in s.links:
                 fam.add("chopper_gpu_link_bytes_total", (*gl, str(link), "tx"), tx)
                 fam.add("chopper_gpu_link_bytes_total", (*gl, str(link), "rx"), rx)
+
+    def _health(self, fam: Families) -> None:
+        health = self.view.gpu_health
+        for d in self.view.devices:
+            counters, status = health.get(d.gpu, ((), None))
+            gl = (d.node, str(d.gpu), d.vendor, d.model)
+            if status is not None:
+                fam.add("chopper_gpu_health_status", gl, float(status))
+            for e in counters:
+                family = _HEALTH_FAMILIES.get(e.kind)
+                if family is not None:  # a kind newer than this agent's table
+                    name, labels = family
+                    fam.add(name, (*gl, *labels(e.window, e.detail), "chip" if e.chip_wide else "device"), e.value)
 
     def _workloads(self, fam: Families) -> None:
         node = self.view.node

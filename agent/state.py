@@ -19,7 +19,7 @@ from agent.markers import RankState
 from agent.steps import RankFiguresNow
 from agent.workload import SourceHealth, Workload
 from chopper.proto.chopper.v1 import agent_pb2 as pb
-from chopper.schema import DeviceInfo, Sample
+from chopper.schema import DeviceInfo, ErrorCount, Sample
 
 if TYPE_CHECKING:
     from agent.daemon import Agent
@@ -68,6 +68,12 @@ class AgentView:
     def latest_samples(self) -> dict[int, Sample]:
         """GPU index → its latest sample (clocks MHz, ratios 0–1, watts, joules, bytes, celsius, seconds)."""
         return dict(self._agent.latest)
+
+    @property
+    def gpu_health(self) -> dict[int, tuple[tuple[ErrorCount, ...], int | None]]:
+        """GPU index → its latest health counters (``Sample.errors`` values) and status (0 healthy, 1
+        warning, 2 critical, None before a reading; ``agent.health``)."""
+        return self._agent.gpu_health()
 
     @property
     def host(self) -> HostSample | None:

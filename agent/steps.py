@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from agent.health import HealthTracker
 from agent.inspector.feed import InspectorFeed
 from agent.markers import ClosedStep
 from chopper.attribution import phases
@@ -29,6 +30,7 @@ from chopper.schema import DeviceInfo, Sample
 
 # The flag of a step that took an Inspector record without event timestamps (placed by its dump time).
 INSPECTOR_UNPLACED = "inspector_unplaced"
+GPU_ERRORS = "gpu_errors"
 # StepSummary fields filled straight from the model's columns of the same name.
 SUMMARY_TERMS = (
     "step_time_s", "ideal_s", "matrix_util_loss_s", "compute_at_clock_s", "dvfs_loss_s", "dvfs_power_s",
@@ -81,10 +83,11 @@ def _collectives(steps: Sequence[ClosedStep], inspector: InspectorFeed | None) -
 
 def summarize(
     steps: Sequence[ClosedStep], node: str, samples: Sequence[Sample], device: DeviceInfo | None, period_ns: int,
-    inspector: InspectorFeed | None = None,
+    inspector: InspectorFeed | None = None, health: HealthTracker | None = None,
 ) -> list[pb.StepSummary]:
-    """Summaries of steps that ran on one GPU, from that GPU's samples (time-sorted) and, for ranks
-    it covers, the Inspector's collectives (``chopper.attribution.collective_source``)."""
+    """Summaries of steps that ran on one GPU, from that GPU's samples (time-sorted), for ranks it
+    covers the Inspector's collectives (``chopper.attribution.collective_source``), and the GPU's
+    health counters that moved during each step (flag ``gpu_errors``, ``agent.health``)."""
     n = len(steps)
     base = min(steps[0].begin_ns, samples[0].ts_ns) if samples else steps[0].begin_ns
     b = np.array([s.begin_ns - base for s in steps], dtype=np.float64)
@@ -121,6 +124,10 @@ def summarize(
         summary.flags.extend(s.flags)
         if unplaced[i]:
             summary.flags.append(INSPECTOR_UNPLACED)
+        moved = health.moved_between(s.gpu, s.begin_ns, s.end_ns) if health is not None else ()
+        if moved:
+            summary.gpu_errors.extend(moved)
+            summary.flags.append(GPU_ERRORS)
         summary.phase_times.extend(pb.PhaseTime(name=k, seconds=v) for k, v in phase_times[i].items())
         out.append(summary)
     return out

@@ -362,6 +362,8 @@ def _record(args: argparse.Namespace, security: connect.ClientSecurity) -> int:
           f"{stats.duration_s:.1f} s into {stats.out}")
     if stats.collectives or stats.links:
         print(f"recorded {stats.collectives} Inspector collectives and {stats.links} per-link counter rows")
+    if stats.errors:
+        print(f"recorded {stats.errors} GPU health counter rows")
     return 0
 
 

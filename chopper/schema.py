@@ -64,6 +64,12 @@ class DeviceInfo:
         peak_flops: Dense BF16 FLOP/s at the maximum clock.
         memory_bytes: Device memory, bytes.
         power_cap_w: Current power cap, watts.
+        pci_bus_id: PCI bus id ("00000000:1B:00.0"), the parent chip's for a partition; "" unread.
+        partition: NVIDIA MIG instance ("MIG 3g.40gb") or AMD compute partition ("CPX"); "" whole chip.
+        memory_partition: AMD memory partition mode of the chip ("NPS1", "NPS4"); "" none.
+        chip_uuid: UUID of the physical chip (the device's own for a whole chip); "" unread.
+        compute_share: Fraction of the chip's compute this device holds, 0-1 (1 whole chip);
+            ``peak_flops`` and ``memory_bytes`` are already scaled to it.
     """
 
     node: str
@@ -75,12 +81,59 @@ class DeviceInfo:
     peak_flops: float
     memory_bytes: int
     power_cap_w: float
+    pci_bus_id: str = ""
+    partition: str = ""
+    memory_partition: str = ""
+    chip_uuid: str = ""
+    compute_share: float = 1.0
 
 
 # Highest NVLink / XGMI link index plus one that a sample may carry: NVML numbers up to
 # NVML_NVLINK_MAX_LINKS (36 in NVML 13) links, amdsmi's gpu_metrics up to 8 (16 in later tables).
 # It bounds the per-link series on /metrics and the ``link`` column of a recorded run.
 MAX_LINKS = 64
+
+
+# Health and error counter kinds (Sample.errors) -> whether the value is a counter (only grows
+# while the driver runs) or a state/gauge; docs/HEALTH.md gives each kind's vendor source.
+ERROR_KINDS: dict[str, str] = {
+    "xid": "counter",                 # NVML XID events, detail = the XID code
+    "ecc_corrected": "counter",       # window volatile|aggregate; detail = RAS block or "total"
+    "ecc_uncorrected": "counter",
+    "ecc_deferred": "counter",        # AMD RAS deferred errors
+    "retired_pages": "gauge",         # NVML page retirement, detail single_bit|double_bit
+    "retirement_pending": "state",
+    "remapped_rows": "gauge",         # NVML row remapping (Ampere+), detail correctable|uncorrectable
+    "remap_pending": "state",
+    "remap_failed": "state",
+    "bad_pages": "gauge",             # AMD retired (bad) HBM pages
+    "pcie_replay": "counter",
+    "pcie_nak_sent": "counter",
+    "pcie_nak_received": "counter",
+    "link_crc": "counter",            # NVLink CRC errors, detail flit|data, summed over links
+    "link_replay": "counter",
+    "link_recovery": "counter",
+    "xgmi_error": "state",            # AMD XGMI error status: 0 none, 1 error, 2 multiple
+}
+ECC_WINDOWS: tuple[str, ...] = ("volatile", "aggregate")
+
+
+class ErrorCount(NamedTuple):
+    """One health or error counter of a GPU at a sample's ``ts_ns`` (``pb.ErrorCount``).
+
+    Attributes:
+        kind: One of ``ERROR_KINDS``.
+        window: ECC: ``volatile`` or ``aggregate``; "" for other kinds.
+        detail: The kind's split (RAS block, XID code, cause, row class, CRC type); "" none.
+        value: Count, or a state's value (0 none, 1 set; xgmi_error 2 multiple).
+        chip_wide: The counter is the whole chip's, reported with its first partition only.
+    """
+
+    kind: str
+    window: str
+    detail: str
+    value: float
+    chip_wide: bool = False
 
 
 class LinkBytes(NamedTuple):
@@ -130,9 +183,12 @@ class Sample:
         throttle_thermal_s: Cumulative seconds throttled by temperature.
         throttle_current_s: Cumulative seconds throttled by current (EDC/PROCHOT-style) limits.
         throttle_other_s: Cumulative seconds throttled for any other reason.
+        mem_temp_c: Hottest HBM/memory temperature, Celsius.
+        vr_temp_c: Hottest voltage-regulator temperature, Celsius.
         links: Each link's cumulative bytes, ordered by link index; ``link_tx_bytes`` and
             ``link_rx_bytes`` are their sums where the backend reads both. Empty when the
             backend reads no per-link counter.
+        errors: Health and error counters (``ErrorCount``); empty when the backend reads none.
     """
 
     ts_ns: int
@@ -155,14 +211,19 @@ class Sample:
     throttle_thermal_s: float = NAN
     throttle_current_s: float = NAN
     throttle_other_s: float = NAN
+    mem_temp_c: float = NAN
+    vr_temp_c: float = NAN
     links: tuple[LinkBytes, ...] = ()
+    errors: tuple[ErrorCount, ...] = ()
 
 
 DEVICE_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(DeviceInfo))
-# The samples table's columns: every field of Sample but the per-link tuple.
-SAMPLE_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(Sample) if f.name != "links")
+# The samples table's columns: every field of Sample but the per-link and error tuples.
+SAMPLE_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(Sample) if f.name not in ("links", "errors"))
 # The links table of a recorded run: one row per (sample, link), keyed by the sample's ts_ns, node, gpu.
 LINK_COLUMNS: tuple[str, ...] = ("ts_ns", "node", "gpu", "link", "tx_bytes", "rx_bytes")
+# The errors table of a recorded run: one row per (sample, counter), keyed like the links table.
+ERROR_COLUMNS: tuple[str, ...] = ("ts_ns", "node", "gpu", "kind", "window", "detail", "value", "chip_wide")
 MARKER_COLUMNS: tuple[str, ...] = (
     "ts_ns", "job", "node", "rank", "gpu", "kind", "step", "name", "flops", "tokens", "bytes",
 )

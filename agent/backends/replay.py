@@ -25,6 +25,10 @@ Links. A run's ``links`` table (``chopper.runs.rundir``) becomes each replayed s
 ``Sample.links``, matched on the sample's recorded ``ts_ns`` and ``gpu``; each link's counters
 grow per cycle by that link's own recorded span. A run without the table replays with empty
 ``links``, and its summed ``link_tx_bytes``/``link_rx_bytes`` as recorded.
+
+Health. A run's ``errors`` table becomes ``Sample.errors`` the same way; counters
+(``ERROR_KINDS`` "counter") grow per cycle by their recorded span, gauges and states replay as
+recorded.
 """
 from __future__ import annotations
 
@@ -36,7 +40,7 @@ import numpy as np
 
 from agent.backends.base import BackendError, BackendUnavailable
 from chopper.runs.rundir import RunDirError, read_run
-from chopper.schema import SAMPLE_COLUMNS, DeviceInfo, LinkBytes, Sample
+from chopper.schema import ERROR_KINDS, SAMPLE_COLUMNS, DeviceInfo, ErrorCount, LinkBytes, Sample
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -130,6 +134,7 @@ class ReplayBackend:
         # sample does not share a timestamp with the previous cycle's last (typical = per-GPU median).
         self._period_ns = int(self._offsets[-1]) + (int(np.median(gaps)) if gaps.size else 1_000_000)
         self._links, self._link_growth = _recorded_links(samples, run.links[run.links["node"] == chosen])
+        self._errors, self._error_growth = _recorded_errors(samples, run.errors[run.errors["node"] == chosen])
         self._cursor, self._cycle = 0, 0
         self.finished, self.start_ns = False, None
         self._opened = True
@@ -137,7 +142,9 @@ class ReplayBackend:
             DeviceInfo(node=self.node, gpu=int(r.gpu), vendor=str(r.vendor), model=str(r.model),
                        uuid=str(r.uuid), max_gfx_clock_mhz=float(r.max_gfx_clock_mhz),
                        peak_flops=float(r.peak_flops), memory_bytes=int(r.memory_bytes),
-                       power_cap_w=float(r.power_cap_w))
+                       power_cap_w=float(r.power_cap_w), pci_bus_id=str(r.pci_bus_id), partition=str(r.partition),
+                       memory_partition=str(r.memory_partition), chip_uuid=str(r.chip_uuid),
+                       compute_share=float(r.compute_share))
             for r in devices.itertuples(index=False)
         ]
 
@@ -180,10 +187,11 @@ class ReplayBackend:
                 values[i, self._cum_idx] += self._cycle * self._cycle_growth[g]
         start, speed, node = self.start_ns or 0, self.speed, self.node
         out = []
-        for off, g, vals, links in zip(self._offsets[lo:hi].tolist(), self._gpus[lo:hi].tolist(), values.tolist(),
-                                       self._links[lo:hi], strict=True):
+        for off, g, vals, links, errors in zip(self._offsets[lo:hi].tolist(), self._gpus[lo:hi].tolist(),
+                                               values.tolist(), self._links[lo:hi], self._errors[lo:hi], strict=True):
             s = Sample(start + round((base + off) / speed), node, g, *vals)
             s.links = self._cycle_links(links, g)
+            s.errors = self._cycle_errors(errors, g)
             out.append(s)
         return out
 
@@ -193,6 +201,13 @@ class ReplayBackend:
             return links
         grow, c = self._link_growth, self._cycle
         return tuple(LinkBytes(k, tx + c * grow[(gpu, k)][0], rx + c * grow[(gpu, k)][1]) for k, tx, rx in links)
+
+    def _cycle_errors(self, errors: tuple[ErrorCount, ...], gpu: int) -> tuple[ErrorCount, ...]:
+        """A sample's recorded health counters, counters advanced by whole cycles of their growth."""
+        if not errors or not self._cycle:
+            return errors
+        grow, c = self._error_growth, self._cycle
+        return tuple(e._replace(value=e.value + c * grow.get((gpu, e.kind, e.window, e.detail), 0.0)) for e in errors)
 
     def close(self) -> None:
         """Forget the loaded run; safe to call twice."""
@@ -221,4 +236,32 @@ def _recorded_links(samples: pd.DataFrame, links: pd.DataFrame
     first, last = ordered[["tx_bytes", "rx_bytes"]].first(), ordered[["tx_bytes", "rx_bytes"]].last()
     growth = {(int(g), int(k)): (float(v.tx_bytes), float(v.rx_bytes))
               for (g, k), v in (last - first).iterrows()}
+    return per_sample, growth
+
+
+def _recorded_errors(samples: pd.DataFrame, errors: pd.DataFrame
+                     ) -> tuple[list[tuple[ErrorCount, ...]], dict[tuple[int, str, str, str], float]]:
+    """Per sample row (in ``samples`` order), its health counters; and per ``(gpu, kind, window,
+    detail)`` of a counter kind, its growth over one cycle.
+
+    Args:
+        samples: The node's samples, sorted by ``ts_ns`` as ``read_run`` returns them.
+        errors: The node's rows of the run's errors table.
+    """
+    per_sample: list[tuple[ErrorCount, ...]] = [()] * len(samples)
+    if errors.empty:
+        return per_sample, {}
+    position = {(int(t), int(g)): i for i, (t, g) in enumerate(zip(samples["ts_ns"].tolist(),
+                                                                   samples["gpu"].tolist(), strict=True))}
+    grouped: dict[int, list[ErrorCount]] = {}
+    for t, g, kind, window, detail, value, chip_wide in errors[
+            ["ts_ns", "gpu", "kind", "window", "detail", "value", "chip_wide"]].itertuples(index=False):
+        grouped.setdefault(position[(int(t), int(g))], []).append(
+            ErrorCount(str(kind), str(window), str(detail), float(value), bool(chip_wide)))
+    for i, row in grouped.items():
+        per_sample[i] = tuple(row)
+    counters = errors[errors["kind"].map(ERROR_KINDS.get) == "counter"]
+    ordered = counters.sort_values("ts_ns", kind="stable").groupby(["gpu", "kind", "window", "detail"])
+    span = ordered["value"].last() - ordered["value"].first()
+    growth = {(int(g), str(k), str(w), str(d)): float(v) for (g, k, w, d), v in span.items()}
     return per_sample, growth

@@ -73,7 +73,7 @@ import numpy as np
 
 from agent.backends.base import BackendError
 from agent.backends.specs import SPECS
-from chopper.schema import DeviceInfo, LinkBytes, MarkerKind, Sample
+from chopper.schema import NAN, DeviceInfo, LinkBytes, MarkerKind, Sample
 
 NOMINAL_FIRST_DT_S = 0.1
 MAX_SUBSTEP_S = 1.0
@@ -347,7 +347,7 @@ class SimulatedBackend:
                    self._pcie.tolist(), self._thr_power.tolist(), self._thr_thermal.tolist(), strict=True)
         node, mclk = self.node, spec.mem_clock_mhz
         return [
-            Sample(now_ns, node, g, c, mclk, b, m, mb, p, e, t, mu, lk, lk, pc, 0.5 * pc, tp, tt, 0.0, 0.0,
+            Sample(now_ns, node, g, c, mclk, b, m, mb, p, e, t, mu, lk, lk, pc, 0.5 * pc, tp, tt, 0.0, 0.0, NAN, NAN,
                    self._links_of(g, lk))
             for g, (c, b, m, mb, p, e, t, mu, lk, pc, tp, tt) in enumerate(rows)
         ]

@@ -64,6 +64,8 @@ FLAGS: dict[str, str] = {
     "bad_tokens": "the step_end's tokens was negative and was dropped (0) (live summaries only)",
     "bad_bytes": "a collective of the step carried negative bytes, dropped (0) (live summaries only)",
     "slowest_rank": "this rank had the largest compute time of its job at this step (job level)",
+    "gpu_errors": "a health or error counter of the step's GPU (ECC, XID, PCIe replay, NVLink/XGMI error, retired "
+    "page or row) moved during the step; the kinds are in gpu_errors (docs/HEALTH.md)",
     "inspector_unplaced": "an Inspector record of the step had no event timestamps (the plugin's non-verbose "
     "dump): it was placed to end at its dump time, late by up to the plugin's dump interval (docs/INSPECTOR.md)",
 }

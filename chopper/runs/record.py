@@ -41,7 +41,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from chopper.runs.rundir import COLLECTIVE_COLUMNS, OPTIONAL_TABLES, TABLES, table_files
-from chopper.schema import DEVICE_COLUMNS, LINK_COLUMNS, MARKER_COLUMNS, MAX_LINKS, SAMPLE_COLUMNS, MarkerKind
+from chopper.schema import (
+    DEVICE_COLUMNS, ERROR_COLUMNS, LINK_COLUMNS, MARKER_COLUMNS, MAX_LINKS, SAMPLE_COLUMNS, MarkerKind,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -60,6 +62,9 @@ _SAMPLE_INT = frozenset({"ts_ns", "gpu"})
 _SAMPLE_TEXT = frozenset({"node"})
 _LINK_INT = frozenset({"ts_ns", "gpu", "link"})
 _LINK_TEXT = frozenset({"node"})
+_ERROR_INT = frozenset({"ts_ns", "gpu"})
+# chip_wide rides in a list like the text columns (booleans, not doubles).
+_ERROR_LISTS = frozenset({"node", "kind", "window", "detail", "chip_wide"})
 _MARKER_INT = frozenset({"ts_ns", "rank", "gpu", "step"})
 _MARKER_TEXT = frozenset({"job", "node", "kind", "name"})
 _COLLECTIVE_FLOAT = frozenset({"exec_s", "algo_bandwidth_gbs", "bus_bandwidth_gbs"})
@@ -107,6 +112,7 @@ class RecordStats:
             values (``_fits``).
         links: Per-link counter rows written (one per sample and NVLink / XGMI link).
         unfit_links: Link entries left out because their index is beyond ``MAX_LINKS``.
+        errors: Health and error counter rows written (one per sample and counter).
     """
 
     out: Path
@@ -124,6 +130,7 @@ class RecordStats:
     unfit_collectives: int = 0
     links: int = 0
     unfit_links: int = 0
+    errors: int = 0
 
 
 def check_output(out: Path, force: bool = False) -> None:
@@ -171,8 +178,10 @@ class _Columns:
 
 
 def _device_rows(info: pb.AgentInfo) -> list[dict[str, Any]]:
+    # compute_share 0 is the field unset: an agent older than partitions, whose devices are whole chips.
     return [
-        {c: getattr(d, c) for c in DEVICE_COLUMNS} | {"node": d.node or info.node}
+        {c: getattr(d, c) for c in DEVICE_COLUMNS} | {"node": d.node or info.node,
+                                                      "compute_share": d.compute_share or 1.0}
         for d in info.devices
     ]
 
@@ -226,6 +235,7 @@ def record(
     markers = _Columns(MARKER_COLUMNS, _MARKER_INT, _MARKER_TEXT)
     collectives = _Columns(COLLECTIVE_COLUMNS, _COLLECTIVE_INT, _COLLECTIVE_TEXT)
     links = _Columns(LINK_COLUMNS, _LINK_INT, _LINK_TEXT)
+    errors = _Columns(ERROR_COLUMNS, _ERROR_INT, _ERROR_LISTS)
     unfit_links = 0
     gpus: set[tuple[str, int]] = set()
     missed = 0
@@ -269,6 +279,8 @@ def record(
                 gpus.add((node, s.gpu))
                 if s.links:
                     unfit_links += _append_links(links, s, node)
+                if s.errors:
+                    _append_errors(errors, s, node)
             samples.rows += len(batch.samples)
             for r in batch.markers:
                 if not _append_marker(markers, r):
@@ -290,18 +302,18 @@ def record(
 
     inspector, unfit = _fitting(collectives.frame().astype({"placed": bool}))
     unfit_collectives += unfit
-    _write(out, devices, samples, markers, inspector, links)
+    _write(out, devices, samples, markers, inspector, links, errors)
     return RecordStats(
         out=out, node=info.node, devices=len(devices), gpus=len(gpus), samples=samples.rows,
         markers=markers.rows, missed=missed, duration_s=elapsed,
         ended_by="agent" if agent_error is not None else cancelled_for[0], agent_error=agent_error,
         unknown_kinds=unknown_kinds, collectives=len(inspector), unfit_collectives=unfit_collectives,
-        links=links.rows, unfit_links=unfit_links,
+        links=links.rows, unfit_links=unfit_links, errors=errors.rows,
     )
 
 
 def _write(out: Path, devices: list[dict[str, Any]], samples: _Columns, markers: _Columns,
-           inspector: pd.DataFrame, links: _Columns) -> None:
+           inspector: pd.DataFrame, links: _Columns, errors: _Columns) -> None:
     """``write_run``, turning an I/O failure into a ``RecordError`` without half-written tables."""
     from chopper.runs.rundir import write_run
 
@@ -311,7 +323,8 @@ def _write(out: Path, devices: list[dict[str, Any]], samples: _Columns, markers:
     tables = [path for table in (*TABLES, *OPTIONAL_TABLES) for path in table_files(out, table)]
     before = {path: stamp(path) for path in tables}
     try:
-        write_run(out, devices, samples.frame(), markers.frame(), inspector, links.frame() if links.rows else None)
+        write_run(out, devices, samples.frame(), markers.frame(), inspector, links.frame() if links.rows else None,
+                  errors.frame() if errors.rows else None)
     except OSError as exc:
         for path in tables:
             if stamp(path) != before[path]:
@@ -339,6 +352,21 @@ def _append_links(links: _Columns, s: pb.Sample, node: str) -> int:
         d["rx_bytes"].append(k.rx_bytes)
         links.rows += 1
     return unfit
+
+
+def _append_errors(errors: _Columns, s: pb.Sample, node: str) -> None:
+    """Append one row per health counter of sample ``s``."""
+    d = errors.data
+    for e in s.errors:
+        d["ts_ns"].append(s.ts_ns)
+        d["node"].append(node)
+        d["gpu"].append(s.gpu)
+        d["kind"].append(errors.text(e.kind))
+        d["window"].append(errors.text(e.window))
+        d["detail"].append(errors.text(e.detail))
+        d["value"].append(e.value)
+        d["chip_wide"].append(e.chip_wide)
+    errors.rows += len(s.errors)
 
 
 def _append_marker(markers: _Columns, r: pb.MarkerRecord) -> bool:

@@ -8,6 +8,7 @@ Layout (DESIGN "A recorded run")::
       markers.parquet   (or markers.csv)   columns: chopper.schema.MARKER_COLUMNS
       collectives.parquet (or .csv), optional   columns: COLLECTIVE_COLUMNS
       links.parquet (or .csv), optional         columns: chopper.schema.LINK_COLUMNS
+      errors.parquet (or .csv), optional        columns: chopper.schema.ERROR_COLUMNS
 
 ``collectives`` holds the NCCL / RCCL Inspector's collective records the agent sent
 (``chopper.v1.CollectiveRecord``, one row each, the same fields); a run without the table (one
@@ -15,7 +16,13 @@ recorded before it existed, or from a node without the Inspector) reads as an em
 ``links`` holds the samples' per-link NVLink / XGMI counters (``Sample.links``), one row per
 sample and link, keyed by the sample's ``ts_ns``, ``node`` and ``gpu``; a run without it (older,
 or from a backend that reads no per-link counter) reads as an empty one, and its samples' summed
-``link_tx_bytes``/``link_rx_bytes`` are all it has.
+``link_tx_bytes``/``link_rx_bytes`` are all it has. ``errors`` holds the samples' health and
+error counters (``Sample.errors``, docs/HEALTH.md), one row per sample and counter, keyed the same
+way; a run without it reads as one whose GPUs reported none.
+
+Columns added to a table after runs were first recorded (``ADDED_COLUMNS``: a device's PCI bus id
+and partition, a sample's memory and regulator temperatures) may be missing from an older run's
+file; they read as their "not read" value.
 
 Parquet and CSV are accepted on input (Parquet wins when a directory holds both); ``write_run``
 always writes Parquet. Units are the data model's: integer nanoseconds, MHz, watts, joules,
@@ -39,7 +46,9 @@ names it and says how to fix it:
 8. every ``(node, gpu)`` that has samples has a row in ``devices``;
 9. no collective ends before it begins;
 10. every ``links`` row belongs to a sample (same ``ts_ns``, ``node``, ``gpu``) and names each
-    link of that sample once.
+    link of that sample once;
+11. every ``errors`` row belongs to a sample, names a kind of ``chopper.schema.ERROR_KINDS`` and
+    each (kind, window, detail) of that sample once.
 
 Each error names the file, the column, the first offending row (0-based, in file order, after a
 CSV header) and the fix.
@@ -55,14 +64,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from chopper.schema import DEVICE_COLUMNS, LINK_COLUMNS, MARKER_COLUMNS, MAX_LINKS, SAMPLE_COLUMNS, MarkerKind
+from chopper.schema import (
+    DEVICE_COLUMNS, ERROR_COLUMNS, ERROR_KINDS, LINK_COLUMNS, MARKER_COLUMNS, MAX_LINKS, SAMPLE_COLUMNS, MarkerKind,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
 
 TABLES: tuple[str, ...] = ("devices", "samples", "markers")
 # Tables a run may lack; each then reads as empty.
-OPTIONAL_TABLES: tuple[str, ...] = ("collectives", "links")
+OPTIONAL_TABLES: tuple[str, ...] = ("collectives", "links", "errors")
 # The fields of chopper.v1.CollectiveRecord, in field order (tests check that they agree).
 COLLECTIVE_COLUMNS: tuple[str, ...] = (
     "job", "node", "rank", "gpu", "collective", "begin_ns", "end_ns", "placed", "exec_s", "timing_source", "bytes",
@@ -75,6 +86,13 @@ COLUMNS: dict[str, tuple[str, ...]] = {
     "markers": MARKER_COLUMNS,
     "collectives": COLLECTIVE_COLUMNS,
     "links": LINK_COLUMNS,
+    "errors": ERROR_COLUMNS,
+}
+# Columns a table gained after runs were first recorded -> the value an older file's rows read as
+# (the field's "not read" default in chopper.schema).
+ADDED_COLUMNS: dict[str, dict[str, Any]] = {
+    "devices": {"pci_bus_id": "", "partition": "", "memory_partition": "", "chip_uuid": "", "compute_share": 1.0},
+    "samples": {"mem_temp_c": math.nan, "vr_temp_c": math.nan},
 }
 
 # Column types per table. Anything not listed as int or str is float64 (NaN allowed).
@@ -85,16 +103,19 @@ _INT_COLUMNS: dict[str, frozenset[str]] = {
     "collectives": frozenset({"rank", "gpu", "begin_ns", "end_ns", "bytes", "comm_rank", "comm_ranks", "comm_nodes",
                               "seq", "pid"}),
     "links": frozenset({"ts_ns", "gpu", "link"}),
+    "errors": frozenset({"ts_ns", "gpu"}),
 }
 _STR_COLUMNS: dict[str, frozenset[str]] = {
-    "devices": frozenset({"node", "vendor", "model", "uuid"}),
+    "devices": frozenset({"node", "vendor", "model", "uuid", "pci_bus_id", "partition", "memory_partition",
+                          "chip_uuid"}),
     "samples": frozenset({"node"}),
     "markers": frozenset({"job", "node", "name", "kind"}),
     "collectives": frozenset({"job", "node", "collective", "timing_source", "comm_id", "format_version"}),
     "links": frozenset({"node"}),
+    "errors": frozenset({"node", "kind", "window", "detail"}),
 }
 # True/false columns: booleans, 0/1 or the words true/false.
-_BOOL_COLUMNS: dict[str, frozenset[str]] = {"collectives": frozenset({"placed"})}
+_BOOL_COLUMNS: dict[str, frozenset[str]] = {"collectives": frozenset({"placed"}), "errors": frozenset({"chip_wide"})}
 _BOOL_BY_TEXT = {"true": True, "1": True, "1.0": True, "false": False, "0": False, "0.0": False}
 _KIND_BY_TEXT: dict[str, str] = {}
 for _k in MarkerKind:
@@ -119,11 +140,11 @@ _ANY = (-math.inf, math.inf, "a finite number")
 BOUNDS: dict[str, dict[str, tuple[float, float, str]]] = {
     "devices": {
         "gpu": _INDEX, "max_gfx_clock_mhz": _POSITIVE, "peak_flops": _POSITIVE, "memory_bytes": _AMOUNT,
-        "power_cap_w": _AMOUNT,
+        "power_cap_w": _AMOUNT, "compute_share": (math.ulp(0.0), 1.0, "a share of the chip above 0, at most 1"),
     },
     "samples": {
         "ts_ns": _TIME, "gpu": _INDEX, "busy_ratio": _RATIO, "matrix_ratio": _RATIO, "mem_busy_ratio": _RATIO,
-        "temp_c": _ANY,
+        "temp_c": _ANY, "mem_temp_c": _ANY, "vr_temp_c": _ANY,
         **{c: _AMOUNT for c in SAMPLE_COLUMNS if c.endswith(("_mhz", "_w", "_j", "_bytes", "_s"))},
     },
     "markers": {
@@ -145,6 +166,7 @@ BOUNDS: dict[str, dict[str, tuple[float, float, str]]] = {
         "ts_ns": _TIME, "gpu": _INDEX, "link": (0, MAX_LINKS - 1, f"a link index from 0 to {MAX_LINKS - 1}"),
         "tx_bytes": _AMOUNT, "rx_bytes": _AMOUNT,
     },
+    "errors": {"ts_ns": _TIME, "gpu": _INDEX, "value": _AMOUNT},
 }
 
 
@@ -167,6 +189,8 @@ class RecordedRun:
             sorted by ``begin_ns`` (stable); empty when the run has no such table.
         links: One row per sample and NVLink / XGMI link, columns ``LINK_COLUMNS``, sorted by
             ``ts_ns`` then ``link`` (stable); empty when the run has no such table.
+        errors: One row per sample and health counter, columns ``ERROR_COLUMNS``, sorted by
+            ``ts_ns`` (stable); empty when the run has no such table.
     """
 
     path: Path
@@ -175,6 +199,7 @@ class RecordedRun:
     markers: pd.DataFrame
     collectives: pd.DataFrame
     links: pd.DataFrame
+    errors: pd.DataFrame
 
 
 def table_files(path: str | Path, table: str) -> tuple[Path, Path]:
@@ -213,6 +238,7 @@ def read_run(path: str | Path) -> RecordedRun:
     _check_sample_gpus(frames["devices"], frames["samples"])
     _check_collective_order(frames["collectives"], _source(base, "collectives"))
     _check_links(frames["samples"], frames["links"], _source(base, "links"))
+    _check_errors(frames["samples"], frames["errors"], _source(base, "errors"))
     return RecordedRun(
         path=base,
         devices=frames["devices"],
@@ -220,6 +246,7 @@ def read_run(path: str | Path) -> RecordedRun:
         markers=frames["markers"].sort_values("ts_ns", kind="stable", ignore_index=True),
         collectives=frames["collectives"].sort_values("begin_ns", kind="stable", ignore_index=True),
         links=frames["links"].sort_values(["ts_ns", "link"], kind="stable", ignore_index=True),
+        errors=frames["errors"].sort_values("ts_ns", kind="stable", ignore_index=True),
     )
 
 
@@ -230,6 +257,7 @@ def write_run(
     markers: pd.DataFrame | Sequence[Any],
     collectives: pd.DataFrame | Sequence[Any] | None = None,
     links: pd.DataFrame | Sequence[Any] | None = None,
+    errors: pd.DataFrame | Sequence[Any] | None = None,
 ) -> Path:
     """Validate and write a recorded run as Parquet (``devices.parquet`` ...).
 
@@ -246,6 +274,8 @@ def write_run(
         links: Per-link rows (``LINK_COLUMNS``). None takes them from ``Sample`` rows' ``links``
             when ``samples`` is a sequence of them; without any, no ``links`` table is written
             (and one left from an earlier run is removed).
+        errors: Health counter rows (``ERROR_COLUMNS``), taken from ``Sample`` rows' ``errors`` the
+            same way when None.
 
     Returns:
         The run directory.
@@ -258,9 +288,13 @@ def write_run(
     if collectives is not None:
         given["collectives"] = collectives
     if links is None:
-        links = _sample_links(samples)
+        links = _per_sample_rows(samples, "links", LINK_COLUMNS)
     if links is not None:
         given["links"] = links
+    if errors is None:
+        errors = _per_sample_rows(samples, "errors", ERROR_COLUMNS)
+    if errors is not None:
+        given["errors"] = errors
     frames = {table: _normalise(table, _to_frame(table, rows), source=f"{table} (argument)")
               for table, rows in given.items()}
     _check_sample_gpus(frames["devices"], frames["samples"])
@@ -268,6 +302,8 @@ def write_run(
         _check_collective_order(frames["collectives"], "collectives (argument)")
     if "links" in frames:
         _check_links(frames["samples"], frames["links"], "links (argument)")
+    if "errors" in frames:
+        _check_errors(frames["samples"], frames["errors"], "errors (argument)")
     base.mkdir(parents=True, exist_ok=True)
     for table in (*TABLES, *OPTIONAL_TABLES):
         parquet, csv = table_files(base, table)
@@ -279,38 +315,67 @@ def write_run(
     return base
 
 
-def _sample_links(samples: pd.DataFrame | Sequence[Any]) -> pd.DataFrame | None:
-    """The links rows of ``Sample`` objects' ``links``; None for a frame or samples without any."""
+def _per_sample_rows(samples: pd.DataFrame | Sequence[Any], field: str,
+                     columns: tuple[str, ...]) -> pd.DataFrame | None:
+    """The rows of ``Sample`` objects' tuple ``field`` (links, errors), each keyed by its sample's
+    ts_ns, node and gpu; None for a frame or samples without any."""
     import pandas as pd
 
     if isinstance(samples, pd.DataFrame):
         return None
-    rows = [(s.ts_ns, s.node, s.gpu, *k) for s in samples for k in getattr(s, "links", ())]
-    return pd.DataFrame(rows, columns=list(LINK_COLUMNS)) if rows else None
+    rows = [(s.ts_ns, s.node, s.gpu, *k) for s in samples for k in getattr(s, field, ())]
+    return pd.DataFrame(rows, columns=list(columns)) if rows else None
+
+
+_SAMPLE_KEY = ["ts_ns", "node", "gpu"]
+
+
+def _check_owned(samples: pd.DataFrame, rows: pd.DataFrame, table: str, source: str) -> None:
+    """Refuse a row of a per-sample table that no sample has (ts_ns, node, gpu)."""
+    import pandas as pd
+
+    owned = pd.MultiIndex.from_frame(rows[_SAMPLE_KEY]).isin(pd.MultiIndex.from_frame(samples[_SAMPLE_KEY]))
+    if not owned.all():
+        row = int((~owned).argmax())
+        r = rows.iloc[row]
+        raise RunDirError(
+            f"{source}: row {row} (ts_ns={int(r['ts_ns'])}, node={r['node']}, gpu={int(r['gpu'])}) belongs to no "
+            f"sample; {int((~owned).sum())} such row(s). Each {table} row carries a sample's ts_ns, node and gpu: "
+            f"re-export the {table} table together with the samples table")
 
 
 def _check_links(samples: pd.DataFrame, links: pd.DataFrame, source: str) -> None:
     """Refuse a links row that no sample has (ts_ns, node, gpu), or one link twice in a sample."""
-    import pandas as pd
-
     if links.empty:
         return
-    key = ["ts_ns", "node", "gpu"]
-    owned = pd.MultiIndex.from_frame(links[key]).isin(pd.MultiIndex.from_frame(samples[key]))
-    if not owned.all():
-        row = int((~owned).argmax())
-        r = links.iloc[row]
-        raise RunDirError(
-            f"{source}: row {row} (ts_ns={int(r['ts_ns'])}, node={r['node']}, gpu={int(r['gpu'])}) belongs to no "
-            f"sample; {int((~owned).sum())} such row(s). Each links row carries a sample's ts_ns, node and gpu: "
-            "re-export the links table together with the samples table")
-    repeated = links.duplicated([*key, "link"])
+    _check_owned(samples, links, "links", source)
+    repeated = links.duplicated([*_SAMPLE_KEY, "link"])
     if repeated.any():
         row = int(repeated.argmax())
         r = links.iloc[row]
         raise RunDirError(
             f"{source}: row {row} repeats link {int(r['link'])} of the sample at ts_ns={int(r['ts_ns'])} "
             f"node={r['node']} gpu={int(r['gpu'])}; a sample has one row per link: remove the duplicate rows")
+
+
+def _check_errors(samples: pd.DataFrame, errors: pd.DataFrame, source: str) -> None:
+    """Refuse an errors row of an unknown kind, one no sample has, or one counter twice in a sample."""
+    if errors.empty:
+        return
+    unknown = ~errors["kind"].isin(list(ERROR_KINDS))
+    if unknown.any():
+        row = int(unknown.argmax())
+        raise RunDirError(f"{source}: row {row} has unknown kind {errors['kind'].iloc[row]!r}; use one of "
+                          f"{', '.join(ERROR_KINDS)} (chopper.schema.ERROR_KINDS, docs/HEALTH.md)")
+    _check_owned(samples, errors, "errors", source)
+    repeated = errors.duplicated([*_SAMPLE_KEY, "kind", "window", "detail"])
+    if repeated.any():
+        row = int(repeated.argmax())
+        r = errors.iloc[row]
+        raise RunDirError(
+            f"{source}: row {row} repeats counter kind={r['kind']} window={r['window']!r} detail={r['detail']!r} of "
+            f"the sample at ts_ns={int(r['ts_ns'])} node={r['node']} gpu={int(r['gpu'])}; a sample has one row per "
+            "counter: remove the duplicate rows")
 
 
 def _empty(table: str) -> pd.DataFrame:
@@ -367,6 +432,9 @@ def _load(base: Path, table: str) -> pd.DataFrame:
                       f"or corrupt: re-export the {table} table") from err
 
 
+_PER_SAMPLE_TABLES = ("links", "errors")
+
+
 def _to_frame(table: str, rows: Any) -> pd.DataFrame:
     import pandas as pd
 
@@ -375,8 +443,9 @@ def _to_frame(table: str, rows: Any) -> pd.DataFrame:
     records: list[Mapping[str, Any]] = []
     for row in rows:
         if dataclasses.is_dataclass(row) and not isinstance(row, type):
-            # Sample.links is a table of its own (links), not a column of the samples table.
-            records.append({f.name: getattr(row, f.name) for f in dataclasses.fields(row) if f.name != "links"})
+            # Sample.links and Sample.errors are tables of their own, not columns of the samples table.
+            records.append({f.name: getattr(row, f.name) for f in dataclasses.fields(row)
+                            if f.name not in _PER_SAMPLE_TABLES})
         elif isinstance(row, Mapping):
             records.append(row)
         else:
@@ -393,6 +462,10 @@ def _normalise(table: str, frame: pd.DataFrame, source: str) -> pd.DataFrame:
 
     expected = COLUMNS[table]
     present = [str(c) for c in frame.columns]
+    for col, default in ADDED_COLUMNS.get(table, {}).items():
+        if col not in present:
+            frame[col] = default
+            present.append(col)
     missing = [c for c in expected if c not in present]
     extra = [c for c in present if c not in expected]
     if missing or extra:

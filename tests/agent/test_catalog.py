@@ -16,7 +16,9 @@ UNITLESS = {"chopper_agent_backend_up", "chopper_host_load1", "chopper_rank_last
             "chopper_agent_marker_streams",
             "chopper_agent_subscribers", "chopper_agent_delivery_connected", "chopper_agent_workload_source_up",
             "chopper_agent_ranks", "chopper_inspector_dir_present", "chopper_inspector_files",
-            "chopper_inspector_ranks_silent"}
+            "chopper_inspector_ranks_silent", "chopper_gpu_retired_pages", "chopper_gpu_bad_pages",
+            "chopper_gpu_remapped_rows", "chopper_gpu_memory_repair_state", "chopper_gpu_xgmi_error_state",
+            "chopper_gpu_health_status"}
 
 
 def test_docs_metrics_md_is_current() -> None:

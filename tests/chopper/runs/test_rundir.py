@@ -12,10 +12,12 @@ from chopper.proto.chopper.v1 import agent_pb2 as pb
 from chopper.runs.rundir import _INT_COLUMNS, BOUNDS, COLLECTIVE_COLUMNS, RunDirError, read_run, write_run
 from chopper.schema import (
     DEVICE_COLUMNS,
+    ERROR_COLUMNS,
     LINK_COLUMNS,
     MARKER_COLUMNS,
     SAMPLE_COLUMNS,
     DeviceInfo,
+    ErrorCount,
     LinkBytes,
     MarkerKind,
     Sample,
@@ -30,15 +32,18 @@ def _devices() -> list[DeviceInfo]:
                        192 * 1024**3, 750.0) for g in range(2)]
 
 
-def _samples(links: bool = False) -> list[Sample]:
-    """Three ticks of two GPUs; with ``links``, each GPU has two XGMI links carrying 1 and 2 MB per tick."""
+def _samples(links: bool = False, errors: bool = False) -> list[Sample]:
+    """Three ticks of two GPUs; with ``links``, each GPU has two XGMI links carrying 1 and 2 MB per tick;
+    with ``errors``, each GPU reports UMC corrected ECC errors growing by one per tick and its bad pages."""
     out = []
     for i in range(3):
         for g in range(2):
             per_link = (LinkBytes(0, 1e6 * i, 0.5e6 * i), LinkBytes(1, 2e6 * i, 1e6 * i)) if links else ()
+            health = (ErrorCount("ecc_corrected", "volatile", "umc", float(i)),
+                      ErrorCount("bad_pages", "", "", 2.0, chip_wide=True)) if errors else ()
             out.append(Sample(T0 + i * 10_000_000 + g, "n1", g, gfx_clock_mhz=2000.0 - g, busy_ratio=0.5,
                               power_w=600.0, energy_j=6.0 * i, temp_c=70.0, link_tx_bytes=3e6 * i,
-                              link_rx_bytes=1.5e6 * i, links=per_link))
+                              link_rx_bytes=1.5e6 * i, links=per_link, errors=health))
     return out
 
 
@@ -207,7 +212,7 @@ _BOUNDED = [(t, c, v) for t in BOUNDS for c in BOUNDS[t] for v in _out_of_range(
 @pytest.mark.parametrize(("table", "column", "value"), _BOUNDED)
 def test_every_column_out_of_range_is_named(tmp_path: Path, table: str, column: str, value: float) -> None:
     """Every bounded column of every table, just outside its range or infinite: file, column, row and fix."""
-    run = write_run(tmp_path / "run", _devices(), _samples(links=True), _markers(), _collectives())
+    run = write_run(tmp_path / "run", _devices(), _samples(links=True, errors=True), _markers(), _collectives())
     path = run / f"{table}.parquet"
     frame = pd.read_parquet(path)
     frame[column] = frame[column].astype(np.int64 if isinstance(value, int) else np.float64)
@@ -264,8 +269,8 @@ def test_a_run_without_collectives_reads_as_an_empty_table(run_dir: Path) -> Non
 
 
 def _refusal(tmp_path: Path, change: dict, csv: bool = False, table: str = "collectives") -> str:
-    """The message read_run gives for a ``table`` (collectives or links) whose row 1 has ``change``."""
-    run = write_run(tmp_path / "run", _devices(), _samples(links=True), _markers(), _collectives())
+    """The message read_run gives for a ``table`` (collectives, links, errors) whose row 1 has ``change``."""
+    run = write_run(tmp_path / "run", _devices(), _samples(links=True, errors=True), _markers(), _collectives())
     frame = pd.read_parquet(run / f"{table}.parquet").astype(object)
     for column, value in change.items():
         frame.loc[1, column] = value
@@ -345,3 +350,49 @@ def test_bad_link_rows_are_refused_naming_the_fix(tmp_path: Path, hazard: Hazard
     assert read_run(write_run(tmp_path / "e", _devices(), _samples(), _markers())).links.empty
     hazard.outcome = (f"{len(messages)} bad links tables refused, each naming the file, the row or column and the "
                       "fix; a run without the table read as 0 link rows")
+
+
+def test_health_counters_round_trip_in_the_errors_table(tmp_path: Path) -> None:
+    run = read_run(write_run(tmp_path / "run", _devices(), _samples(errors=True), _markers()))
+    assert tuple(run.errors.columns) == ERROR_COLUMNS
+    assert len(run.errors) == 3 * 2 * 2  # ticks x GPUs x counters
+    last = run.errors[run.errors["ts_ns"] == T0 + 20_000_001]
+    assert last[["kind", "window", "detail", "value", "chip_wide"]].values.tolist() == [
+        ["ecc_corrected", "volatile", "umc", 2.0, False], ["bad_pages", "", "", 2.0, True]]
+    assert run.errors["chip_wide"].dtype == bool and tuple(run.samples.columns) == SAMPLE_COLUMNS
+    again = read_run(write_run(tmp_path / "copy", run.devices, run.samples, run.markers, errors=run.errors))
+    pd.testing.assert_frame_equal(again.errors, run.errors)
+    assert read_run(write_run(tmp_path / "none", _devices(), _samples(), _markers())).errors.empty
+
+
+@pytest.mark.hazard(item=17, input="errors tables with an unknown kind, a row that belongs to no sample, a counter "
+                    "listed twice in one sample, a negative count, a chip_wide flag that is neither true nor false",
+                    promise="the run is refused with the file, the row or column and the fix")
+def test_bad_error_rows_are_refused_naming_the_fix(tmp_path: Path, hazard: HazardOutcome) -> None:
+    messages = {
+        "kind": _refusal(tmp_path / "a", {"kind": "ecc_maybe"}, table="errors"),
+        "orphan": _refusal(tmp_path / "b", {"ts_ns": T0 + 3}, table="errors"),
+        "twice": _refusal(tmp_path / "c", {"kind": "ecc_corrected", "window": "volatile", "detail": "umc"},
+                          table="errors"),
+        "negative": _refusal(tmp_path / "d", {"value": -1.0}, table="errors"),
+        "flag": _refusal(tmp_path / "e", {"chip_wide": "perhaps"}, csv=True, table="errors"),
+    }
+    assert "errors.parquet: row 1 has unknown kind 'ecc_maybe'; use one of xid, ecc_corrected" in messages["kind"]
+    assert f"errors.parquet: row 1 (ts_ns={T0 + 3}, node=n1, gpu=0) belongs to no sample" in messages["orphan"]
+    assert "repeats counter kind=ecc_corrected window='volatile' detail='umc'" in messages["twice"]
+    assert "column value must be a finite amount, not negative" in messages["negative"]
+    assert "column chip_wide must be true or false (or 1/0); row 1 has 'perhaps'" in messages["flag"]
+    hazard.outcome = f"{len(messages)} bad errors tables refused, each naming the file, the row or column and the fix"
+
+
+def test_a_run_recorded_before_partitions_and_health_reads(tmp_path: Path) -> None:
+    """Device and sample columns added later read as "not read" in an older run's files."""
+    run = write_run(tmp_path / "run", _devices(), _samples(), _markers())
+    devices = pd.read_parquet(run / "devices.parquet")
+    devices.drop(columns=["pci_bus_id", "partition", "memory_partition", "chip_uuid", "compute_share"]).to_parquet(
+        run / "devices.parquet", index=False)
+    pd.read_parquet(run / "samples.parquet").drop(columns=["mem_temp_c", "vr_temp_c"]).to_parquet(
+        run / "samples.parquet", index=False)
+    old = read_run(run)
+    assert old.devices["compute_share"].tolist() == [1.0, 1.0] and old.devices["partition"].tolist() == ["", ""]
+    assert old.samples["mem_temp_c"].isna().all() and tuple(old.samples.columns) == SAMPLE_COLUMNS

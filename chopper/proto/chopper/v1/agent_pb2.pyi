@@ -101,7 +101,7 @@ class GetInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class DeviceInfo(_message.Message):
-    __slots__ = ("node", "gpu", "vendor", "model", "uuid", "max_gfx_clock_mhz", "peak_flops", "memory_bytes", "power_cap_w")
+    __slots__ = ("node", "gpu", "vendor", "model", "uuid", "max_gfx_clock_mhz", "peak_flops", "memory_bytes", "power_cap_w", "pci_bus_id", "partition", "memory_partition", "chip_uuid", "compute_share")
     NODE_FIELD_NUMBER: _ClassVar[int]
     GPU_FIELD_NUMBER: _ClassVar[int]
     VENDOR_FIELD_NUMBER: _ClassVar[int]
@@ -111,6 +111,11 @@ class DeviceInfo(_message.Message):
     PEAK_FLOPS_FIELD_NUMBER: _ClassVar[int]
     MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
     POWER_CAP_W_FIELD_NUMBER: _ClassVar[int]
+    PCI_BUS_ID_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_PARTITION_FIELD_NUMBER: _ClassVar[int]
+    CHIP_UUID_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_SHARE_FIELD_NUMBER: _ClassVar[int]
     node: str
     gpu: int
     vendor: str
@@ -120,7 +125,12 @@ class DeviceInfo(_message.Message):
     peak_flops: float
     memory_bytes: int
     power_cap_w: float
-    def __init__(self, node: _Optional[str] = ..., gpu: _Optional[int] = ..., vendor: _Optional[str] = ..., model: _Optional[str] = ..., uuid: _Optional[str] = ..., max_gfx_clock_mhz: _Optional[float] = ..., peak_flops: _Optional[float] = ..., memory_bytes: _Optional[int] = ..., power_cap_w: _Optional[float] = ...) -> None: ...
+    pci_bus_id: str
+    partition: str
+    memory_partition: str
+    chip_uuid: str
+    compute_share: float
+    def __init__(self, node: _Optional[str] = ..., gpu: _Optional[int] = ..., vendor: _Optional[str] = ..., model: _Optional[str] = ..., uuid: _Optional[str] = ..., max_gfx_clock_mhz: _Optional[float] = ..., peak_flops: _Optional[float] = ..., memory_bytes: _Optional[int] = ..., power_cap_w: _Optional[float] = ..., pci_bus_id: _Optional[str] = ..., partition: _Optional[str] = ..., memory_partition: _Optional[str] = ..., chip_uuid: _Optional[str] = ..., compute_share: _Optional[float] = ...) -> None: ...
 
 class AgentInfo(_message.Message):
     __slots__ = ("node", "backend", "version", "sample_hz", "devices")
@@ -137,7 +147,7 @@ class AgentInfo(_message.Message):
     def __init__(self, node: _Optional[str] = ..., backend: _Optional[str] = ..., version: _Optional[str] = ..., sample_hz: _Optional[float] = ..., devices: _Optional[_Iterable[_Union[DeviceInfo, _Mapping]]] = ...) -> None: ...
 
 class Sample(_message.Message):
-    __slots__ = ("ts_ns", "node", "gpu", "gfx_clock_mhz", "mem_clock_mhz", "busy_ratio", "matrix_ratio", "mem_busy_ratio", "power_w", "energy_j", "temp_c", "mem_used_bytes", "link_tx_bytes", "link_rx_bytes", "pcie_tx_bytes", "pcie_rx_bytes", "throttle_power_s", "throttle_thermal_s", "throttle_current_s", "throttle_other_s", "job", "links")
+    __slots__ = ("ts_ns", "node", "gpu", "gfx_clock_mhz", "mem_clock_mhz", "busy_ratio", "matrix_ratio", "mem_busy_ratio", "power_w", "energy_j", "temp_c", "mem_used_bytes", "link_tx_bytes", "link_rx_bytes", "pcie_tx_bytes", "pcie_rx_bytes", "throttle_power_s", "throttle_thermal_s", "throttle_current_s", "throttle_other_s", "job", "links", "errors", "mem_temp_c", "vr_temp_c")
     TS_NS_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
     GPU_FIELD_NUMBER: _ClassVar[int]
@@ -160,6 +170,9 @@ class Sample(_message.Message):
     THROTTLE_OTHER_S_FIELD_NUMBER: _ClassVar[int]
     JOB_FIELD_NUMBER: _ClassVar[int]
     LINKS_FIELD_NUMBER: _ClassVar[int]
+    ERRORS_FIELD_NUMBER: _ClassVar[int]
+    MEM_TEMP_C_FIELD_NUMBER: _ClassVar[int]
+    VR_TEMP_C_FIELD_NUMBER: _ClassVar[int]
     ts_ns: int
     node: str
     gpu: int
@@ -182,7 +195,24 @@ class Sample(_message.Message):
     throttle_other_s: float
     job: str
     links: _containers.RepeatedCompositeFieldContainer[LinkBytes]
-    def __init__(self, ts_ns: _Optional[int] = ..., node: _Optional[str] = ..., gpu: _Optional[int] = ..., gfx_clock_mhz: _Optional[float] = ..., mem_clock_mhz: _Optional[float] = ..., busy_ratio: _Optional[float] = ..., matrix_ratio: _Optional[float] = ..., mem_busy_ratio: _Optional[float] = ..., power_w: _Optional[float] = ..., energy_j: _Optional[float] = ..., temp_c: _Optional[float] = ..., mem_used_bytes: _Optional[float] = ..., link_tx_bytes: _Optional[float] = ..., link_rx_bytes: _Optional[float] = ..., pcie_tx_bytes: _Optional[float] = ..., pcie_rx_bytes: _Optional[float] = ..., throttle_power_s: _Optional[float] = ..., throttle_thermal_s: _Optional[float] = ..., throttle_current_s: _Optional[float] = ..., throttle_other_s: _Optional[float] = ..., job: _Optional[str] = ..., links: _Optional[_Iterable[_Union[LinkBytes, _Mapping]]] = ...) -> None: ...
+    errors: _containers.RepeatedCompositeFieldContainer[ErrorCount]
+    mem_temp_c: float
+    vr_temp_c: float
+    def __init__(self, ts_ns: _Optional[int] = ..., node: _Optional[str] = ..., gpu: _Optional[int] = ..., gfx_clock_mhz: _Optional[float] = ..., mem_clock_mhz: _Optional[float] = ..., busy_ratio: _Optional[float] = ..., matrix_ratio: _Optional[float] = ..., mem_busy_ratio: _Optional[float] = ..., power_w: _Optional[float] = ..., energy_j: _Optional[float] = ..., temp_c: _Optional[float] = ..., mem_used_bytes: _Optional[float] = ..., link_tx_bytes: _Optional[float] = ..., link_rx_bytes: _Optional[float] = ..., pcie_tx_bytes: _Optional[float] = ..., pcie_rx_bytes: _Optional[float] = ..., throttle_power_s: _Optional[float] = ..., throttle_thermal_s: _Optional[float] = ..., throttle_current_s: _Optional[float] = ..., throttle_other_s: _Optional[float] = ..., job: _Optional[str] = ..., links: _Optional[_Iterable[_Union[LinkBytes, _Mapping]]] = ..., errors: _Optional[_Iterable[_Union[ErrorCount, _Mapping]]] = ..., mem_temp_c: _Optional[float] = ..., vr_temp_c: _Optional[float] = ...) -> None: ...
+
+class ErrorCount(_message.Message):
+    __slots__ = ("kind", "window", "detail", "value", "chip_wide")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    CHIP_WIDE_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    window: str
+    detail: str
+    value: float
+    chip_wide: bool
+    def __init__(self, kind: _Optional[str] = ..., window: _Optional[str] = ..., detail: _Optional[str] = ..., value: _Optional[float] = ..., chip_wide: _Optional[bool] = ...) -> None: ...
 
 class LinkBytes(_message.Message):
     __slots__ = ("link", "tx_bytes", "rx_bytes")
@@ -283,7 +313,7 @@ class MarkerRecord(_message.Message):
     def __init__(self, job: _Optional[str] = ..., node: _Optional[str] = ..., rank: _Optional[int] = ..., gpu: _Optional[int] = ..., marker: _Optional[_Union[Marker, _Mapping]] = ...) -> None: ...
 
 class StepSummary(_message.Message):
-    __slots__ = ("job", "node", "rank", "gpu", "step", "begin_ns", "end_ns", "step_time_s", "flops", "tokens", "phases", "collectives", "mean_gfx_clock_mhz", "min_gfx_clock_mhz", "mean_power_w", "energy_j", "max_temp_c", "busy_ratio", "clock", "ideal_s", "matrix_util_loss_s", "compute_at_clock_s", "dvfs_loss_s", "dvfs_power_s", "dvfs_thermal_s", "dvfs_current_s", "dvfs_other_s", "dvfs_unattributed_s", "exposed_comm_s", "idle_s", "mfu", "matrix_ratio", "tokens_per_s", "tokens_per_j", "flags", "collective_s", "phase_times", "collective_bytes", "link_tx_bytes", "link_rx_bytes", "inspector_collective_s", "inspector_bytes", "inspector_collectives", "collective_source")
+    __slots__ = ("job", "node", "rank", "gpu", "step", "begin_ns", "end_ns", "step_time_s", "flops", "tokens", "phases", "collectives", "mean_gfx_clock_mhz", "min_gfx_clock_mhz", "mean_power_w", "energy_j", "max_temp_c", "busy_ratio", "clock", "ideal_s", "matrix_util_loss_s", "compute_at_clock_s", "dvfs_loss_s", "dvfs_power_s", "dvfs_thermal_s", "dvfs_current_s", "dvfs_other_s", "dvfs_unattributed_s", "exposed_comm_s", "idle_s", "mfu", "matrix_ratio", "tokens_per_s", "tokens_per_j", "flags", "collective_s", "phase_times", "collective_bytes", "link_tx_bytes", "link_rx_bytes", "inspector_collective_s", "inspector_bytes", "inspector_collectives", "collective_source", "gpu_errors")
     JOB_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
@@ -328,6 +358,7 @@ class StepSummary(_message.Message):
     INSPECTOR_BYTES_FIELD_NUMBER: _ClassVar[int]
     INSPECTOR_COLLECTIVES_FIELD_NUMBER: _ClassVar[int]
     COLLECTIVE_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    GPU_ERRORS_FIELD_NUMBER: _ClassVar[int]
     job: str
     node: str
     rank: int
@@ -372,7 +403,8 @@ class StepSummary(_message.Message):
     inspector_bytes: float
     inspector_collectives: int
     collective_source: CollectiveSource
-    def __init__(self, job: _Optional[str] = ..., node: _Optional[str] = ..., rank: _Optional[int] = ..., gpu: _Optional[int] = ..., step: _Optional[int] = ..., begin_ns: _Optional[int] = ..., end_ns: _Optional[int] = ..., step_time_s: _Optional[float] = ..., flops: _Optional[float] = ..., tokens: _Optional[int] = ..., phases: _Optional[int] = ..., collectives: _Optional[int] = ..., mean_gfx_clock_mhz: _Optional[float] = ..., min_gfx_clock_mhz: _Optional[float] = ..., mean_power_w: _Optional[float] = ..., energy_j: _Optional[float] = ..., max_temp_c: _Optional[float] = ..., busy_ratio: _Optional[float] = ..., clock: _Optional[_Union[ClockSource, str]] = ..., ideal_s: _Optional[float] = ..., matrix_util_loss_s: _Optional[float] = ..., compute_at_clock_s: _Optional[float] = ..., dvfs_loss_s: _Optional[float] = ..., dvfs_power_s: _Optional[float] = ..., dvfs_thermal_s: _Optional[float] = ..., dvfs_current_s: _Optional[float] = ..., dvfs_other_s: _Optional[float] = ..., dvfs_unattributed_s: _Optional[float] = ..., exposed_comm_s: _Optional[float] = ..., idle_s: _Optional[float] = ..., mfu: _Optional[float] = ..., matrix_ratio: _Optional[float] = ..., tokens_per_s: _Optional[float] = ..., tokens_per_j: _Optional[float] = ..., flags: _Optional[_Iterable[str]] = ..., collective_s: _Optional[float] = ..., phase_times: _Optional[_Iterable[_Union[PhaseTime, _Mapping]]] = ..., collective_bytes: _Optional[float] = ..., link_tx_bytes: _Optional[float] = ..., link_rx_bytes: _Optional[float] = ..., inspector_collective_s: _Optional[float] = ..., inspector_bytes: _Optional[float] = ..., inspector_collectives: _Optional[int] = ..., collective_source: _Optional[_Union[CollectiveSource, str]] = ...) -> None: ...
+    gpu_errors: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, job: _Optional[str] = ..., node: _Optional[str] = ..., rank: _Optional[int] = ..., gpu: _Optional[int] = ..., step: _Optional[int] = ..., begin_ns: _Optional[int] = ..., end_ns: _Optional[int] = ..., step_time_s: _Optional[float] = ..., flops: _Optional[float] = ..., tokens: _Optional[int] = ..., phases: _Optional[int] = ..., collectives: _Optional[int] = ..., mean_gfx_clock_mhz: _Optional[float] = ..., min_gfx_clock_mhz: _Optional[float] = ..., mean_power_w: _Optional[float] = ..., energy_j: _Optional[float] = ..., max_temp_c: _Optional[float] = ..., busy_ratio: _Optional[float] = ..., clock: _Optional[_Union[ClockSource, str]] = ..., ideal_s: _Optional[float] = ..., matrix_util_loss_s: _Optional[float] = ..., compute_at_clock_s: _Optional[float] = ..., dvfs_loss_s: _Optional[float] = ..., dvfs_power_s: _Optional[float] = ..., dvfs_thermal_s: _Optional[float] = ..., dvfs_current_s: _Optional[float] = ..., dvfs_other_s: _Optional[float] = ..., dvfs_unattributed_s: _Optional[float] = ..., exposed_comm_s: _Optional[float] = ..., idle_s: _Optional[float] = ..., mfu: _Optional[float] = ..., matrix_ratio: _Optional[float] = ..., tokens_per_s: _Optional[float] = ..., tokens_per_j: _Optional[float] = ..., flags: _Optional[_Iterable[str]] = ..., collective_s: _Optional[float] = ..., phase_times: _Optional[_Iterable[_Union[PhaseTime, _Mapping]]] = ..., collective_bytes: _Optional[float] = ..., link_tx_bytes: _Optional[float] = ..., link_rx_bytes: _Optional[float] = ..., inspector_collective_s: _Optional[float] = ..., inspector_bytes: _Optional[float] = ..., inspector_collectives: _Optional[int] = ..., collective_source: _Optional[_Union[CollectiveSource, str]] = ..., gpu_errors: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class PhaseTime(_message.Message):
     __slots__ = ("name", "seconds")
