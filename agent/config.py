@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from chopper.daemon import settings as _settings
 from chopper.daemon.serving import access_field, check_server_access
-from chopper.daemon.settings import MAX_MESSAGE_BYTES, ConfigError, is_host_port
+from chopper.daemon.settings import MAX_MESSAGE_BYTES, ConfigError, check_job_label, is_host_port, job_label_field
 
 BACKENDS = ("auto", "amd", "nvidia", "simulated", "replay")
 ENV_PREFIX = "CHOPPER_AGENT_"
@@ -62,6 +62,7 @@ class AgentSettings:
     )
     aggregator_tls_key: str = field(default="", metadata={"help": "PEM private key of aggregator_tls_cert"})
     peak_flops: float = field(default=0.0, metadata={"help": "override peak dense BF16 FLOP/s per GPU (0: spec)"})
+    job_label: str = job_label_field()
     sim_model: str = field(default="MI300X", metadata={"help": "simulated backend: GPU model"})
     sim_gpus: int = field(default=8, metadata={"help": "simulated backend: number of GPUs"})
     sim_seed: int = field(default=0, metadata={"help": "simulated backend: random seed"})
@@ -152,6 +153,8 @@ def _check(s: AgentSettings) -> None:
                            ("summary_buffer", 1000, 100_000_000), ("max_message_bytes", 64 * 1024, MAX_MESSAGE_BYTES)):
         if not low <= getattr(s, key) <= high:
             raise bad(key, f"is out of range; use {low} to {high}")
+    if (why := check_job_label(s.job_label)) is not None:
+        raise bad("job_label", why)
     if s.peak_flops < 0:
         raise bad("peak_flops", "is negative; use 0 for the data-sheet value or a FLOP/s figure")
     if s.sim_gpus < 1 or s.sim_gpus > 64:

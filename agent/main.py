@@ -63,7 +63,7 @@ def _serve(settings: AgentSettings, stop: StopSignals) -> int:
         return 2
     # /metrics first: an agent that cannot bind it exits before any trainer or consumer reached its socket.
     registry = CollectorRegistry(auto_describe=False)
-    collector = AgentCollector(agent.view)
+    collector = AgentCollector(agent.view, job_label=settings.job_label)
     registry.register(collector)
     try:
         httpd, metrics_thread, metrics_addr = serve_metrics(settings.metrics_listen, registry)

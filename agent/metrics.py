@@ -23,7 +23,7 @@ from agent.catalog import BY_NAME
 from agent.positions import NameLabels
 from chopper import __version__
 from chopper.daemon.auth import Reloaded
-from chopper.daemon.exposition import Families, Sections
+from chopper.daemon.exposition import JOB_LABEL, Families, Sections
 from chopper.positions import where
 from chopper.proto.chopper.v1 import agent_pb2 as pb
 from chopper.schema import THROTTLE_CAUSES, MarkerKind
@@ -62,6 +62,7 @@ class AgentCollector(Collector):
     Args:
         view: The agent's view (``Agent.view``); the collector holds nothing else of the agent.
         clock: Monotonic seconds, for the rate at which failing sections are logged.
+        job_label: The label the training job is exported under (the ``job_label`` setting).
 
     Attributes:
         view: What every scrape reads.
@@ -70,8 +71,10 @@ class AgentCollector(Collector):
             agent serves (``agent/main.py``; /metrics starts first). Their reloads are counted there.
     """
 
-    def __init__(self, view: AgentView, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, view: AgentView, clock: Callable[[], float] = time.monotonic,
+                 job_label: str = JOB_LABEL) -> None:
         self.view = view
+        self.job_label = job_label
         self.files: dict[str, Reloaded] = {}
         # In the order of catalog.SECTIONS, which documents them (a test keeps the two equal).
         self.fills: dict[str, Callable[[Families], None]] = {
@@ -84,7 +87,7 @@ class AgentCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         """Every section on its own (one that raises is counted and left out), then the failure counts."""
-        fam = Families(BY_NAME)
+        fam = Families(BY_NAME, self.job_label)
         for name, fill in self.fills.items():
             self.sections.run(fam, name, fill)
         self.sections.export(fam, "chopper_agent_metrics_section_errors_total", (self.view.node,))

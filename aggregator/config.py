@@ -13,7 +13,7 @@ from pathlib import Path
 
 from chopper.daemon import settings as _settings
 from chopper.daemon.serving import access_field, check_server_access
-from chopper.daemon.settings import MAX_MESSAGE_BYTES, ConfigError, is_host_port
+from chopper.daemon.settings import MAX_MESSAGE_BYTES, ConfigError, check_job_label, is_host_port, job_label_field
 
 ENV_PREFIX = "CHOPPER_AGGREGATOR_"
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -35,6 +35,7 @@ class AggregatorSettings:
     )
     flush_rows: int = field(default=50_000, metadata={"help": "write the store once this many rows are buffered"})
     flush_interval_s: float = field(default=10.0, metadata={"help": "write buffered rows at least this often, s"})
+    job_label: str = job_label_field()
     wal_commit_interval_s: float = field(
         default=0.02, metadata={"help": "write-ahead log (in store_dir/_wal): fsync at most this often; acks wait "
                                         "for it, s"}
@@ -83,6 +84,8 @@ def _check(s: AggregatorSettings) -> None:
         raise bad("store_dir", "exists and is not a directory; point it at a directory")
     if s.flush_rows < 1:
         raise bad("flush_rows", "must be at least 1")
+    if (why := check_job_label(s.job_label)) is not None:
+        raise bad("job_label", why)
     if not 0 < s.flush_interval_s <= 3600:
         raise bad("flush_interval_s", "is out of range; use more than 0 and at most 3600 seconds")
     if not 0 <= s.wal_commit_interval_s <= 1:

@@ -91,7 +91,8 @@ def _serve(settings: AggregatorSettings, stop: StopSignals) -> int:
     registry = CollectorRegistry(auto_describe=False)
     tls = server.tls
     files: dict[str, Reloaded] = {"tls": tls.files} if tls is not None else {}
-    registry.register(AggregatorCollector(core, settings.rank_series_top_k, tls=files.get("tls")))
+    registry.register(AggregatorCollector(core, settings.rank_series_top_k, tls=files.get("tls"),
+                                            job_label=settings.job_label))
     try:
         httpd, metrics_thread, metrics_addr = serve_metrics(settings.metrics_listen, registry)
     except OSError as exc:

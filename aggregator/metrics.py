@@ -26,7 +26,7 @@ from aggregator.jobs import CAUSES, WINDOWS_S, JobState, RankState
 from aggregator.service import Aggregator
 from chopper import __version__
 from chopper.daemon.auth import Reloaded
-from chopper.daemon.exposition import Families, Sections
+from chopper.daemon.exposition import JOB_LABEL, Families, Sections
 
 WINDOW_NAMES = {60: "1m", 300: "5m"}
 
@@ -50,18 +50,20 @@ class AggregatorCollector(Collector):
         rank_series_top_k: Per-rank series for the k worst ranks of larger jobs; 0: all.
         tls: The TLS files the running gRPC server re-reads (``ServerTLS.files``); None: plaintext.
         clock: Monotonic seconds of the failure log's rate limit (injected in tests).
+        job_label: The label the training job is exported under (the ``job_label`` setting).
     """
 
     def __init__(self, core: Aggregator, rank_series_top_k: int = 0, tls: Reloaded | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, job_label: str = JOB_LABEL) -> None:
         self.core = core
+        self.job_label = job_label
         self.top_k = rank_series_top_k
         self.tls = tls
         self.sections = Sections(SECTIONS, logger, clock)
 
     def collect(self) -> Iterator[Metric]:
         """The sections of ``catalog.SECTIONS``, each on its own (one that raises is counted and left out)."""
-        fam = Families(BY_NAME)
+        fam = Families(BY_NAME, self.job_label)
         run = self.sections.run
         with self.core.lock:
             now = self.core.clock()

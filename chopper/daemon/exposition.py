@@ -52,15 +52,25 @@ class MetricSpec:
     labels: tuple[str, ...]
 
 
+# The label that names the training job in the catalogs; it never collides with Prometheus' own ``job``
+# (the scrape job), so a plain scrape config needs no honor_labels (docs/METRICS.md).
+JOB_LABEL = "training_job"
+# Values of the daemons' job_label setting: the label the training job is exported under. "job" is the
+# behaviour of earlier releases (it needs honor_labels: true), kept for one release.
+JOB_LABELS = (JOB_LABEL, "job")
+
+
 class Families:
     """The families of one scrape, created from the catalog on first use.
 
     Args:
         catalog: The daemon's specs by name; adding a name it lacks raises ``KeyError``.
+        job_label: The label name the catalog's ``JOB_LABEL`` is exported under (``JOB_LABELS``).
     """
 
-    def __init__(self, catalog: Mapping[str, MetricSpec]) -> None:
+    def __init__(self, catalog: Mapping[str, MetricSpec], job_label: str = JOB_LABEL) -> None:
         self._catalog = catalog
+        self._job_label = job_label
         self._families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {}
 
     def add(self, name: str, labels: tuple[str, ...], value: float | None) -> None:
@@ -71,12 +81,14 @@ class Families:
         if family is None:
             spec = self._catalog[name]
             kind = CounterMetricFamily if spec.kind == "counter" else GaugeMetricFamily
-            family = self._families[name] = kind(name, spec.help, labels=spec.labels)
+            labels_of = spec.labels if self._job_label == JOB_LABEL else tuple(
+                self._job_label if label == JOB_LABEL else label for label in spec.labels)
+            family = self._families[name] = kind(name, spec.help, labels=labels_of)
         family.add_metric(list(labels), value)
 
     def part(self) -> Families:
         """An empty ``Families`` of the same catalog, for one section to fill before ``merge``."""
-        return Families(self._catalog)
+        return Families(self._catalog, self._job_label)
 
     def merge(self, part: Families) -> None:
         """Take in the series of ``part`` (a family both hold gets the other's samples after its own)."""

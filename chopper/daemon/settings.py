@@ -364,3 +364,19 @@ def _read_yaml(path: Path, known: Sequence[str]) -> dict[str, Any]:
             f"config file {path}: unknown setting(s) {', '.join(unknown)}; known settings are {', '.join(known)}"
         )
     return data
+
+
+def job_label_field() -> Any:
+    """The ``job_label`` setting both daemons share (``chopper.daemon.exposition.JOB_LABELS``)."""
+    from chopper.daemon.exposition import JOB_LABEL, JOB_LABELS
+
+    return dataclasses.field(default=JOB_LABEL, metadata={"help": (
+        f"label that names the training job on /metrics: {JOB_LABEL} (never collides with Prometheus' scrape "
+        f"label job), or {JOB_LABELS[1]} as in earlier releases (needs honor_labels: true; for one release)")})
+
+
+def check_job_label(value: str) -> str | None:
+    """Why ``value`` is not a ``job_label`` setting, or None when it is one."""
+    from chopper.daemon.exposition import JOB_LABELS
+
+    return None if value in JOB_LABELS else f"is not a job label; use one of {', '.join(JOB_LABELS)}"
