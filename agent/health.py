@@ -66,6 +66,7 @@ class GpuHealth:
     """What the tracker holds for one GPU: latest values, their reading time, recent events."""
 
     values: dict[tuple[str, str, str], ErrorCount] = field(default_factory=dict)
+    readings: int = 0
     read_ns: int = 0
     events: deque[HealthEvent] = field(default_factory=lambda: deque(maxlen=MAX_EVENTS))
 
@@ -91,7 +92,7 @@ class HealthTracker:
     def update(self, gpu: int, ts_ns: int, errors: tuple[ErrorCount, ...]) -> None:
         """Take one health reading of ``gpu`` at ``ts_ns``; record what grew since the last one."""
         h = self._gpus.setdefault(gpu, GpuHealth())
-        first = not h.values
+        first = h.readings == 0
         for e in self._bounded(h, errors):
             key = (e.kind, e.window, e.detail)
             old = h.values.get(key)
@@ -99,6 +100,7 @@ class HealthTracker:
             if not first and ERROR_KINDS.get(e.kind) in ("counter", "gauge") and e.value > before:
                 h.events.append(HealthEvent(h.read_ns, ts_ns, e.kind, e.detail, e.value - before))
             h.values[key] = e
+        h.readings += 1
         h.read_ns = ts_ns
 
     @staticmethod
@@ -125,16 +127,16 @@ class HealthTracker:
     def status(self, gpu: int, now_ns: int) -> int | None:
         """``HEALTHY``, ``WARNING`` or ``CRITICAL`` (module docstring); None before a reading."""
         h = self._gpus.get(gpu)
-        if h is None or not h.values:
+        if h is None or not h.readings:
             return None
         worst = HEALTHY
         for e in h.events:
             if now_ns - e.at_ns <= STATUS_WINDOW_NS:
                 worst = max(worst, _severity(e))
-        for (kind, _, _), e in h.values.items():
-            if e.value > 0 and kind in _REPAIR_STATES:
+        for (kind, _, _), count in h.values.items():
+            if count.value > 0 and kind in _REPAIR_STATES:
                 worst = max(worst, CRITICAL if kind == "remap_failed" else WARNING)
-            elif e.value > 0 and kind == "xgmi_error":
+            elif count.value > 0 and kind == "xgmi_error":
                 worst = max(worst, WARNING)
         return worst
 

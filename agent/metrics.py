@@ -26,30 +26,41 @@ from chopper.daemon.auth import Reloaded
 from chopper.daemon.exposition import JOB_LABEL, Families, Sections
 from chopper.positions import where
 from chopper.proto.chopper.v1 import agent_pb2 as pb
-from chopper.schema import THROTTLE_CAUSES, MarkerKind
+from chopper.schema import THROTTLE_CAUSES, ErrorCount, MarkerKind
 
 if TYPE_CHECKING:
     from agent.state import AgentView
 
 MHZ = 1e6
-# ErrorCount kind -> (metric, its labels after GPU and before scope, from the count's window and detail).
-_HEALTH_FAMILIES: dict[str, tuple[str, Callable[[str, str], tuple[str, ...]]]] = {
-    "xid": ("chopper_gpu_xid_errors_total", lambda w, d: (d,)),
-    **{f"ecc_{sev}": ("chopper_gpu_ecc_errors_total", lambda w, d, sev=sev: (sev, w, d or "total"))
-       for sev in ("corrected", "uncorrected", "deferred")},
-    "retired_pages": ("chopper_gpu_retired_pages", lambda w, d: (d,)),
-    "bad_pages": ("chopper_gpu_bad_pages", lambda w, d: (d,)),
-    "remapped_rows": ("chopper_gpu_remapped_rows", lambda w, d: (d,)),
-    **{state: ("chopper_gpu_memory_repair_state", lambda w, d, state=state: (state,))
-       for state in ("retirement_pending", "remap_pending", "remap_failed")},
-    "pcie_replay": ("chopper_gpu_pcie_replays_total", lambda w, d: ()),
-    "pcie_nak_sent": ("chopper_gpu_pcie_naks_total", lambda w, d: ("sent",)),
-    "pcie_nak_received": ("chopper_gpu_pcie_naks_total", lambda w, d: ("received",)),
-    "link_crc": ("chopper_gpu_link_errors_total", lambda w, d: (f"crc_{d}" if d else "crc",)),
-    "link_replay": ("chopper_gpu_link_errors_total", lambda w, d: ("replay",)),
-    "link_recovery": ("chopper_gpu_link_errors_total", lambda w, d: ("recovery",)),
-    "xgmi_error": ("chopper_gpu_xgmi_error_state", lambda w, d: ()),
+# ErrorCount kinds -> the metric that carries them; the labels after GPU are _health_labels'.
+_HEALTH_METRICS: dict[str, str] = {
+    "xid": "chopper_gpu_xid_errors_total",
+    **dict.fromkeys(("ecc_corrected", "ecc_uncorrected", "ecc_deferred"), "chopper_gpu_ecc_errors_total"),
+    "retired_pages": "chopper_gpu_retired_pages",
+    "bad_pages": "chopper_gpu_bad_pages",
+    "remapped_rows": "chopper_gpu_remapped_rows",
+    **dict.fromkeys(("retirement_pending", "remap_pending", "remap_failed"), "chopper_gpu_memory_repair_state"),
+    "pcie_replay": "chopper_gpu_pcie_replays_total",
+    **dict.fromkeys(("pcie_nak_sent", "pcie_nak_received"), "chopper_gpu_pcie_naks_total"),
+    **dict.fromkeys(("link_crc", "link_replay", "link_recovery"), "chopper_gpu_link_errors_total"),
+    "xgmi_error": "chopper_gpu_xgmi_error_state",
 }
+
+
+def _health_labels(e: ErrorCount) -> tuple[str, ...]:
+    """The catalog labels of ``e``'s metric between the GPU's and ``scope``."""
+    kind = e.kind
+    if kind.startswith("ecc_"):
+        return kind.removeprefix("ecc_"), e.window, e.detail or "total"
+    if kind in ("retirement_pending", "remap_pending", "remap_failed"):
+        return (kind,)
+    if kind.startswith("pcie_nak_"):
+        return (kind.removeprefix("pcie_nak_"),)
+    if kind == "link_crc":
+        return (f"crc_{e.detail}" if e.detail else "crc",)
+    if kind.startswith("link_"):
+        return (kind.removeprefix("link_"),)
+    return () if kind in ("pcie_replay", "xgmi_error") else (e.detail,)
 # Every RPC of the Agent service, each with its undecodable-message count (0 until one arrives).
 AGENT_METHODS = tuple(m.name for m in pb.DESCRIPTOR.services_by_name["Agent"].methods)
 
@@ -140,10 +151,9 @@ class AgentCollector(Collector):
             if status is not None:
                 fam.add("chopper_gpu_health_status", gl, float(status))
             for e in counters:
-                family = _HEALTH_FAMILIES.get(e.kind)
-                if family is not None:  # a kind newer than this agent's table
-                    name, labels = family
-                    fam.add(name, (*gl, *labels(e.window, e.detail), "chip" if e.chip_wide else "device"), e.value)
+                name = _HEALTH_METRICS.get(e.kind)
+                if name is not None:  # a kind newer than this agent's table is left out
+                    fam.add(name, (*gl, *_health_labels(e), "chip" if e.chip_wide else "device"), e.value)
 
     def _workloads(self, fam: Families) -> None:
         node = self.view.node

@@ -20,4 +20,4 @@ def attribute_run(path: str | Path, job: str | None = None) -> Attribution:
     from chopper.runs.rundir import read_run
 
     run = read_run(path)
-    return attribute(run.devices, run.samples, run.markers, job=job, collectives=run.collectives)
+    return attribute(run.devices, run.samples, run.markers, job=job, collectives=run.collectives, errors=run.errors)

@@ -42,6 +42,10 @@ COLLECTIVE_COLUMNS: tuple[str, ...] = (
 # none. Live summaries carry them as StepSummary fields; rows read from the aggregator's store do
 # not. Beside collective_bytes they show traffic no collective claims (docs/ATTRIBUTION.md).
 LINK_COLUMNS: tuple[str, ...] = ("link_tx_bytes", "link_rx_bytes")
+# Offline rows also carry ``gpu_errors``: the kinds of the step's GPU's health counters that moved
+# during the step (``gpu_errors.moved_kinds``), a sorted tuple, empty for most steps; the step then
+# carries the flag gpu_errors. Live summaries carry them as StepSummary.gpu_errors.
+HEALTH_COLUMNS: tuple[str, ...] = ("gpu_errors",)
 # Columns a reader of stored rows may find missing (rows written before they existed): filled empty.
 OPTIONAL_COLUMNS: tuple[str, ...] = ("phase_s",)
 

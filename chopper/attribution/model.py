@@ -32,9 +32,16 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from chopper.attribution import dvfs, exposed_comm, ideal, idle, matrix_util, phases, straggler
+from chopper.attribution import dvfs, exposed_comm, gpu_errors, ideal, idle, matrix_util, phases, straggler
 from chopper.attribution.collective_source import SOURCE_LABELS, Intervals, step_collectives
-from chopper.attribution.columns import COLLECTIVE_COLUMNS, DVFS_CAUSES, FLAGS, LINK_COLUMNS, STEP_COLUMNS
+from chopper.attribution.columns import (
+    COLLECTIVE_COLUMNS,
+    DVFS_CAUSES,
+    FLAGS,
+    HEALTH_COLUMNS,
+    LINK_COLUMNS,
+    STEP_COLUMNS,
+)
 from chopper.attribution.markers import STEP_KEY, inspector_intervals, marker_tables
 from chopper.attribution.timeline import F64, GpuTimeline
 from chopper.schema import THROTTLE_CAUSES
@@ -57,7 +64,8 @@ class Attribution:
 
     Attributes:
         steps: One row per (job, rank, step) with ``columns.STEP_COLUMNS`` (and, from
-            ``attribute``, ``columns.COLLECTIVE_COLUMNS`` and ``columns.LINK_COLUMNS``).
+            ``attribute``, ``columns.COLLECTIVE_COLUMNS``, ``columns.LINK_COLUMNS`` and
+            ``columns.HEALTH_COLUMNS``).
         stragglers: The slowest rank of every multi-rank step with its evidence.
         problems: Markers that could not be used, one line per (job, rank) and kind.
     """
@@ -192,7 +200,7 @@ def flag_tuples(conditions: dict[str, npt.NDArray[Any]]) -> list[tuple[str, ...]
 
 def attribute(
     devices: pd.DataFrame, samples: pd.DataFrame, markers: pd.DataFrame, job: str | None = None,
-    collectives: pd.DataFrame | None = None,
+    collectives: pd.DataFrame | None = None, errors: pd.DataFrame | None = None,
 ) -> Attribution:
     """Attribute every step of every rank (module docstring, steps 1-6).
 
@@ -203,6 +211,8 @@ def attribute(
         job: Only this job; all jobs when None.
         collectives: The run's Inspector collective records (``rundir.COLLECTIVE_COLUMNS``); None
             or empty: the markers' collectives only.
+        errors: The run's health counters (``chopper.schema.ERROR_COLUMNS``); None or empty: no
+            step is flagged ``gpu_errors``.
 
     Raises:
         AttributionError: Samples that contradict the data model (repeated timestamps, counters
@@ -256,6 +266,7 @@ def attribute(
         **{k: steps[k] for k in ("job", "rank", "step", "node", "gpu", "begin_ns", "end_ns")},
         **{k: v for k, v in terms.items() if k not in ROW_FLAGS},
     })
+    out["gpu_errors"] = gpu_errors.moved_kinds(out, errors)
     out = straggler.straggler_wait(out)
     slow = straggler.slowest_ranks(out)
     # A left merge leaves the slowest ranks' rows marked and the others NaN.
@@ -263,6 +274,7 @@ def attribute(
     conditions = {k: terms[k] for k in ROW_FLAGS}
     conditions["slowest_rank"] = slowest.notna().to_numpy(dtype=bool)
     conditions["inspector_unplaced"] = inspector.unplaced
+    conditions["gpu_errors"] = out["gpu_errors"].map(bool).to_numpy(dtype=bool)
     out["flags"] = flag_tuples(conditions) if n else []
     out["phase_s"] = phase_s
     out["collective_source"] = [SOURCE_LABELS[int(s)] for s in coll["source"]]
@@ -270,7 +282,8 @@ def attribute(
     out["inspector_collectives"] = coll["inspector_count"]
     for name in ("collective_s", "collective_bytes", "inspector_collective_s", "inspector_bytes"):
         out[name] = coll[name]
-    return Attribution(out[[*STEP_COLUMNS, *COLLECTIVE_COLUMNS, *LINK_COLUMNS]].reset_index(drop=True), slow,
+    return Attribution(out[[*STEP_COLUMNS, *COLLECTIVE_COLUMNS, *LINK_COLUMNS, *HEALTH_COLUMNS]].reset_index(drop=True),
+                       slow,
                        problems)
 
 

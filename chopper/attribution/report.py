@@ -98,6 +98,8 @@ def to_json(result: Attribution) -> dict[str, Any]:
             item["collectives"] = {key: _clean(row[column]) for column, key in COLLECTIVE_KEYS.items()}
         if "link_tx_bytes" in row:
             item["links"] = {"tx_bytes": _clean(row["link_tx_bytes"]), "rx_bytes": _clean(row["link_rx_bytes"])}
+        if "gpu_errors" in row:
+            item["gpu_errors"] = list(row["gpu_errors"])
         rows.append(item)
     return {"steps": rows, "summary": summary(result)}
 
@@ -120,6 +122,16 @@ def _collective_line(steps: pd.DataFrame) -> str:
         line += (f"; markers and Inspector differ by {1e3 * disagreement.mean():.1f} ms per rank-step "
                  f"(mean of {len(disagreement)})")
     return line
+
+
+def _gpu_errors_line(steps: pd.DataFrame) -> list[str]:
+    """One job's rank-steps whose GPU's health counters moved, with the kinds and ranks; none: no line."""
+    flagged = steps[steps["gpu_errors"].map(bool)]
+    if flagged.empty:
+        return []
+    kinds = sorted({k for ks in flagged["gpu_errors"] for k in ks})
+    ranks = " ".join(str(r) for r in sorted(flagged["rank"].unique()))
+    return [f"  GPU errors during {len(flagged)} rank-steps (flag gpu_errors): {', '.join(kinds)}; ranks {ranks}"]
 
 
 def format_table(result: Attribution) -> str:
@@ -151,6 +163,8 @@ def format_table(result: Attribution) -> str:
             lines.append(f"  phases, mean per rank-step: {per_step}")
         if "collective_source" in result.steps:
             lines.append(_collective_line(result.steps[result.steps["job"] == job["job"]]))
+        if "gpu_errors" in result.steps:
+            lines += _gpu_errors_line(result.steps[result.steps["job"] == job["job"]])
     slow = result.stragglers
     if len(slow):
         worst = slow.sort_values("compute_excess_s", ascending=False).head(5)
@@ -161,6 +175,7 @@ def format_table(result: Attribution) -> str:
                 f" +{1e3 * s.compute_excess_s:.1f} ms compute, clock {s.mean_gfx_clock_mhz:.0f}"
                 f" vs median {s.job_median_gfx_clock_mhz:.0f} MHz,"
                 f" max {s.max_temp_c:.0f} C, cause {s.cause}"
+                + (f", GPU errors {','.join(s.gpu_errors)}" if getattr(s, "gpu_errors", ()) else "")
             )
     if result.problems:
         lines.append("\nmarkers and Inspector records not used:")

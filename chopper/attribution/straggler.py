@@ -14,7 +14,9 @@ Algorithm, per ``(job, step)`` with at least two ranks:
    It is a *thermal/power/current straggler* when its clock was below the job's median and that
    cause accrued residency, an ``unattributed`` one when its clock was low with no residency, and
    ``none`` when its clock was not low: then the excess is not the hardware's (look at the host,
-   the data loader or the kernels).
+   the data loader or the kernels). Where the steps carry ``gpu_errors`` (the kinds of the GPU's
+   health counters that moved during the step, ``gpu_errors.py``), the evidence names them: a GPU
+   correcting a burst of ECC errors, replaying PCIe or NVLink packets is the first suspect.
 
 Seconds in, seconds out; pandas in, pandas out.
 """
@@ -40,7 +42,7 @@ def straggler_wait(steps: pd.DataFrame) -> pd.DataFrame:
 def slowest_ranks(steps: pd.DataFrame) -> pd.DataFrame:
     """One row per multi-rank ``(job, step)``: the slowest rank and its evidence (module step 2)."""
     columns = ["job", "step", "rank", "node", "gpu", "compute_s", "compute_excess_s", "mean_gfx_clock_mhz",
-               "job_median_gfx_clock_mhz", "max_temp_c", "cause"]
+               "job_median_gfx_clock_mhz", "max_temp_c", "cause", *(["gpu_errors"] if "gpu_errors" in steps else [])]
     steps = steps[steps["compute_s"].notna()]  # a rank whose compute is unknown cannot be compared
     grouped = steps.groupby(JOIN, sort=True)
     size = grouped["rank"].transform("size")

@@ -190,7 +190,8 @@ def build_report(path: str | Path, out: str | Path, *, job: str | None = None,
         stage("reading run")
         run = read_run(path)
         stage("attributing steps")
-        result = attribute(run.devices, run.samples, run.markers, job=job, collectives=run.collectives)
+        result = attribute(run.devices, run.samples, run.markers, job=job, collectives=run.collectives,
+                           errors=run.errors)
         if result.steps.empty:
             problems = "".join(f"\n  {p}" for p in result.problems)
             raise ReportError(f"no complete step in {str(path)!r} (no step_begin/step_end pair); record while a "

@@ -42,7 +42,13 @@ from typing import TYPE_CHECKING, Any, cast
 
 from chopper.runs.rundir import COLLECTIVE_COLUMNS, OPTIONAL_TABLES, TABLES, table_files
 from chopper.schema import (
-    DEVICE_COLUMNS, ERROR_COLUMNS, LINK_COLUMNS, MARKER_COLUMNS, MAX_LINKS, SAMPLE_COLUMNS, MarkerKind,
+    DEVICE_COLUMNS,
+    ERROR_COLUMNS,
+    LINK_COLUMNS,
+    MARKER_COLUMNS,
+    MAX_LINKS,
+    SAMPLE_COLUMNS,
+    MarkerKind,
 )
 
 if TYPE_CHECKING:

@@ -65,7 +65,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from chopper.schema import (
-    DEVICE_COLUMNS, ERROR_COLUMNS, ERROR_KINDS, LINK_COLUMNS, MARKER_COLUMNS, MAX_LINKS, SAMPLE_COLUMNS, MarkerKind,
+    DEVICE_COLUMNS,
+    ERROR_COLUMNS,
+    ERROR_KINDS,
+    LINK_COLUMNS,
+    MARKER_COLUMNS,
+    MAX_LINKS,
+    SAMPLE_COLUMNS,
+    MarkerKind,
 )
 
 if TYPE_CHECKING:

@@ -65,7 +65,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -73,7 +73,7 @@ import numpy.typing as npt
 import pandas as pd
 
 from chopper.runs.rundir import write_run
-from chopper.schema import DEVICE_COLUMNS, MARKER_COLUMNS, SAMPLE_COLUMNS, THROTTLE_CAUSES
+from chopper.schema import DEVICE_COLUMNS, MARKER_COLUMNS, SAMPLE_COLUMNS, THROTTLE_CAUSES, DeviceInfo
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -245,9 +245,8 @@ def _sample_columns(tl: _Timeline, ts_rel: IntArray, first_prev_rel: int, gpu: _
 
 def _device_row(gpu: _Gpu) -> dict[str, object]:
     s = gpu.spec
-    return {"node": gpu.node, "gpu": gpu.gpu, "vendor": s.vendor, "model": s.model,
-            "uuid": f"GPU-{gpu.node}-{gpu.gpu:02d}", "max_gfx_clock_mhz": s.max_gfx_clock_mhz,
-            "peak_flops": s.peak_flops, "memory_bytes": s.memory_bytes, "power_cap_w": s.power_cap_w}
+    return asdict(DeviceInfo(gpu.node, gpu.gpu, s.vendor, s.model, f"GPU-{gpu.node}-{gpu.gpu:02d}",
+                             s.max_gfx_clock_mhz, s.peak_flops, s.memory_bytes, s.power_cap_w))
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,0 +1,72 @@
+"""GPU health on the agent's /metrics: each counter kind in its family, the chip-wide scope, the status."""
+from __future__ import annotations
+
+import time
+
+from agent.backends.simulated import SimulatedBackend
+from agent.config import load_settings
+from agent.daemon import Agent
+from agent.metrics import AgentCollector
+from chopper.schema import ERROR_KINDS, ErrorCount
+from tests.support.scrape import scrape
+
+# One counter of every kind, as a backend reports them (values are counts or 0/1 states).
+READING = (
+    ErrorCount("xid", "", "79", 1.0), ErrorCount("ecc_corrected", "volatile", "umc", 5.0),
+    ErrorCount("ecc_uncorrected", "aggregate", "total", 1.0), ErrorCount("ecc_deferred", "volatile", "gfx", 2.0),
+    ErrorCount("retired_pages", "", "double_bit", 3.0), ErrorCount("retirement_pending", "", "", 0.0),
+    ErrorCount("remapped_rows", "", "uncorrectable", 4.0), ErrorCount("remap_pending", "", "", 1.0),
+    ErrorCount("remap_failed", "", "", 0.0), ErrorCount("bad_pages", "", "retired", 6.0),
+    ErrorCount("pcie_replay", "", "", 7.0), ErrorCount("pcie_nak_sent", "", "", 8.0),
+    ErrorCount("pcie_nak_received", "", "", 9.0), ErrorCount("link_crc", "", "flit", 10.0),
+    ErrorCount("link_replay", "", "", 11.0), ErrorCount("link_recovery", "", "", 12.0),
+    ErrorCount("xgmi_error", "", "", 2.0, chip_wide=True),
+)
+
+
+def _agent() -> Agent:
+    settings = load_settings(["--node", "n1", "--backend", "simulated", "--sim-gpus", "2"], env={})
+    agent = Agent(settings, SimulatedBackend(settings.node, gpus=2), host=None)
+    agent.open_backend()
+    agent.tick(time.time_ns())
+    return agent
+
+
+def _series(m: dict, name: str, **labels: str) -> float:
+    [value] = [v for key, v in m[name].items() if labels.items() <= dict(key).items()]
+    return value
+
+
+def test_every_error_kind_lands_in_its_family_with_its_scope() -> None:
+    assert {e.kind for e in READING} == set(ERROR_KINDS)
+    agent = _agent()
+    now = time.time_ns()
+    agent.health.update(1, now - 10**9, tuple(e._replace(value=0.0) for e in READING))
+    agent.health.update(1, now, READING)
+    m = scrape(AgentCollector(agent.view))
+    g = {"gpu": "1", "scope": "device"}
+    assert _series(m, "chopper_gpu_xid_errors_total", xid="79", **g) == 1.0
+    assert _series(m, "chopper_gpu_ecc_errors_total", severity="corrected", window="volatile", block="umc", **g) == 5
+    assert _series(m, "chopper_gpu_ecc_errors_total", severity="uncorrected", window="aggregate", block="total",
+                   **g) == 1
+    assert _series(m, "chopper_gpu_ecc_errors_total", severity="deferred", block="gfx", **g) == 2
+    assert _series(m, "chopper_gpu_retired_pages", cause="double_bit", **g) == 3
+    assert _series(m, "chopper_gpu_remapped_rows", **{"class": "uncorrectable"}, **g) == 4
+    assert _series(m, "chopper_gpu_memory_repair_state", state="remap_pending", **g) == 1
+    assert _series(m, "chopper_gpu_bad_pages", status="retired", **g) == 6
+    assert _series(m, "chopper_gpu_pcie_replays_total", **g) == 7
+    assert _series(m, "chopper_gpu_pcie_naks_total", direction="received", **g) == 9
+    assert _series(m, "chopper_gpu_link_errors_total", type="crc_flit", **g) == 10
+    assert _series(m, "chopper_gpu_link_errors_total", type="recovery", **g) == 12
+    assert _series(m, "chopper_gpu_xgmi_error_state", gpu="1", scope="chip") == 2
+    # XID 79 and an uncorrected error within the window: critical. GPU 0 has had no reading: no status.
+    assert _series(m, "chopper_gpu_health_status", gpu="1") == 2
+    assert all(dict(key)["gpu"] == "1" for key in m["chopper_gpu_health_status"])
+
+
+def test_identity_and_counter_flops_ride_on_the_gpu_series() -> None:
+    m = scrape(AgentCollector(_agent().view))
+    [info] = [dict(key) for key in m["chopper_gpu_info"] if dict(key)["gpu"] == "0"]
+    assert info["compute_share"] == "1" and info["partition"] == "" and info["chip_uuid"] == info["uuid"]
+    # The simulated backend models matrix activity; its counter-derived FLOP utilisation follows it.
+    assert 0.0 <= _series(m, "chopper_gpu_counter_flops_ratio", gpu="0") <= 1.0
