@@ -17,6 +17,8 @@ from chopper.runs import connect
 if TYPE_CHECKING:
     import pandas as pd
 
+    from chopper.proto.chopper.v1 import agent_pb2 as pb
+
 DEFAULT_AGENT = "unix:///run/chopper/agent.sock"
 
 
@@ -152,14 +154,26 @@ def main(argv: Sequence[str] | None = None) -> int:
             info = consumer.wait_for_info(args.agent, timeout_s=5.0, security=security)
             print(f"node {info.node}  backend {info.backend}  version {info.version}  sample_hz {info.sample_hz:g}")
             for d in info.devices:
-                print(f"  gpu {d.gpu}: {d.vendor} {d.model} uuid={d.uuid} max_clock={d.max_gfx_clock_mhz:g} MHz "
-                      f"peak={d.peak_flops / 1e12:.1f} TFLOP/s memory={d.memory_bytes / 2**30:.0f} GiB "
-                      f"cap={d.power_cap_w:g} W")
+                print(_device_line(d))
             return 0
         return _follow_steps(args.agent, security, args.stalled_after)
     except consumer.AgentUnreachable as exc:
         print(f"chopper: {exc}", file=sys.stderr)
         return 1
+
+
+def _device_line(d: pb.DeviceInfo) -> str:
+    """One ``chopper info`` line of a ``chopper.v1.DeviceInfo``: identity, and for a partition its chip."""
+    line = (f"  gpu {d.gpu}: {d.vendor} {d.model} uuid={d.uuid} max_clock={d.max_gfx_clock_mhz:g} MHz "
+            f"peak={d.peak_flops / 1e12:.1f} TFLOP/s memory={d.memory_bytes / 2**30:.0f} GiB cap={d.power_cap_w:g} W")
+    if d.pci_bus_id:
+        line += f" pci={d.pci_bus_id}"
+    if d.partition:
+        share = d.compute_share or 1.0  # 0: unset by an agent older than partitions
+        line += f" partition={d.partition} ({share:.3g} of chip {d.chip_uuid or '?'})"
+    if d.memory_partition:
+        line += f" memory_partition={d.memory_partition}"
+    return line
 
 
 def _attribute(args: argparse.Namespace) -> int:
