@@ -1,14 +1,18 @@
 """GPU health on the agent's /metrics: each counter kind in its family, the chip-wide scope, the status."""
 from __future__ import annotations
 
+import os
 import time
 
 from agent.backends.simulated import SimulatedBackend
 from agent.config import load_settings
 from agent.daemon import Agent
 from agent.metrics import AgentCollector
+from chopper.proto.chopper.v1 import agent_pb2 as pb
 from chopper.schema import ERROR_KINDS, ErrorCount
 from tests.support.scrape import scrape
+
+MS = 1_000_000
 
 # One counter of every kind, as a backend reports them (values are counts or 0/1 states).
 READING = (
@@ -70,3 +74,32 @@ def test_identity_and_counter_flops_ride_on_the_gpu_series() -> None:
     assert info["compute_share"] == "1" and info["partition"] == "" and info["chip_uuid"] == info["uuid"]
     # The simulated backend models matrix activity; its counter-derived FLOP utilisation follows it.
     assert 0.0 <= _series(m, "chopper_gpu_counter_flops_ratio", gpu="0") <= 1.0
+
+
+def test_a_step_during_which_its_gpu_corrected_errors_is_flagged_live() -> None:
+    """Rank 0 on GPU 1 runs steps 0 and 1; GPU 1's corrected ECC count grows between readings inside step 1."""
+    settings = load_settings(["--node", "n1", "--backend", "simulated", "--sim-gpus", "2", "--sample-hz", "10"],
+                             env={})
+    agent = Agent(settings, SimulatedBackend("n1", gpus=2), host=None)
+    agent.open_backend()
+    t0 = time.time_ns() - 10**9
+    agent.tick(t0)
+    agent.health.update(1, t0, (ErrorCount("ecc_corrected", "volatile", "total", 2.0),))
+    markers = [pb.Marker(kind=pb.MARKER_KIND_STEP_BEGIN, step=0, ts_ns=t0),
+               pb.Marker(kind=pb.MARKER_KIND_STEP_END, step=0, ts_ns=t0 + 100 * MS, flops=1e12, tokens=8),
+               pb.Marker(kind=pb.MARKER_KIND_STEP_BEGIN, step=1, ts_ns=t0 + 100 * MS),
+               pb.Marker(kind=pb.MARKER_KIND_STEP_END, step=1, ts_ns=t0 + 300 * MS, flops=1e12, tokens=8)]
+    assert not agent.push_markers(pb.MarkerBatch(job="j", rank=0, gpu=1, seq=1, pid=os.getpid(),
+                                                 markers=markers)).rejected
+    agent.tick(t0 + 100 * MS)
+    agent.health.update(1, t0 + 150 * MS, (ErrorCount("ecc_corrected", "volatile", "total", 2.0),))
+    agent.health.update(1, t0 + 250 * MS, (ErrorCount("ecc_corrected", "volatile", "total", 9.0),))
+    for i in (2, 3, 4):
+        agent.tick(t0 + i * 100 * MS)
+    summaries, _, _ = agent.summaries.read(0, 10)
+    by_step = {s.step: s for s in summaries}
+    assert list(by_step[1].gpu_errors) == ["ecc_corrected"] and "gpu_errors" in by_step[1].flags
+    assert list(by_step[0].gpu_errors) == [] and "gpu_errors" not in by_step[0].flags
+    m = scrape(AgentCollector(agent.view))
+    assert _series(m, "chopper_rank_flagged_steps_total", rank="0", flag="gpu_errors") == 1
+    assert _series(m, "chopper_gpu_health_status", gpu="1") == 1  # corrected errors: a warning
