@@ -74,6 +74,7 @@ class AgentCollector(Collector):
         view: The agent's view (``Agent.view``); the collector holds nothing else of the agent.
         clock: Monotonic seconds, for the rate at which failing sections are logged.
         job_label: The label the training job is exported under (the ``job_label`` setting).
+        exported: The catalog names to export (``agent.fields.selected``); None: every one.
 
     Attributes:
         view: What every scrape reads.
@@ -83,9 +84,10 @@ class AgentCollector(Collector):
     """
 
     def __init__(self, view: AgentView, clock: Callable[[], float] = time.monotonic,
-                 job_label: str = JOB_LABEL) -> None:
+                 job_label: str = JOB_LABEL, exported: frozenset[str] | None = None) -> None:
         self.view = view
         self.job_label = job_label
+        self.exported = exported
         self.files: dict[str, Reloaded] = {}
         # In the order of catalog.SECTIONS, which documents them (a test keeps the two equal).
         self.fills: dict[str, Callable[[Families], None]] = {
@@ -98,7 +100,7 @@ class AgentCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         """Every section on its own (one that raises is counted and left out), then the failure counts."""
-        fam = Families(BY_NAME, self.job_label)
+        fam = Families(BY_NAME, self.job_label, self.exported)
         for name, fill in self.fills.items():
             self.sections.run(fam, name, fill)
         self.sections.export(fam, "chopper_agent_metrics_section_errors_total", (self.view.node,))

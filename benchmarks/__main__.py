@@ -36,6 +36,7 @@ from benchmarks import (
     bench_instrument_overhead,
     bench_load_held,
     bench_marker_cost,
+    bench_metric_cost,
     bench_predict_validation,
     bench_tls,
     bench_trace_vs_hta,
@@ -61,6 +62,18 @@ BENCHES = (
         f"< {bench_marker_cost.GOAL_NS_PER_MARKER:.0f} ns",
         "`with chopper.step(i), chopper.phase(...)` vs two `nullcontext()`s, `timeit` minimum of "
         "interleaved repeats, agent absent (`benchmarks/bench_marker_cost.py`).",
+    ),
+    Bench(
+        "metric_cost", bench_metric_cost.run,
+        f"what /metrics costs per profile, {bench_metric_cost.GPUS} H100s and {bench_metric_cost.GPUS} ranks",
+        lambda r: ("; ".join(f"{name} {p['series']} series, {p['bytes'] / 1024:.0f} KiB, {p['ratio_to_full']:g}x "
+                             "full's scrape CPU" for name, p in r["profiles"].items())
+                   + f"; selection filter {r['ratio_filter_vs_none']:g}x no filter"),
+        f"filter <= {bench_metric_cost.GOAL_FILTER_RATIO:g}x a scrape without one",
+        "in-process agent over the simulated backend with 8 ranks' steps summarised and a health reading per "
+        "GPU; per family its series and bytes in one full scrape (the section's table), per profile the CPU "
+        "time of `generate_latest`, minimum of interleaved rounds (`benchmarks/bench_metric_cost.py`, "
+        "`agent/fields.py`).",
     ),
     Bench(
         "agent_cpu", bench_agent_cpu.run,

@@ -66,16 +66,24 @@ class Families:
     Args:
         catalog: The daemon's specs by name; adding a name it lacks raises ``KeyError``.
         job_label: The label name the catalog's ``JOB_LABEL`` is exported under (``JOB_LABELS``).
+        exported: The names to export (the agent's field selection, ``agent.fields``); None: all.
+            Adding any other name is a no-op.
     """
 
-    def __init__(self, catalog: Mapping[str, MetricSpec], job_label: str = JOB_LABEL) -> None:
+    def __init__(self, catalog: Mapping[str, MetricSpec], job_label: str = JOB_LABEL,
+                 exported: frozenset[str] | None = None) -> None:
         self._catalog = catalog
         self._job_label = job_label
+        self._exported = exported
         self._families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {}
 
     def add(self, name: str, labels: tuple[str, ...], value: float | None) -> None:
         """Add one series; a value that is None or NaN (unknown, or unreadable on this backend) is left out."""
         if value is None or (isinstance(value, float) and math.isnan(value)):
+            return
+        if self._exported is not None and name not in self._exported:
+            if name not in self._catalog:
+                raise KeyError(name)  # a misspelt name fails whether or not it is selected
             return
         family = self._families.get(name)
         if family is None:
@@ -88,7 +96,7 @@ class Families:
 
     def part(self) -> Families:
         """An empty ``Families`` of the same catalog, for one section to fill before ``merge``."""
-        return Families(self._catalog, self._job_label)
+        return Families(self._catalog, self._job_label, self._exported)
 
     def merge(self, part: Families) -> None:
         """Take in the series of ``part`` (a family both hold gets the other's samples after its own)."""
