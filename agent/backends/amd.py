@@ -15,6 +15,8 @@ average_umc_activity        %                                 mem_busy_ratio (÷
 current_socket_power        W                                 power_w
 energy_accumulator          counts of 2^-16 J (15.259 µJ)     energy_j
 temperature_hotspot         °C                                temp_c
+temperature_mem, _hbm[4]    °C                                mem_temp_c (hottest)
+temperature_vr{gfx,soc,mem} °C                                vr_temp_c (hottest)
 xgmi_{read,write}_data_acc  KB per link (KiB, ×1024)          link_{rx,tx}_bytes (sum of links)
 xgmi_{read,write}_data_acc  KB per link (KiB, ×1024)          links[k].{rx,tx}_bytes (link k)
 vram_used                   MiB                               mem_used_bytes
@@ -24,11 +26,30 @@ vram_used                   MiB                               mem_used_bytes
 XGMI reads bring data into this GPU (rx) and writes send it out (tx). Entry k of the per-link
 lists is XGMI link k; ``Sample.links`` holds the links whose counters read as numbers, leaving out
 those ``xgmi_link_status`` (gpu_metrics v1.7, where present) reports down or disabled: an MI300X in an
-8-GPU hive has seven active links, one to each peer. Fields MI300 does not
-expose stay NaN: ``matrix_ratio`` (no MFMA activity counter), ``pcie_tx_bytes``/``pcie_rx_bytes``
-(``pcie_bandwidth_acc`` is an accumulated GB/s figure with no direction, not a byte counter) and
-``throttle_other_s`` (no residency counter for causes beyond power, thermal and current). Any
-field amdsmi reports as ``"N/A"``, leaves out, or fills with an all-ones sentinel reads as NaN.
+8-GPU hive has seven active links, one to each peer. Fields MI300 does not expose stay NaN:
+``pcie_tx_bytes``/``pcie_rx_bytes`` (``pcie_bandwidth_acc`` is an accumulated GB/s figure with no
+direction, not a byte counter) and ``throttle_other_s`` (no residency counter for causes beyond
+power, thermal and current). Any field amdsmi reports as ``"N/A"``, leaves out, or fills with an
+all-ones sentinel (65535 for a 16-bit temperature, which older amdsmi passes through raw) reads as NaN.
+
+Temperatures. MI300 firmware reports the hottest HBM stack only, as ``temperature_mem``
+(``temperature_hbm`` reads "N/A"), and the hottest of all its voltage regulators as
+``temperature_vrsoc`` (``temperature_vrgfx`` and ``temperature_vrmem`` read "N/A"); older tables
+fill the per-stack and per-rail fields. ``mem_temp_c`` and ``vr_temp_c`` are the hottest of what
+reads. ``amdsmi_get_temp_metric`` (VRAM, HBM_0..HBM_3) reads the same firmware value through
+hwmon, so it is not called: no extra query per tick.
+
+Matrix activity. amdsmi exposes no MFMA (matrix-core) activity counter: gpu_metrics has graphics
+activity only, which counts any busy engine. ``matrix_ratio`` therefore stays NaN, and the agent
+exports no counter-derived FLOP utilisation for AMD GPUs. rocprofiler-sdk's SQ counters would
+provide it (``SQ_VALU_MFMA_BUSY_CYCLES`` over ``GRBM_GUI_ACTIVE`` × CUs × 4, as rocprof-compute
+derives MFMA utilisation, or ``SQ_INSTS_VALU_MFMA_MOPS_BF16`` for the operations), but they need a
+profiling session on the device, not a monitoring read; so would a future amdsmi field.
+
+Health and errors (``Sample.errors``) are read at most once per ``HEALTH_INTERVAL_NS``, inside the
+``sample()`` call that falls due, and attached to that tick's samples only (the others carry
+``errors=()``); ``_Health`` lists the calls. Partitions: ``_chips`` tells which processor handles
+are one chip, and ``AmdBackend`` says which values a partition reports.
 """
 from __future__ import annotations
 
@@ -45,7 +66,7 @@ from typing import Any, TypeVar
 
 from agent.backends.base import BackendError, BackendUnavailable, DeviceLost
 from agent.backends.specs import find_spec
-from chopper.schema import NAN, DeviceInfo, LinkBytes, Sample
+from chopper.schema import NAN, DeviceInfo, ErrorCount, LinkBytes, Sample
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +90,8 @@ _LOST_CODES = frozenset({
     54,  # AMDSMI_STATUS_AMDGPU_RESTART_ERR
 })
 _NOT_SUPPORTED = 2  # AMDSMI_STATUS_NOT_SUPPORTED
+# Health and error counters are read at most this often (agent.health compares readings).
+HEALTH_INTERVAL_NS = 10**9
 # xgmi_link_status values of a link that carries nothing (amdsmi_xgmi_link_status_type_t): DOWN 0, DISABLE 2.
 _LINK_NOT_UP = (0, 2)
 
@@ -172,6 +195,15 @@ def _links(metrics: Mapping[str, Any]) -> tuple[LinkBytes, ...]:
     return tuple(out)
 
 
+def _hottest(metrics: Mapping[str, Any], keys: Iterable[str]) -> float:
+    """The highest valid temperature over ``keys`` (scalars or per-stack lists), °C; NaN if none reads."""
+    values: list[float] = []
+    for key in keys:
+        value = metrics.get(key)
+        values.extend(_nums(value) if isinstance(value, list | tuple) else _nums([value]))
+    return max(values, default=NAN)
+
+
 # Residency accumulators by DESIGN cause. PPT (package power tracking) is the power limit.
 # Socket and HBM thermal are temperature limits. VR thermal protects the voltage regulators from
 # the heat of the current they deliver, and PROCHOT is the platform's hot/over-current signal
@@ -238,8 +270,184 @@ class _Throttle:
         self.prev_counter, self.prev_residency, self.prev_ns = counter, residency, now_ns
 
 
+
+# RAS blocks amd-smi leaves out of its per-block ECC table because they keep no error count.
+_UNCOUNTABLE_BLOCKS = frozenset({"ATHUB", "DF", "SMN", "SEM", "MP0", "MP1", "FUSE"})
+_ECC_KINDS = (("correctable_count", "ecc_corrected"), ("uncorrectable_count", "ecc_uncorrected"),
+              ("deferred_count", "ecc_deferred"))
+_PCIE_KINDS = (("pcie_replay_count", "pcie_replay"), ("pcie_nak_sent_count", "pcie_nak_sent"),
+               ("pcie_nak_received_count", "pcie_nak_received"))
+# amdsmi_memory_page_status_t (the driver's R, P and F flags of ras/gpu_vram_bad_pages) → detail.
+_PAGE_STATUS = {"RESERVED": "retired", "PENDING": "pending", "UNRESERVABLE": "unreservable"}
+
+
+@dataclass(slots=True)
+class _Health:
+    """Reads one chip's health and error counters through its first partition's handle.
+
+    ==========================================  ==========================================  ============================
+    amdsmi call                                 what it answers                             ``ErrorCount``
+    ==========================================  ==========================================  ============================
+    amdsmi_get_gpu_ras_block_features_enabled   each RAS block's state (read once)          the blocks asked below
+    amdsmi_get_gpu_ecc_count(handle, block)     correctable/uncorrectable/deferred_count    ecc_*, detail = block (umc…)
+    amdsmi_get_gpu_total_ecc_count              the same over all blocks                    ecc_*, detail ``total``
+    amdsmi_get_pcie_info                        pcie_metric.pcie_replay_count,              pcie_replay, pcie_nak_sent,
+                                                pcie_nak_sent_count, _received_count        pcie_nak_received
+    amdsmi_gpu_xgmi_error_status                0 no error, 1 error, 2 multiple errors      xgmi_error
+    amdsmi_get_gpu_bad_page_info                retired-page records by status              bad_pages retired|pending|
+                                                (RESERVED, PENDING, UNRESERVABLE)           unreservable (counts)
+    ==========================================  ==========================================  ============================
+
+    ECC counts are the amdgpu driver's RAS counters (sysfs ``ras/<block>_err_count``), kept in
+    driver memory since it loaded: window ``volatile``. What persists across reboots is the
+    retired-page table in the board's EEPROM, reported as ``bad_pages``. ECC is asked for the
+    blocks whose state is ENABLED, as amd-smi does, except those it calls uncountable
+    (``_UNCOUNTABLE_BLOCKS``); the block list is read once, since RAS features are fixed when
+    the driver loads. ``pcie_replay_roll_over_count`` is left out: it counts rollovers of the
+    replay number (a link retrain each), not replays, and the schema has no kind for it.
+
+    Errors: a query answering NOT_SUPPORTED is never asked again for this chip; any other
+    amdsmi error, or a value that is "N/A" or a sentinel, leaves that counter out of this
+    reading only. Each is logged once per query and error code; none fails the sample.
+    """
+
+    smi: ModuleType
+    handle: Any
+    gpu: int
+    chip_wide: bool
+    unsupported: set[str] = field(default_factory=set)
+    blocks: list[str] | None = None
+    logged: set[tuple[str, Any]] = field(default_factory=set)
+
+    def read(self) -> tuple[ErrorCount, ...]:
+        """One reading of every supported counter, cumulative as amdsmi counts them."""
+        out: list[ErrorCount] = []
+        for block in self._blocks():
+            counts = self._ask(f"ecc {block}", partial(self.smi.amdsmi_get_gpu_ecc_count, self.handle,
+                                                       self.smi.AmdSmiGpuBlock[block]))
+            self._add(out, counts, _ECC_KINDS, "volatile", block.lower())
+        total = self._ask("ecc total", partial(self.smi.amdsmi_get_gpu_total_ecc_count, self.handle))
+        self._add(out, total, _ECC_KINDS, "volatile", "total")
+        pcie = self._ask("pcie", partial(self.smi.amdsmi_get_pcie_info, self.handle))
+        self._add(out, pcie.get("pcie_metric") if isinstance(pcie, Mapping) else None, _PCIE_KINDS, "", "")
+        xgmi = _num(self._ask("xgmi", partial(self.smi.amdsmi_gpu_xgmi_error_status, self.handle)))
+        if xgmi in (0.0, 1.0, 2.0):
+            out.append(ErrorCount("xgmi_error", "", "", xgmi, self.chip_wide))
+        out.extend(self._bad_pages())
+        return tuple(out)
+
+    def _blocks(self) -> list[str]:
+        """Names (``AmdSmiGpuBlock``) of the enabled RAS blocks with an ECC count; read once."""
+        if self.blocks is None:
+            states = self._ask("ras blocks", partial(self.smi.amdsmi_get_gpu_ras_block_features_enabled,
+                                                     self.handle))
+            if states is None:
+                return []  # asked again next reading unless it was NOT_SUPPORTED
+            known = self.smi.AmdSmiGpuBlock.__members__
+            self.blocks = [str(s.get("block")) for s in states if isinstance(s, Mapping)
+                           and s.get("status") == "ENABLED" and s.get("block") in known
+                           and s.get("block") not in _UNCOUNTABLE_BLOCKS]
+        return self.blocks
+
+    def _bad_pages(self) -> list[ErrorCount]:
+        records = self._ask("bad pages", partial(self.smi.amdsmi_get_gpu_bad_page_info, self.handle))
+        if not isinstance(records, list):
+            return []
+        by_status = {int(self.smi.AmdSmiMemoryPageStatus[name]): detail for name, detail in _PAGE_STATUS.items()}
+        counts = dict.fromkeys(_PAGE_STATUS.values(), 0)
+        for record in records:
+            status = record.get("status") if isinstance(record, Mapping) else None
+            detail = by_status.get(status) if isinstance(status, int) else None
+            if detail is not None:  # a status amdsmi does not document is no page state we know
+                counts[detail] += 1
+        return [ErrorCount("bad_pages", "", d, float(n), self.chip_wide) for d, n in counts.items()]
+
+    def _add(self, out: list[ErrorCount], values: Any, kinds: Iterable[tuple[str, str]], window: str,
+             detail: str) -> None:
+        if not isinstance(values, Mapping):
+            return
+        for key, kind in kinds:
+            value = _num(values.get(key), bits=64)
+            if not math.isnan(value):
+                out.append(ErrorCount(kind, window, detail, value, self.chip_wide))
+
+    def _ask(self, query: str, fn: Callable[[], Any]) -> Any:
+        """One health query; None when it failed (NOT_SUPPORTED: never asked again)."""
+        if query in self.unsupported:
+            return None
+        try:
+            return fn()
+        except self.smi.AmdSmiException as exc:
+            code = getattr(exc, "err_code", None)
+            if code == _NOT_SUPPORTED:
+                self.unsupported.add(query)
+            if (query, code) not in self.logged:
+                self.logged.add((query, code))
+                level = logging.INFO if code == _NOT_SUPPORTED else logging.WARNING
+                log.log(level, "event=health_query_failed gpu=%d query=%r error=%r%s", self.gpu, query,
+                        _said(exc), " (not asked again)" if code == _NOT_SUPPORTED else "")
+            return None
+
+
+@dataclass(frozen=True, slots=True)
+class _Place:
+    """Where one processor handle sits: its PCI address, UUID and partition, as read at ``open()``."""
+
+    bdf: str
+    uuid: str
+    partition_id: int | None
+    compute_partition: str
+    memory_partition: str
+
+
+def _chip_key(gpu: int, bdf: str) -> str:
+    """``domain:bus:device`` of a BDF ("0000:05:00.3" → "0000:05:00"); the handle alone if unreadable."""
+    head, dot, function = bdf.rpartition(".")
+    return head if dot and head.count(":") == 2 and function.isdigit() else f"unaddressed {gpu}"
+
+
+def _chips(places: list[_Place]) -> list[list[int]]:
+    """The GPU indices of each physical chip, its first partition first.
+
+    Algorithm:
+
+    1. amdsmi lists every compute partition as a processor handle of its own (a CPX MI300X: 8,
+       one per XCD). The partitions of one chip are one PCI device: their
+       ``amdsmi_get_gpu_device_bdf`` agree on domain, bus and device. Only the function may
+       differ (rocm_smi put the partition id there before ROCm 6.1), so handles are grouped
+       by ``domain:bus:device``; a handle without a readable BDF is a chip of its own.
+    2. Within a chip, partitions are ordered by ``amdsmi_get_gpu_kfd_info``'s
+       ``current_partition_id`` (0 for SPX and for the first partition), then by amdsmi's
+       order; the first is the one that reports the chip's counters.
+    """
+    groups: dict[str, list[int]] = {}
+    for gpu, place in enumerate(places):
+        groups.setdefault(_chip_key(gpu, place.bdf), []).append(gpu)
+    order = {gpu: (p.partition_id is None, p.partition_id or 0, gpu) for gpu, p in enumerate(places)}
+    return [sorted(members, key=order.__getitem__) for members in groups.values()]
+
+
+@dataclass(slots=True)
+class _Device:
+    """Per-GPU state of an open backend; ``first`` is the chip's first partition (or a whole chip)."""
+
+    handle: Any
+    first: bool
+    health: _Health | None
+    throttle: _Throttle = field(default_factory=_Throttle)
+
+
 class AmdBackend:
     """AMD GPUs through amdsmi: MI300X/MI325X (and MI200 with fewer fields), units per DESIGN.
+
+    A compute partition (CPX, DPX, TPX, QPX) is a device of its own: ``compute_share`` is one
+    over the chip's partitions, ``peak_flops`` the model's peak times that share,
+    ``memory_bytes`` the partition's own VRAM. The gpu_metrics table is the chip's, so power,
+    energy, temperatures, throttle seconds and XGMI link bytes come with the chip's first
+    partition only; its other partitions leave them NaN (and ``links`` empty), so that a sum of
+    power or energy over partitions is the chip's, not N times it. Health and error counters
+    likewise come with the first partition only, with ``chip_wide=True``. Clocks, activity and
+    memory in use are reported on every partition as amdsmi answers for its handle.
 
     Args:
         node: Node name written into every row.
@@ -251,15 +459,16 @@ class AmdBackend:
     def __init__(self, node: str, *, smi: ModuleType | None = None) -> None:
         self.node = node
         self._smi = smi
-        self._handles: list[Any] = []
-        self._throttle: list[_Throttle] = []
+        self._devices: list[_Device] = []
+        self._bus_ids: dict[int, str] = {}
+        self._health_ns: int | None = None
         self._initialized = False
 
     def open(self) -> list[DeviceInfo]:
-        """Initialise amdsmi for AMD GPUs and describe each one.
+        """Initialise amdsmi for AMD GPUs and describe each one (each partition of a partitioned chip).
 
         Returns:
-            One row per GPU, ordered by amdsmi's processor order.
+            One row per GPU or partition, ordered by amdsmi's processor order.
 
         Raises:
             BackendUnavailable: amdsmi/ROCm missing, init refused, no GPU, or no gpu_metrics.
@@ -277,34 +486,40 @@ class AmdBackend:
             ) from exc
         self._initialized = True
         try:
-            self._handles = list(self._call(lambda: smi.amdsmi_get_processor_handles(), None, "list GPUs"))
-            if not self._handles:
+            handles = list(self._call(lambda: smi.amdsmi_get_processor_handles(), None, "list GPUs"))
+            if not handles:
                 raise BackendUnavailable("amd backend: amdsmi found no AMD GPU on this node")
-            devices = [self._describe(i, h) for i, h in enumerate(self._handles)]
+            places = [self._place(gpu, h) for gpu, h in enumerate(handles)]
+            infos: dict[int, DeviceInfo] = {}
+            state: dict[int, _Device] = {}
+            for members in _chips(places):
+                first = members[0]
+                for gpu in members:
+                    infos[gpu] = self._describe(gpu, handles[gpu], places[gpu], places[first], len(members))
+                    health = _Health(smi, handles[gpu], gpu, len(members) > 1) if gpu == first else None
+                    state[gpu] = _Device(handles[gpu], gpu == first, health)
         except BackendError:
             self.close()
             raise
-        self._throttle = [_Throttle() for _ in self._handles]
-        return devices
+        self._devices = [state[gpu] for gpu in range(len(handles))]
+        self._bus_ids = {gpu: p.bdf for gpu, p in enumerate(places) if p.bdf}
+        self._health_ns = None
+        return [infos[gpu] for gpu in range(len(handles))]
 
     def pci_bus_ids(self) -> dict[int, str]:
         """GPU index → PCI bus id (``0000:c1:00.0``), the device id AMD's Kubernetes device plugin reports.
 
-        A GPU whose address cannot be read is left out: it only loses its pod label (agent.workload).
+        Each handle's own address as ``amdsmi_get_gpu_device_bdf`` gave it at ``open()``. A GPU
+        whose address could not be read is left out: it only loses its pod label (agent.workload).
         """
-        smi = self._smi
-        ids: dict[int, str] = {}
-        if smi is None:
-            return ids
-        for gpu, handle in enumerate(self._handles):
-            try:
-                ids[gpu] = str(smi.amdsmi_get_gpu_device_bdf(handle))
-            except smi.AmdSmiException as exc:
-                log.warning("event=pci_bus_id_unreadable gpu=%d error=%r", gpu, _said(exc))
-        return ids
+        return dict(self._bus_ids)
 
     def sample(self, now_ns: int) -> list[Sample]:
-        """Read every GPU once: one gpu_metrics call plus one vram-usage call each.
+        """Read every GPU once: one gpu_metrics call plus one vram-usage call each, and health when due.
+
+        Health is due on the first call after ``open()`` and then once ``HEALTH_INTERVAL_NS``
+        has passed since the last reading (or the clock stepped back); it is read for every
+        chip within this call and attached to this call's samples.
 
         Args:
             now_ns: CLOCK_REALTIME nanoseconds; becomes ``ts_ns`` and times throttle residency.
@@ -316,12 +531,17 @@ class AmdBackend:
         smi = self._smi
         if smi is None or not self._initialized:
             raise BackendError("amd backend: sample() called before open()")
+        last = self._health_ns
+        health_due = last is None or not 0 <= now_ns - last < HEALTH_INTERVAL_NS
+        if health_due:
+            self._health_ns = now_ns
         samples = []
-        for gpu, handle in enumerate(self._handles):
-            metrics = self._call(partial(smi.amdsmi_get_gpu_metrics_info, handle), gpu, "gpu metrics")
-            vram = self._optional(partial(smi.amdsmi_get_gpu_vram_usage, handle), gpu, "vram usage")
-            throttle = self._throttle[gpu].update(metrics, now_ns)
-            samples.append(Sample(
+        for gpu, dev in enumerate(self._devices):
+            read = partial(smi.amdsmi_get_gpu_metrics_info, dev.handle)
+            # A chip's metrics table must read; a further partition's may not be offered at all.
+            metrics = self._call(read, gpu, "gpu metrics") if dev.first else self._optional(read, gpu, "gpu metrics")
+            vram = self._optional(partial(smi.amdsmi_get_gpu_vram_usage, dev.handle), gpu, "vram usage")
+            sample = Sample(
                 ts_ns=now_ns,
                 node=self.node,
                 gpu=gpu,
@@ -329,17 +549,12 @@ class AmdBackend:
                 mem_clock_mhz=_first(metrics, ("current_uclk", "average_uclk_frequency")),
                 busy_ratio=_percent(metrics, "average_gfx_activity"),
                 mem_busy_ratio=_percent(metrics, "average_umc_activity"),
-                power_w=_first(metrics, ("current_socket_power", "average_socket_power")),
-                energy_j=_num(metrics.get("energy_accumulator"), bits=64) * _JOULES_PER_ENERGY_COUNT,
-                temp_c=_num(metrics.get("temperature_hotspot")),
                 mem_used_bytes=_num(vram.get("vram_used"), bits=64) * _BYTES_PER_MB,
-                link_tx_bytes=_sum_links(metrics, "xgmi_write_data_acc"),
-                link_rx_bytes=_sum_links(metrics, "xgmi_read_data_acc"),
-                links=_links(metrics),
-                throttle_power_s=throttle["power"],
-                throttle_thermal_s=throttle["thermal"],
-                throttle_current_s=throttle["current"],
-            ))
+                errors=dev.health.read() if health_due and dev.health is not None else (),
+            )
+            if dev.first:
+                self._add_chip_values(sample, metrics, dev.throttle.update(metrics, now_ns))
+            samples.append(sample)
         return samples
 
     def close(self) -> None:
@@ -347,9 +562,25 @@ class AmdBackend:
         if not self._initialized or self._smi is None:
             return
         self._initialized = False
-        self._handles = []
+        self._devices = []
+        self._bus_ids = {}
         with contextlib.suppress(Exception):  # nothing useful to do if shutdown itself fails
             self._smi.amdsmi_shut_down()
+
+    @staticmethod
+    def _add_chip_values(sample: Sample, metrics: Mapping[str, Any], throttle: Mapping[str, float]) -> None:
+        """The values of the whole chip (package power, energy, sensors, links, throttling)."""
+        sample.power_w = _first(metrics, ("current_socket_power", "average_socket_power"))
+        sample.energy_j = _num(metrics.get("energy_accumulator"), bits=64) * _JOULES_PER_ENERGY_COUNT
+        sample.temp_c = _num(metrics.get("temperature_hotspot"))
+        sample.mem_temp_c = _hottest(metrics, ("temperature_mem", "temperature_hbm"))
+        sample.vr_temp_c = _hottest(metrics, ("temperature_vrgfx", "temperature_vrsoc", "temperature_vrmem"))
+        sample.link_tx_bytes = _sum_links(metrics, "xgmi_write_data_acc")
+        sample.link_rx_bytes = _sum_links(metrics, "xgmi_read_data_acc")
+        sample.links = _links(metrics)
+        sample.throttle_power_s = throttle["power"]
+        sample.throttle_thermal_s = throttle["thermal"]
+        sample.throttle_current_s = throttle["current"]
 
     @staticmethod
     def _gfx_clock(metrics: Mapping[str, Any]) -> float:
@@ -363,23 +594,49 @@ class AmdBackend:
             return sum(xccs) / len(xccs)
         return _first(metrics, ("current_gfxclk", "average_gfxclk_frequency"))
 
-    def _describe(self, gpu: int, handle: Any) -> DeviceInfo:
+    def _place(self, gpu: int, handle: Any) -> _Place:
+        """A handle's address, UUID and partition; what cannot be read is "" (or None), never fatal but the UUID."""
+        smi = self._smi
+        assert smi is not None
+        uuid = str(self._call(lambda: smi.amdsmi_get_gpu_device_uuid(handle), gpu, "uuid"))
+        try:
+            bdf = str(self._call(lambda: smi.amdsmi_get_gpu_device_bdf(handle), gpu, "pci bus id"))
+        except DeviceLost:
+            raise
+        except BackendError as exc:
+            log.warning("event=pci_bus_id_unreadable gpu=%d error=%r", gpu, str(exc))
+            bdf = ""
+        kfd = self._optional(lambda: smi.amdsmi_get_gpu_kfd_info(handle), gpu, "kfd info")
+        partition_id = _num(kfd.get("current_partition_id"), bits=32)
+        return _Place(
+            bdf=bdf,
+            uuid=uuid,
+            partition_id=None if math.isnan(partition_id) else int(partition_id),
+            compute_partition=self._mode(lambda: smi.amdsmi_get_gpu_compute_partition(handle), gpu, "compute"),
+            memory_partition=self._mode(lambda: smi.amdsmi_get_gpu_memory_partition(handle), gpu, "memory"),
+        )
+
+    def _mode(self, fn: Callable[[], Any], gpu: int, what: str) -> str:
+        """A partition mode string ("CPX", "NPS4"); "" where the GPU has no partitioning (NOT_SUPPORTED)."""
+        try:
+            mode = self._call(fn, gpu, f"{what} partition")
+        except DeviceLost:
+            raise
+        except BackendError as exc:
+            if getattr(exc.__cause__, "err_code", None) != _NOT_SUPPORTED:
+                raise
+            return ""
+        return mode.strip().upper() if isinstance(mode, str) and mode.strip() not in ("", "N/A") else ""
+
+    def _describe(self, gpu: int, handle: Any, place: _Place, chip: _Place, partitions: int) -> DeviceInfo:
         smi = self._smi
         assert smi is not None
         asic = self._call(lambda: smi.amdsmi_get_gpu_asic_info(handle), gpu, "asic info")
         model = str(asic.get("market_name") or "N/A")
         model = "AMD GPU" if model == "N/A" else model
-        uuid = str(self._call(lambda: smi.amdsmi_get_gpu_device_uuid(handle), gpu, "uuid"))
         spec = find_spec(model)
-        try:
-            self._call(lambda: smi.amdsmi_get_gpu_metrics_info(handle), gpu, "gpu metrics")
-        except BackendError as exc:
-            if getattr(exc.__cause__, "err_code", None) == _NOT_SUPPORTED:
-                raise BackendUnavailable(
-                    f"amd backend: GPU {gpu} ({model}) exposes no gpu_metrics table; this backend "
-                    "needs an amdgpu driver with gpu_metrics (MI200 or newer)"
-                ) from exc
-            raise
+        if place is chip:
+            self._require_metrics(gpu, handle, model)
         clock = self._optional(
             lambda: smi.amdsmi_get_clock_info(handle, smi.AmdSmiClkType.GFX), gpu, "gfx clock info"
         )
@@ -390,18 +647,38 @@ class AmdBackend:
         memory_mb = _num(vram.get("vram_total"), bits=64)
         cap = self._optional(lambda: smi.amdsmi_get_power_cap_info(handle), gpu, "power cap")
         cap_w = _num(cap.get("power_cap"), bits=64) * _WATTS_PER_MICROWATT
-        spec_memory = spec.memory_bytes if spec is not None else 0
+        share = 1.0 / partitions
+        spec_memory = int(spec.memory_bytes * share) if spec is not None else 0
         return DeviceInfo(
             node=self.node,
             gpu=gpu,
             vendor="amd",
             model=model,
-            uuid=uuid,
+            uuid=place.uuid,
             max_gfx_clock_mhz=max_clock,
-            peak_flops=spec.peak_flops if spec is not None else NAN,
+            peak_flops=spec.peak_flops * share if spec is not None else NAN,
             memory_bytes=int(memory_mb) * _BYTES_PER_MB if not math.isnan(memory_mb) else spec_memory,
             power_cap_w=cap_w if cap_w > 0 else NAN,
+            pci_bus_id=chip.bdf,
+            partition="" if place.compute_partition == "SPX" else place.compute_partition,
+            memory_partition=place.memory_partition,
+            chip_uuid=chip.uuid,
+            compute_share=share,
         )
+
+    def _require_metrics(self, gpu: int, handle: Any, model: str) -> None:
+        """The backend needs each chip's gpu_metrics table; without one it is unavailable."""
+        smi = self._smi
+        assert smi is not None
+        try:
+            self._call(lambda: smi.amdsmi_get_gpu_metrics_info(handle), gpu, "gpu metrics")
+        except BackendError as exc:
+            if getattr(exc.__cause__, "err_code", None) == _NOT_SUPPORTED:
+                raise BackendUnavailable(
+                    f"amd backend: GPU {gpu} ({model}) exposes no gpu_metrics table; this backend "
+                    "needs an amdgpu driver with gpu_metrics (MI200 or newer)"
+                ) from exc
+            raise
 
     def _optional(self, fn: Callable[[], Mapping[str, Any]], gpu: int, what: str) -> Mapping[str, Any]:
         """A query whose absence is fine: NOT_SUPPORTED gives an empty mapping, so values are NaN."""

@@ -1,18 +1,11 @@
 """The amd backend against an autospec of the installed amdsmi package, fed MI300X values.
 
-The vendor package cannot be imported without ROCm's ``libamd_smi.so``, so the real module is
-imported once with ``ctypes.CDLL`` stubbed (and then removed from ``sys.modules`` again), and
-``mock.create_autospec`` builds the fake from it: a call with the wrong signature fails here as
-it would on hardware. The values come from ``tests/fixtures/amdsmi/mi300x_under_load.json``.
+The fake (``tests.support.amdsmi_fake``) answers from ``tests/fixtures/amdsmi/mi300x_under_load.json``
+for the metrics and ``mi300x_health.json`` for health; health, temperatures and partitions have
+tests of their own (test_amd_health.py, test_amd_partitions.py).
 """
 from __future__ import annotations
 
-import contextlib
-import copy
-import importlib
-import importlib.util
-import io
-import json
 import math
 import sys
 from collections.abc import Iterator
@@ -26,9 +19,7 @@ import pytest
 from agent.backends.amd import AmdBackend, import_amdsmi
 from agent.backends.base import Backend, BackendError, BackendUnavailable, DeviceLost
 from chopper.schema import LinkBytes
-
-FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "amdsmi" / "mi300x_under_load.json"
-MIB = 1024 * 1024
+from tests.support.amdsmi_fake import MIB, FakeNode, import_real_amdsmi, load
 
 
 def _vendor_modules() -> list[str]:
@@ -37,65 +28,12 @@ def _vendor_modules() -> list[str]:
 
 @pytest.fixture(scope="module")
 def real_amdsmi() -> ModuleType:
-    """The installed amdsmi package, imported against a stand-in for libamd_smi.so."""
-    if importlib.util.find_spec("amdsmi") is None:
-        pytest.skip("amdsmi is not installed (pip install 'chopper-telemetry[amd]')")
-    saved = {name: sys.modules.pop(name) for name in _vendor_modules()}
-    try:
-        with mock.patch("ctypes.CDLL", return_value=mock.MagicMock()), \
-                contextlib.redirect_stdout(io.StringIO()):
-            return importlib.import_module("amdsmi")
-    finally:
-        # Other tests (and conftest's GPU probe) must see the package as it really imports here.
-        for name in _vendor_modules():
-            del sys.modules[name]
-        sys.modules.update(saved)
+    return import_real_amdsmi()
 
 
 @pytest.fixture
 def recorded() -> dict[str, Any]:
-    return json.loads(FIXTURE.read_text())
-
-
-class FakeNode:
-    """Two MI300X GPUs answering from the recorded reads, one tick at a time."""
-
-    def __init__(self, real: ModuleType, recorded: dict[str, Any], gpus: int = 2) -> None:
-        self.real = real
-        self.device = recorded["device"]
-        self.ticks = [copy.deepcopy(recorded["ticks"]) for _ in range(gpus)]
-        self.tick = 0
-        self.handles = [f"handle{i}" for i in range(gpus)]
-        self.smi = mock.create_autospec(real)
-        # Classes and enums the backend uses as values, not calls, must be the real ones.
-        for name in ("AmdSmiInitFlags", "AmdSmiClkType", "AmdSmiException", "AmdSmiLibraryException"):
-            setattr(self.smi, name, getattr(real, name))
-        s = self.smi
-        s.amdsmi_get_processor_handles.return_value = self.handles
-        s.amdsmi_get_gpu_asic_info.return_value = self.device["gpu_asic_info"]
-        s.amdsmi_get_gpu_device_uuid.side_effect = lambda h: self.device["gpu_device_uuid"][:-1] + h[-1]
-        s.amdsmi_get_clock_info.return_value = self.device["clock_info_gfx"]
-        s.amdsmi_get_power_cap_info.return_value = self.device["power_cap_info"]
-        s.amdsmi_get_gpu_metrics_info.side_effect = self._metrics
-        s.amdsmi_get_gpu_vram_usage.side_effect = self._vram
-        self.opened = False
-
-    def _read(self, handle: str) -> dict[str, Any]:
-        return self.ticks[self.handles.index(handle)][min(self.tick, 1)]
-
-    def _metrics(self, handle: str) -> dict[str, Any]:
-        return self._read(handle)["gpu_metrics_info"]
-
-    def _vram(self, handle: str) -> dict[str, Any]:
-        if not self.opened:
-            return self.device["gpu_vram_usage"]
-        return self._read(handle)["gpu_vram_usage"]
-
-    def now_ns(self, tick: int) -> int:
-        return int(self.ticks[0][tick]["now_ns"])
-
-    def error(self, code: int) -> Exception:
-        return self.real.AmdSmiLibraryException(code)
+    return load("mi300x_under_load.json")
 
 
 @pytest.fixture
@@ -184,13 +122,9 @@ def test_cumulative_counters_increase_across_two_ticks(backend: AmdBackend, node
     assert (second.busy_ratio, second.mem_busy_ratio, second.power_w) == (0.96, 0.41, 739.0)
 
 
-def _metrics(node: FakeNode, gpu: int, tick: int) -> dict[str, Any]:
-    return node.ticks[gpu][tick]["gpu_metrics_info"]
-
-
 def test_na_missing_and_sentinel_values_read_as_nan(backend: AmdBackend, node: FakeNode) -> None:
     _opened(backend, node)
-    na = _metrics(node, 0, 0)
+    na = node.metrics(0, 0)
     for key, value in na.items():
         na[key] = ["N/A"] * len(value) if isinstance(value, list) else "N/A"
     na["temperature_hotspot"] = 0xFFFF  # raw sentinels, as older amdsmi passes them through
@@ -210,7 +144,7 @@ def test_na_missing_and_sentinel_values_read_as_nan(backend: AmdBackend, node: F
 
 def test_partial_fields_fall_back(backend: AmdBackend, node: FakeNode) -> None:
     _opened(backend, node)
-    m = _metrics(node, 0, 0)
+    m = node.metrics(0, 0)
     m["current_gfxclks"] = [2100, "N/A", 1900, 0, "N/A", "N/A", "N/A", "N/A"]  # absent XCCs skipped
     m["current_socket_power"] = "N/A"
     m["average_socket_power"] = 700
@@ -228,7 +162,7 @@ def test_partial_fields_fall_back(backend: AmdBackend, node: FakeNode) -> None:
 def test_throttle_survives_stalled_and_reset_counters(backend: AmdBackend, node: FakeNode) -> None:
     _opened(backend, node)
     t0 = node.now_ns(0)
-    base = _metrics(node, 0, 0)
+    base = node.metrics(0, 0)
 
     def read(ns: int, counter: int, ppt: int) -> float:
         node.ticks[0][0]["gpu_metrics_info"] = {**base, "accumulation_counter": counter,
@@ -251,7 +185,7 @@ def test_device_lost_mid_run(backend: AmdBackend, node: FakeNode, real_amdsmi: M
     backend.sample(node.now_ns(0))
     lost = node.error(real_amdsmi.amdsmi_wrapper.AMDSMI_STATUS_NOT_FOUND)
     node.smi.amdsmi_get_gpu_metrics_info.side_effect = lambda h: (_ for _ in ()).throw(lost) \
-        if h == "handle1" else _metrics(node, 0, 1)
+        if h == "handle1" else node.metrics(0, 1)
 
     with pytest.raises(DeviceLost) as caught:
         backend.sample(node.now_ns(1))
@@ -405,7 +339,7 @@ def _raise(exc: Exception) -> str:
 
 def test_each_xgmi_link_has_its_own_counters(backend: AmdBackend, node: FakeNode) -> None:
     _opened(backend, node)
-    m = _metrics(node, 0, 0)
+    m = node.metrics(0, 0)
     s = backend.sample(node.now_ns(0))[0]
     # Link 7 reads 0 with xgmi_link_status 0 (down): the seven peers of an 8-GPU hive remain.
     assert [k.link for k in s.links] == list(range(7))
@@ -427,7 +361,7 @@ def test_per_link_counters_grow_between_ticks(backend: AmdBackend, node: FakeNod
 
 def test_unreadable_link_entries(backend: AmdBackend, node: FakeNode) -> None:
     _opened(backend, node)
-    m = _metrics(node, 0, 0)
+    m = node.metrics(0, 0)
     m["xgmi_read_data_acc"] = [1000, "N/A", 24, "N/A", "N/A", "N/A", "N/A", "N/A"]
     m["xgmi_write_data_acc"] = [2000, "N/A", "N/A", "N/A", "N/A", "N/A", "N/A", "N/A"]
     m["xgmi_link_status"] = "N/A"  # not reported: the counters alone decide
