@@ -11,7 +11,7 @@ from __future__ import annotations
 from chopper.daemon.exposition import MetricSpec, catalog_doc, reason_table
 
 GPU = ("node", "gpu", "vendor", "model")
-RANK = ("node", "job", "rank", "gpu")
+RANK = ("node", "training_job", "rank", "gpu")
 NODE = ("node",)
 
 # The sections of ``AgentCollector.collect()``, each built on its own (``Sections``), and the series
@@ -125,7 +125,7 @@ METRICS: tuple[MetricSpec, ...] = (
         "chopper_gpu_workload_info", "info",
         "Who holds the GPU as the scheduler sees it: a Slurm job (source jobmap) or a pod's container "
         "(source podresources); value is always 1.",
-        ("node", "gpu", "job", "pod", "namespace", "container", "source"),
+        ("node", "gpu", "hpc_job", "pod", "namespace", "container", "source"),
     ),
     # Host.
     MetricSpec("chopper_host_cpu_busy_ratio", "gauge", "CPU busy over the last interval, all cores, 0-1.", NODE),
@@ -281,26 +281,26 @@ METRICS: tuple[MetricSpec, ...] = (
         "Scrapes that left out a section of the agent's series because building it failed, by section (see below).",
         (*NODE, "section"),
     ),
-    # NCCL / RCCL Inspector records (docs/INSPECTOR.md); job="" holds records mapped to no job.
+    # NCCL / RCCL Inspector records (docs/INSPECTOR.md); training_job="" holds records mapped to no job.
     MetricSpec(
         "chopper_inspector_collectives_total", "counter",
         "Collectives the Inspector reported, by job, collective (NCCL's name, or other) and message-size bucket.",
-        (*NODE, "job", "collective", "size"),
+        (*NODE, "training_job", "collective", "size"),
     ),
     MetricSpec(
         "chopper_inspector_collective_seconds_total", "counter",
         "Execution time of those collectives as the Inspector timed them (its coll_timing_source), s.",
-        (*NODE, "job", "collective", "size"),
+        (*NODE, "training_job", "collective", "size"),
     ),
     MetricSpec(
         "chopper_inspector_collective_bytes_total", "counter", "Message bytes of those collectives.",
-        (*NODE, "job", "collective", "size"),
+        (*NODE, "training_job", "collective", "size"),
     ),
     MetricSpec(
         "chopper_inspector_bus_bytes_total", "counter",
         "Bus bandwidth x execution time of those collectives, bytes: its rate over the rate of "
         "chopper_inspector_collective_seconds_total is their time-weighted mean bus bandwidth, B/s.",
-        (*NODE, "job", "collective", "size"),
+        (*NODE, "training_job", "collective", "size"),
     ),
     MetricSpec(
         "chopper_inspector_records_mapped_total", "counter",

@@ -4,9 +4,10 @@ The single source of the aggregator's metric names: the collector builds familie
 ``chopper.daemon.exposition``, shared with the agent) and ``docs/AGGREGATOR_METRICS.md`` is
 generated from it (a test keeps them equal). Names follow
 ``chopper_<subsystem>_<name>_<unit>`` with base units; counters end in ``_total``; step numbers
-are never labels. Cardinality is bounded: per job a fixed set of series (the slowest rank is one
-info series per job, its labels change as it moves), per rank a fixed set per rank, and with
-``rank_series_top_k`` only the k worst ranks of a larger job have per-rank series.
+are never labels. Cardinality is bounded and series are stable: per job a fixed set of series (the
+slowest rank is a value, its throttle cause one 0/1 series per ``SLOWEST_CAUSES``), per rank a
+fixed set per rank, and with ``rank_series_top_k`` only the k worst ranks of a larger job (and the
+slowest rank of its last step) have per-rank series.
 """
 from __future__ import annotations
 
@@ -14,10 +15,14 @@ from aggregator.jobs import CAUSES, REJECTION_REASONS
 from aggregator.positions import MAX_POSITIONS
 from aggregator.wal import SET_ASIDE
 from chopper.daemon.exposition import MetricSpec, catalog_doc, reason_table
+from chopper.schema import THROTTLE_CAUSES
 
-JOB = ("job",)
-RANK = ("job", "rank", "node", "gpu")
+JOB = ("training_job",)
+RANK = ("training_job", "rank", "node", "gpu")
 WINDOW = "window"
+# The values of chopper_job_slowest_rank_cause{cause}: the throttle cause with the most DVFS loss on the
+# slowest rank, unattributed (its clock was low with no residency), or none (its clock was not low).
+SLOWEST_CAUSES: tuple[str, ...] = (*THROTTLE_CAUSES, "unattributed", "none")
 
 # The sections of ``AggregatorCollector.collect()``, each built on its own (``Sections``; ``job`` and
 # ``ranks`` once per job, so a job that cannot be exported costs its own series), and the series each
@@ -48,14 +53,14 @@ METRICS: tuple[MetricSpec, ...] = (
                JOB),
     MetricSpec("chopper_job_straggler_score_ratio", "gauge",
                "Last step's slowest-rank compute excess over the median compute, over the median step time.", JOB),
-    MetricSpec("chopper_job_slowest_rank_info", "info",
-               "The slowest rank of the last finalized multi-rank step and its throttle cause; value is 1.",
-               (*JOB, "rank", "node", "gpu", "cause")),
+    MetricSpec("chopper_job_slowest_rank", "gauge",
+               "Rank number of the slowest rank of the last finalized multi-rank step.", JOB),
+    MetricSpec("chopper_job_slowest_rank_cause", "gauge",
+               "1 for the slowest rank's throttle cause (see below), 0 for every other cause: one series per cause.",
+               (*JOB, "cause")),
     MetricSpec("chopper_job_mfu_ratio", "gauge",
                "Model FLOPs utilisation over the window (sum ideal / sum step time of all ranks), 0-1.",
                (*JOB, WINDOW)),
-    MetricSpec("chopper_job_step_time_share_ratio", "gauge",
-               "Share of all ranks' step time by cause over the window, 0-1.", (*JOB, WINDOW, "cause")),
     MetricSpec("chopper_job_energy_per_token_joules", "gauge", "Energy per token over the window, J.",
                (*JOB, WINDOW)),
     MetricSpec("chopper_job_step_seconds_total", "counter", "Step time of all ranks by cause, s.", (*JOB, "cause")),
@@ -66,6 +71,9 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("chopper_job_rank_compute_excess_seconds", "gauge",
                "A rank's compute excess over its steps' median compute, decayed with a 60 s time constant, s.", RANK),
     MetricSpec("chopper_job_rank_missing_steps_total", "counter", "Steps finalized without this rank.", RANK),
+    MetricSpec("chopper_job_rank_slowest", "gauge",
+               "1 for the slowest rank of the job's last finalized multi-rank step, 0 for the others: it carries "
+               "that rank's node and gpu, to join GPU series onto.", RANK),
     # The aggregator itself.
     MetricSpec("chopper_aggregator_info", "info", "Aggregator identity; value is always 1.", ("version",)),
     MetricSpec("chopper_aggregator_summaries_received_total", "counter",
@@ -166,9 +174,21 @@ def markdown() -> str:
     own += reason_table("Set-aside reasons (`chopper_aggregator_wal_set_aside_total{reason}`)", SET_ASIDE, intro=(
         "What recovery moved to `store_dir/_wal/quarantine/` instead of replaying; the aggregator starts",
         "whatever the log directory holds. See docs/ARCHITECTURE.md (delivery and durability)."))
-    notes = ("`window` is `1m` or `5m` of finalized steps by the aggregator's receive time. With `rank_series_top_k` "
-             "= k > 0, jobs of more than k ranks export `chopper_job_rank_*` only for the k ranks with the largest "
-             "decayed compute excess. A value that is not known (no step in the window, no FLOPs) is left out of the "
+    own += ["", "## The slowest rank (`chopper_job_slowest_rank`, `..._cause{cause}`, `chopper_job_rank_slowest`)",
+            "", "Which rank was slowest moves from step to step. An info series with the rank, node, gpu and cause as",
+            "labels would start a new series at every move and churn the TSDB's index; these series never change",
+            "their labels, only their values. `chopper_job_slowest_rank` holds the rank number;",
+            "`chopper_job_slowest_rank_cause` is one series per cause, 1 for the slowest rank's and 0 for the",
+            "others (`max by (training_job, cause) (...) == 1` picks it); `chopper_job_rank_slowest` is 1 on the",
+            "slowest rank's own per-rank series, whose `node` and `gpu` labels join it to its GPU's series",
+            "(`... * on (node, gpu) group_left () (chopper_job_rank_slowest == 1)`). With `rank_series_top_k` the",
+            "slowest rank is always among the exported ranks.", "", " ".join(f"`{c}`" for c in SLOWEST_CAUSES)]
+    notes = ("`window` is `1m` or `5m` of finalized steps by the aggregator's receive time. Counters are the "
+             "window-free form: the share of step time by cause is the `rate()` of `chopper_job_step_seconds_total` "
+             "by cause over its sum (recording rule `training_job_cause:chopper_job_step_seconds:rate`, "
+             "docs/ALERTS.md). With `rank_series_top_k` = k > 0, jobs of more than k ranks export "
+             "`chopper_job_rank_*` only for the k ranks with the largest decayed compute excess and the last "
+             "step's slowest rank. A value that is not known (no step in the window, no FLOPs) is left out of the "
              "scrape rather than exported as NaN.")
     return catalog_doc("Aggregator metric catalog", "aggregator.catalog", notes, METRICS, own, SECTIONS,
                        token_file=False)

@@ -8,7 +8,8 @@ that raises loses its own series only, counted in
 
 Per-rank series (``chopper_job_rank_*``) are bounded by ``rank_series_top_k``: for a job with
 more ranks than k, only the k ranks with the largest decayed compute excess over their steps'
-median (``RankState.excess_at``) are exported; the others are counted in
+median (``RankState.excess_at``) are exported, and the last step's slowest rank beside them (its
+``chopper_job_rank_slowest`` is what joins the slowest rank to its GPU); the others are counted in
 ``chopper_aggregator_rank_series_omitted``. 0 exports every rank.
 """
 from __future__ import annotations
@@ -21,7 +22,7 @@ from functools import partial
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from aggregator.catalog import BY_NAME, SECTIONS
+from aggregator.catalog import BY_NAME, SECTIONS, SLOWEST_CAUSES
 from aggregator.jobs import CAUSES, WINDOWS_S, JobState, RankState
 from aggregator.service import Aggregator
 from chopper import __version__
@@ -34,12 +35,18 @@ logger = logging.getLogger("aggregator.metrics")
 
 
 def worst_ranks(job: JobState, k: int, now_ns: int) -> list[tuple[int, RankState]]:
-    """The ranks of ``job`` to export: all when ``k`` is 0 or the job is small, else the k worst."""
+    """The ranks of ``job`` to export: all when ``k`` is 0 or the job is small, else the k worst
+    and the last step's slowest rank (k + 1 when it is not among them)."""
     ranks = sorted(job.ranks.items())
     if k <= 0 or len(ranks) <= k:
         return ranks
     ranks.sort(key=lambda item: (-item[1].excess_at(now_ns), item[0]))
-    return sorted(ranks[:k])
+    slowest = _slowest_rank(job)
+    return sorted(ranks[:k] + [item for item in ranks[k:] if item[0] == slowest])
+
+
+def _slowest_rank(job: JobState) -> int | None:
+    return None if job.last_slowest is None else job.last_slowest[0]
 
 
 class AggregatorCollector(Collector):
@@ -95,20 +102,21 @@ class AggregatorCollector(Collector):
             fam.add("chopper_job_step_time_seconds", j, job.last_step_time_s)
             fam.add("chopper_job_straggler_score_ratio", j, job.last_straggler_score)
         if job.last_slowest is not None:
-            rank, node, gpu, cause = job.last_slowest
-            fam.add("chopper_job_slowest_rank_info", (job.job, str(rank), node, str(gpu), cause), 1.0)
+            rank, _, _, slow_cause = job.last_slowest
+            fam.add("chopper_job_slowest_rank", j, float(rank))
+            for cause in SLOWEST_CAUSES:
+                fam.add("chopper_job_slowest_rank_cause", (job.job, cause), float(cause == slow_cause))
         for seconds in WINDOWS_S:
             w = (job.job, WINDOW_NAMES[seconds])
             fam.add("chopper_job_mfu_ratio", w, job.mfu(now, seconds))
             fam.add("chopper_job_energy_per_token_joules", w, job.energy_per_token(now, seconds))
-            for cause, share in job.shares(now, seconds).items():
-                fam.add("chopper_job_step_time_share_ratio", (*w, cause), share)
         for i, cause in enumerate(CAUSES):
             fam.add("chopper_job_step_seconds_total", (job.job, cause), float(job.seconds[i]))
 
     def _ranks(self, fam: Families, job: JobState, now: int) -> int:
         """The per-rank series of ``job``'s shown ranks (``worst_ranks``); how many ranks were left out."""
         ranks = worst_ranks(job, self.top_k, now)
+        slowest = _slowest_rank(job)
         for rank, st in ranks:
             rl = (job.job, str(rank), st.node, str(st.gpu))
             for i, cause in enumerate(CAUSES):
@@ -116,6 +124,8 @@ class AggregatorCollector(Collector):
             fam.add("chopper_job_rank_step_time_seconds", rl, st.last_step_time_s)
             fam.add("chopper_job_rank_compute_excess_seconds", rl, st.excess_at(now))
             fam.add("chopper_job_rank_missing_steps_total", rl, float(st.missing_steps))
+            if slowest is not None:
+                fam.add("chopper_job_rank_slowest", rl, float(rank == slowest))
         return len(job.ranks) - len(ranks)
 
     def _self(self, fam: Families, omitted: int) -> None:

@@ -92,7 +92,7 @@ def test_metrics_say_where_each_rank_is_one_series_per_rank() -> None:
     collector = AgentCollector(agent.view)
     now[0] = T0 + 121_001 * MS
     m = scrape(collector)
-    rl = {"node": "n1", "job": "j"}
+    rl = {"node": "n1", "training_job": "j"}
     assert m["chopper_rank_open_step"] == {
         tuple(sorted({**rl, "rank": str(r), "gpu": str(r)}.items())): 7.0 for r in (0, 1)}
     assert m["chopper_rank_position_seconds"] == {

@@ -101,8 +101,9 @@ def test_metrics_exposition(running: RunningAgent) -> None:
     while running.agent.summaries_total < 3 and time.monotonic() < deadline:
         time.sleep(0.02)
     text = generate_latest(running.registry).decode()
-    assert 'chopper_rank_markers_received_total{gpu="1",job="j",kind="phase_end",node="n1",rank="1"} 3.0' in text
-    assert 'chopper_rank_steps_total{gpu="1",job="j",node="n1",rank="1"} 3.0' in text
+    assert ('chopper_rank_markers_received_total{gpu="1",kind="phase_end",node="n1",rank="1",training_job="j"} 3.0'
+            in text)
+    assert 'chopper_rank_steps_total{gpu="1",node="n1",rank="1",training_job="j"} 3.0' in text
     assert 'chopper_agent_backend_up{backend="simulated",node="n1"} 1.0' in text
     assert 'chopper_gpu_gfx_clock_max_hertz{gpu="0",model=' in text
     assert "chopper_gpu_throttle_seconds_total{cause=\"thermal\"" in text
@@ -111,11 +112,11 @@ def test_metrics_exposition(running: RunningAgent) -> None:
     # The attribution of the three 35 ms steps adds up to their time, cause by cause.
     from chopper.demo.run import metric_sum
 
-    assert metric_sum(text, "chopper_rank_step_seconds_total", job="j", rank="1") == pytest.approx(3 * 0.035)
-    ideal = metric_sum(text, "chopper_rank_step_seconds_total", job="j", rank="1", cause="ideal")
+    assert metric_sum(text, "chopper_rank_step_seconds_total", training_job="j", rank="1") == pytest.approx(3 * 0.035)
+    ideal = metric_sum(text, "chopper_rank_step_seconds_total", training_job="j", rank="1", cause="ideal")
     assert ideal == pytest.approx(3 * 1e12 / 1307.4e12)
-    assert metric_sum(text, "chopper_rank_mfu_ratio", job="j", rank="1") == pytest.approx(ideal / (3 * 0.035))
-    assert metric_sum(text, "chopper_rank_tokens_total", job="j", rank="1") == 3 * 256
+    assert metric_sum(text, "chopper_rank_mfu_ratio", training_job="j", rank="1") == pytest.approx(ideal / (3 * 0.035))
+    assert metric_sum(text, "chopper_rank_tokens_total", training_job="j", rank="1") == 3 * 256
     assert 'chopper_rank_flagged_steps_total{flag="cpu_clock"' in text
 
 

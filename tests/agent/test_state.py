@@ -77,8 +77,8 @@ def test_view_reads_what_the_scrape_exports(agent: Agent) -> None:
     assert view.workload_owners == {} and view.workload_sources == {} and view.host is None
     [(key, state)] = view.rank_states
     assert key == ("j", 0) and state.last_step == 0
-    assert view.rank_figures[key].tokens == exported[("chopper_rank_tokens_total", (("gpu", "0"), ("job", "j"),
-                                                                                   ("rank", "0")))] == 8
+    assert view.rank_figures[key].tokens == exported[("chopper_rank_tokens_total", (("gpu", "0"), ("rank", "0"),
+                                                                                   ("training_job", "j")))] == 8
 
 
 def test_view_returns_copies(agent: Agent) -> None:

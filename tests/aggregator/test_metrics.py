@@ -22,19 +22,75 @@ JOB_LEVEL = {m.name for m in catalog.METRICS if m.name.startswith("chopper_job_"
 
 def two_jobs() -> Aggregator:
     """Jobs ``a`` and ``b``, two ranks each, with one finalized step."""
-    now = [1_700_000_000 * NS]
     core = Aggregator(Ledger(), JobTable(30.0, join_s=5.0))
     batch = apb.SummaryBatch(agent="n0", incarnation="i0", seq=[1, 2, 3, 4, 5, 6, 7, 8])
     batch.summaries.extend(summary(job, r, s) for job in ("a", "b") for s in (0, 1) for r in (0, 1))
     core.deliver(batch)
-    now[0] += 5 * NS
     core.tick()
     return core
 
 
+def hot_rank_moves(hot: list[int], ranks: int = 4) -> Aggregator:
+    """Job ``h`` of ``ranks`` ranks whose step ``i`` has rank ``hot[i]`` thermally throttled (no join period)."""
+    core = Aggregator(Ledger(), JobTable(30.0, join_s=0.0), clock=lambda: 1_700_000_000 * NS)
+    for step, slow in enumerate(hot):
+        batch = apb.SummaryBatch(agent="n0", incarnation="i0", seq=[step * ranks + r + 1 for r in range(ranks)])
+        batch.summaries.extend(summary("h", r, step, hot=r == slow) for r in range(ranks))
+        core.deliver(batch)
+        core.tick()
+    return core
+
+
+def slowest_series(m: Series) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+    return {name: m[name] for name in ("chopper_job_slowest_rank", "chopper_job_slowest_rank_cause",
+                                       "chopper_job_rank_slowest")}
+
+
+def test_the_slowest_rank_moves_in_values_never_in_labels() -> None:
+    """A slowest rank that moves changes values of the same series: no series starts or ends."""
+    core = hot_rank_moves([1])
+    collector = AggregatorCollector(core)
+    first = slowest_series(scrape(collector))
+    batch = apb.SummaryBatch(agent="n0", incarnation="i0", seq=[5, 6, 7, 8])
+    batch.summaries.extend(summary("h", r, 1, hot=r == 3) for r in range(4))
+    core.deliver(batch)
+    core.tick()
+    second = slowest_series(scrape(collector))
+    assert {n: set(s) for n, s in first.items()} == {n: set(s) for n, s in second.items()}
+    h = (("training_job", "h"),)
+    assert (first["chopper_job_slowest_rank"][h], second["chopper_job_slowest_rank"][h]) == (1.0, 3.0)
+    causes = {dict(k)["cause"]: v for k, v in second["chopper_job_slowest_rank_cause"].items()}
+    assert causes == {**dict.fromkeys(catalog.SLOWEST_CAUSES, 0.0), "thermal": 1.0}
+    flagged = {dict(k)["rank"]: (dict(k)["node"], dict(k)["gpu"]) for k, v in
+               second["chopper_job_rank_slowest"].items() if v == 1.0}
+    assert flagged == {"3": ("node0", "3")} and len(second["chopper_job_rank_slowest"]) == 4
+
+
+def test_rank_series_top_k_always_shows_the_slowest_rank() -> None:
+    """The slowest rank of the last step keeps its per-rank series, so GPU series can be joined to it."""
+    core = hot_rank_moves([5, 5, 5, 2], ranks=8)  # rank 5's excess still decays above rank 2's
+    m = scrape(AggregatorCollector(core, rank_series_top_k=1))
+    shown = {dict(k)["rank"]: v for k, v in m["chopper_job_rank_slowest"].items()}
+    assert shown == {"5": 0.0, "2": 1.0}
+    assert m["chopper_aggregator_rank_series_omitted"][()] == 6
+
+
+def test_legacy_job_label_shows_the_old_label_names() -> None:
+    """job_label="job" exports every training_job label as job, as releases before it did."""
+    legacy = scrape(AggregatorCollector(two_jobs(), job_label="job"))
+    current = scrape(AggregatorCollector(two_jobs()))
+    assert set(legacy) == set(current)
+    for name, series in current.items():
+        renamed = {tuple(sorted(("job" if k == "training_job" else k, v) for k, v in labels)) for labels in series}
+        assert set(legacy[name]) == renamed, name
+    labels = {k for series in legacy.values() for key in series for k, _ in key}
+    assert "job" in labels and "training_job" not in labels
+    assert {dict(k)["job"] for k in legacy["chopper_job_ranks"]} == {"a", "b"}
+
+
 def jobs_of(m: Series, names: set[str]) -> set[str]:
     """The jobs that have series of ``names``."""
-    return {dict(labels)["job"] for name, series in m.items() if name in names for labels in series}
+    return {dict(labels)["training_job"] for name, series in m.items() if name in names for labels in series}
 
 
 def test_every_documented_section_is_counted_from_the_first_scrape() -> None:

@@ -44,13 +44,15 @@ def test_deliver_acks_and_duplicates_are_not_counted_twice(running: RunningAggre
     m = running.scrape()
     assert m[("chopper_aggregator_summaries_received_total", ())] == 8
     assert m[("chopper_aggregator_summaries_duplicate_total", ())] == 4
-    assert m[("chopper_job_steps_finalized_total", (("job", "j"),))] == 2
-    assert m[("chopper_job_slowest_rank_info", (("cause", "thermal"), ("gpu", "3"), ("job", "j"), ("node", "node0"),
-                                                ("rank", "3")))] == 1
-    assert m[("chopper_job_straggler_score_ratio", (("job", "j"),))] == pytest.approx(0.10)
-    assert m[("chopper_job_mfu_ratio", (("job", "j"), ("window", "1m")))] == pytest.approx(0.5)
-    wait = m[("chopper_job_rank_step_seconds_total", (("cause", "straggler_wait"), ("gpu", "0"), ("job", "j"),
-                                                      ("node", "node0"), ("rank", "0")))]
+    j = ("training_job", "j")
+    assert m[("chopper_job_steps_finalized_total", (j,))] == 2
+    assert m[("chopper_job_slowest_rank", (j,))] == 3
+    assert m[("chopper_job_slowest_rank_cause", (("cause", "thermal"), j))] == 1
+    assert m[("chopper_job_rank_slowest", (("gpu", "3"), ("node", "node0"), ("rank", "3"), j))] == 1
+    assert m[("chopper_job_straggler_score_ratio", (j,))] == pytest.approx(0.10)
+    assert m[("chopper_job_mfu_ratio", (j, ("window", "1m")))] == pytest.approx(0.5)
+    wait = m[("chopper_job_rank_step_seconds_total", (("cause", "straggler_wait"), ("gpu", "0"), ("node", "node0"),
+                                                      ("rank", "0"), j))]
     assert wait == pytest.approx(0.20)  # 0.10 s at each of the two steps
     # Shutdown writes every row once.
     running.core.close()
@@ -105,10 +107,10 @@ def test_rank_series_top_k_keeps_the_worst_ranks(tmp_path: Path) -> None:
         r.settle()
         m = r.scrape()
         shown = {dict(labels)["rank"] for (name, labels) in m if name == "chopper_job_rank_step_time_seconds"
-                 and dict(labels)["job"] == "big"}
+                 and dict(labels)["training_job"] == "big"}
         assert shown == {"5", "11"}
         assert len({dict(labels)["rank"] for (name, labels) in m if name == "chopper_job_rank_step_time_seconds"
-                    and dict(labels)["job"] == "small"}) == 2  # not larger than k: all ranks
+                    and dict(labels)["training_job"] == "small"}) == 2  # not larger than k: all ranks
         assert m[("chopper_aggregator_rank_series_omitted", ())] == 14
     finally:
         r.stop()

@@ -132,7 +132,7 @@ def test_redelivery_to_a_real_aggregator_is_stored_once(tmp_path: Path, hazard: 
     try:
         acked += deliver(agg.address, "node0", "inc-a", steps)[-1]
         deadline = time.monotonic() + 30
-        while agg.value("chopper_job_steps_finalized_total", job="d") < 9:
+        while agg.value("chopper_job_steps_finalized_total", training_job="d") < 9:
             assert time.monotonic() < deadline, agg.log()[-2000:]
             time.sleep(0.2)
         acked += deliver(agg.address, "node0", "inc-b", steps)[-1]  # the agent restarted

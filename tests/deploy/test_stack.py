@@ -71,11 +71,13 @@ def test_stack_comes_up_answers_and_stops_cleanly(tmp_path: Path) -> None:
         # Generous limits: each wait ends as soon as its condition holds, and CI machines can be loaded.
         assert wait_until(scraped, timeout_s=30), prom_query(prom, "up")
         def finalized() -> float:
-            return metric_sum(get(urls["aggregator"]).decode(), "chopper_job_steps_finalized_total", job="demo")
+            return metric_sum(get(urls["aggregator"]).decode(), "chopper_job_steps_finalized_total",
+                              training_job="demo")
 
         assert wait_until(lambda: finalized() > 0, timeout_s=60), (workdir / "training.log").read_text()[-3000:]
-        # honor_labels keeps the training job in `job`, as the shipped rules expect.
-        assert wait_until(lambda: bool(prom_query(prom, 'chopper_rank_steps_total{job="demo"} > 0')), timeout_s=30)
+        # The training job's own label, training_job, as the shipped rules expect (no honor_labels needed).
+        assert wait_until(lambda: bool(prom_query(prom, 'chopper_rank_steps_total{training_job="demo"} > 0')),
+                          timeout_s=30)
         groups = {g["name"] for g in json.loads(get(f"{urls['prometheus']}/api/v1/rules"))["data"]["groups"]}
         assert "stack-test" in groups and (not shipped or len(groups) > 1), groups
 

@@ -17,7 +17,7 @@ def test_training_survives_agent_kill_and_restart(agent_process: AgentProcess) -
 
     def steps_seen() -> float:
         try:
-            return metric_sum(agent_process.metrics(), "chopper_rank_steps_total", job="e2e")
+            return metric_sum(agent_process.metrics(), "chopper_rank_steps_total", training_job="e2e")
         except OSError:
             return 0.0
 
@@ -30,7 +30,7 @@ def test_training_survives_agent_kill_and_restart(agent_process: AgentProcess) -
     sent = finish_training(training)
     text = agent_process.metrics()
     for rank, counts in sent.items():
-        received = metric_sum(text, "chopper_rank_steps_total", job="e2e", rank=rank)
+        received = metric_sum(text, "chopper_rank_steps_total", training_job="e2e", rank=rank)
         assert 0 < received < counts["steps"], f"rank {rank}: the new agent saw {received} of {counts['steps']}"
         # The client knows what it could not deliver (queue overflow or batches in flight at the kill);
         # markers it held while the agent was down were delivered after the restart.

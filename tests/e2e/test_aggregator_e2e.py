@@ -98,10 +98,10 @@ def test_hot_gpu_rank_is_named_and_job_totals_equal_the_agents(
     assert agg.value("chopper_aggregator_summaries_duplicate_total") == 0
     assert agg.value("chopper_aggregator_summaries_lost_total") == 0 == delivery(agents, "lost_total")
     # Step time by cause, summed over the job: the aggregator's equals the sum of the agents' summaries.
-    assert wait_until(lambda: agg.value("chopper_job_steps_finalized_total", job="e2e") == sent["0"]["steps"],
+    assert wait_until(lambda: agg.value("chopper_job_steps_finalized_total", training_job="e2e") == sent["0"]["steps"],
                       timeout_s=30)
-    agent_seconds = sum(metric_sum(a.metrics(), "chopper_rank_step_seconds_total", job="e2e") for a in agents)
-    job_seconds = agg.value("chopper_job_step_seconds_total", job="e2e")
+    agent_seconds = sum(metric_sum(a.metrics(), "chopper_rank_step_seconds_total", training_job="e2e") for a in agents)
+    job_seconds = agg.value("chopper_job_step_seconds_total", training_job="e2e")
     assert job_seconds == pytest.approx(agent_seconds, rel=1e-6)
     # Once the hot GPU has heated up it throttles: its rank is the slowest, for a thermal cause.
     steps = agg.query("e2e", last=10)
@@ -109,7 +109,9 @@ def test_hot_gpu_rank_is_named_and_job_totals_equal_the_agents(
     named = [(s.slowest_rank, s.slowest_cause) for s in steps]
     assert named.count((3, "thermal")) >= 8, named
     text = agg.metrics()
-    assert metric_sum(text, "chopper_job_slowest_rank_info", job="e2e", rank="3", node="e2e-b", cause="thermal") == 1
+    assert metric_sum(text, "chopper_job_slowest_rank", training_job="e2e") == 3
+    assert metric_sum(text, "chopper_job_slowest_rank_cause", training_job="e2e", cause="thermal") == 1
+    assert metric_sum(text, "chopper_job_rank_slowest", training_job="e2e", rank="3", node="e2e-b") == 1
 
 
 def test_aggregator_kill_and_restart_loses_and_duplicates_nothing(
@@ -182,10 +184,10 @@ def test_two_replicas_each_job_on_exactly_one(tmp_path: Path) -> None:
             summaries = sum(c["steps"] for c in sent[name].values())
             for address, replica in by_address.items():
                 if address == owner:
-                    assert wait_until(lambda r=replica, n=name: f'job="{n}"' in r.metrics(), timeout_s=15), (
+                    assert wait_until(lambda r=replica, n=name: f'training_job="{n}"' in r.metrics(), timeout_s=15), (
                         f"{name} never reached its replica {owner}")
                 else:
-                    assert f'job="{name}"' not in replica.metrics(), f"{name} also on {address}"
+                    assert f'training_job="{name}"' not in replica.metrics(), f"{name} also on {address}"
             assert delivery(agents, "acked_total", replica=owner) >= summaries
         received = sum(r.value("chopper_aggregator_summaries_received_total") for r in replicas)
         assert received == produced(agents) == sum(c["steps"] for s in sent.values() for c in s.values())

@@ -33,8 +33,8 @@ def profiler_steps(trace_dir: Path) -> dict[int, int]:
 
 
 def wait_for_steps(agent: AgentProcess, steps: int = 2) -> None:
-    assert wait_until(lambda: metric_sum(agent.metrics(), "chopper_rank_steps_total", job="e2e", rank="1") >= steps,
-                      timeout_s=60), "training never started stepping"
+    assert wait_until(lambda: metric_sum(agent.metrics(), "chopper_rank_steps_total", training_job="e2e",
+                                         rank="1") >= steps, timeout_s=60), "training never started stepping"
 
 
 @pytest.mark.slow
@@ -104,9 +104,9 @@ def test_capture_refusals_and_agent_killed_mid_capture(agent_process: AgentProce
         # Both ranks start profiling at their next step after the command: let every rank take a few
         # steps under the capture before the kill, however slow a loaded machine makes them.
         text = agent_process.metrics()
-        done = {r: metric_sum(text, "chopper_rank_steps_total", job="e2e", rank=r) for r in ("0", "1")}
+        done = {r: metric_sum(text, "chopper_rank_steps_total", training_job="e2e", rank=r) for r in ("0", "1")}
         assert wait_until(lambda: all(
-            metric_sum(agent_process.metrics(), "chopper_rank_steps_total", job="e2e", rank=r) >= done[r] + 3
+            metric_sum(agent_process.metrics(), "chopper_rank_steps_total", training_job="e2e", rank=r) >= done[r] + 3
             for r in done), timeout_s=60), "training stopped stepping during the capture"
         agent_process.kill()
         _, err = long.communicate(timeout=60)

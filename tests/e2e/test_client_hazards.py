@@ -40,7 +40,7 @@ def _label(value: str) -> str:
 
 
 def received(agent: AgentProcess, job: str) -> int:
-    return int(metric_sum(agent.metrics(), "chopper_rank_markers_received_total", job=_label(job)))
+    return int(metric_sum(agent.metrics(), "chopper_rank_markers_received_total", training_job=_label(job)))
 
 
 def start_trainer(agent: AgentProcess, env: dict[str, str], *args: str) -> subprocess.Popen[str]:
@@ -144,9 +144,10 @@ def test_an_oversized_marker_costs_only_itself_and_bad_flops_only_the_field(tmp_
         assert s["dropped_invalid_by_reason"] == {"bad_name": 2} and s["batches_sent"] == 1, s
         assert s["last_error"] == "", s  # the stream never broke
         assert wait_until(lambda: received(agent, "clumsy") == 20, timeout_s=15), received(agent, "clumsy")
-        assert wait_until(lambda: metric_sum(agent.metrics(), "chopper_rank_steps_total", job="clumsy") == 2)
-        flagged = metric_sum(agent.metrics(), "chopper_rank_flagged_steps_total", job="clumsy", flag="bad_flops")
-        assert wait_until(lambda: metric_sum(agent.metrics(), "chopper_rank_flagged_steps_total", job="clumsy",
+        assert wait_until(lambda: metric_sum(agent.metrics(), "chopper_rank_steps_total", training_job="clumsy") == 2)
+        flagged = metric_sum(agent.metrics(), "chopper_rank_flagged_steps_total", training_job="clumsy",
+                             flag="bad_flops")
+        assert wait_until(lambda: metric_sum(agent.metrics(), "chopper_rank_flagged_steps_total", training_job="clumsy",
                                              flag="bad_flops") == 1, timeout_s=15), flagged
         rejected = metric_sum(agent.metrics(), "chopper_agent_markers_rejected_total")
         assert metric_sum(agent.metrics(), "chopper_agent_marker_fields_dropped_total", field="flops") == 1

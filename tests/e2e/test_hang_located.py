@@ -87,14 +87,14 @@ def _positions(agent: AgentProcess) -> dict[str, tuple[str, str, float]]:
     out = {}
     for family in text_string_to_metric_families(agent.metrics()):
         for s in family.samples:
-            if s.name == "chopper_rank_position_seconds" and s.labels["job"] == "hang":
+            if s.name == "chopper_rank_position_seconds" and s.labels["training_job"] == "hang":
                 out[s.labels["rank"]] = (s.labels["kind"], s.labels["name"], s.value)
     return out
 
 
 def _open_steps(agent: AgentProcess) -> dict[str, float]:
     return {s.labels["rank"]: s.value for f in text_string_to_metric_families(agent.metrics()) for s in f.samples
-            if s.name == "chopper_rank_open_step" and s.labels["job"] == "hang"}
+            if s.name == "chopper_rank_open_step" and s.labels["training_job"] == "hang"}
 
 
 def _stalled_alerts(prom: str) -> list[dict]:
@@ -106,8 +106,8 @@ def _stalled_alerts(prom: str) -> list[dict]:
             alerts = json.load(response)["data"]["alerts"]
     except OSError:
         return []
-    return [a for a in alerts if a["labels"]["alertname"] == "ChopperJobStalled" and a["labels"].get("job") == "hang"
-            and a["state"] == "firing"]
+    return [a for a in alerts if a["labels"]["alertname"] == "ChopperJobStalled"
+            and a["labels"].get("training_job") == "hang" and a["state"] == "firing"]
 
 
 def test_a_hung_job_is_located_on_every_surface(stack) -> None:  # type: ignore[no-untyped-def]

@@ -100,7 +100,8 @@ def test_one_process_holding_300_streams_starves_neither_trainers_nor_getinfo(tm
         stats = client.stats()
         assert stats["sent"] == 2 * STEPS and stats["dropped"] == 0, stats
         assert wait_until(lambda: metric_sum(agent.metrics(), "chopper_rank_markers_received_total",
-                                             job="victim") == 2 * STEPS, timeout_s=20), "the agent lost markers"
+                                             training_job="victim") == 2 * STEPS, timeout_s=20), (
+            "the agent lost markers")
         hazard.outcome = (f"{held} of {HELD} streams held, {refused} refused RESOURCE_EXHAUSTED and counted "
                           f"({over_share:g} streams_per_client, the rest rate_limited); GetInfo answered in "
                           f"{getinfo_s * 1000:.0f} ms; the second trainer's {2 * STEPS} of {2 * STEPS} markers "
@@ -144,7 +145,7 @@ def test_a_refused_trainer_counts_its_markers_dropped_and_the_agent_counts_the_r
         client.shutdown(timeout=5.0)
         stats = client.stats()
         text = agent.metrics()
-        received = metric_sum(text, "chopper_rank_markers_received_total", job="refused")
+        received = metric_sum(text, "chopper_rank_markers_received_total", training_job="refused")
         refusals = metric_sum(text, "chopper_agent_rpc_refused_total", rpc="PushMarkers",
                               reason="too_many_streams") - before
         assert received == 0 and stats["sent"] == 0, (received, stats, refusals)

@@ -90,19 +90,21 @@ def test_inspector_collectives_drive_exposed_comm_of_a_job_that_marks_none(tmp_p
         def exported() -> str:
             return agent.metrics()
 
-        assert wait_until(lambda: metric_sum(exported(), "chopper_inspector_collectives_total", job="bert") == 5)
+        assert wait_until(lambda: metric_sum(exported(), "chopper_inspector_collectives_total",
+                                             training_job="bert") == 5)
         text = exported()
-        assert metric_sum(text, "chopper_inspector_collectives_total", job="zero-code", collective="AllReduce",
+        assert metric_sum(text, "chopper_inspector_collectives_total", training_job="zero-code", collective="AllReduce",
                           size="16-256MiB") == STEPS
-        assert metric_sum(text, "chopper_inspector_collective_seconds_total", job="bert") == pytest.approx(5 * 250e-6)
+        assert metric_sum(text, "chopper_inspector_collective_seconds_total",
+                          training_job="bert") == pytest.approx(5 * 250e-6)
         assert metric_sum(text, "chopper_inspector_records_mapped_total", via="registration") == STEPS
         assert metric_sum(text, "chopper_inspector_records_mapped_total", via="directory") == 5
         assert metric_sum(text, "chopper_inspector_records_unplaced_total") == 5
-        assert metric_sum(text, "chopper_rank_collective_source_steps_total", job="zero-code",
+        assert metric_sum(text, "chopper_rank_collective_source_steps_total", training_job="zero-code",
                           source="inspector") == STEPS
-        collective = metric_sum(text, "chopper_rank_inspector_collective_seconds_total", job="zero-code")
+        collective = metric_sum(text, "chopper_rank_inspector_collective_seconds_total", training_job="zero-code")
         assert collective == pytest.approx(sum((e - b) / 1e9 for b, e in truth["windows"]), abs=STEPS * 2e-6)
-        assert metric_sum(text, "chopper_rank_collective_bytes_total", job="zero-code") == STEPS * (64 << 20)
+        assert metric_sum(text, "chopper_rank_collective_bytes_total", training_job="zero-code") == STEPS * (64 << 20)
         assert metric_sum(text, "chopper_inspector_dir_present") == 1
         assert metric_sum(text, "chopper_inspector_ranks_silent") == 0
 

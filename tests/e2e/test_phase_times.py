@@ -102,7 +102,7 @@ def test_phase_times_equal_the_loop_s_own_timing(agent_process: AgentProcess) ->
     # The same figures on /metrics, summed over the steps.
     text = agent_process.metrics()
     for name in ("data", "train", "forward", "backward", "optimizer"):
-        total = metric_sum(text, "chopper_rank_phase_seconds_total", job="phases", phase=name)
+        total = metric_sum(text, "chopper_rank_phase_seconds_total", training_job="phases", phase=name)
         inner = sum(timer.inner[i][name] for i in range(STEPS))
         outer = sum(timer.outer[i][name] for i in range(STEPS))
         assert inner - STEPS * CLOCK_S <= total <= outer + STEPS * CLOCK_S, (name, total, inner, outer)

@@ -17,7 +17,7 @@ def test_prometheus_sees_steps_and_gpus(agent_process: AgentProcess, tmp_path: P
     prom = server.address
     try:
         sent = finish_training(start_training(agent_process.target, ranks=2, duration_s=5.0))
-        expr = 'chopper_rank_steps_total{job="e2e"}'
+        expr = 'chopper_rank_steps_total{training_job="e2e"}'
 
         seen: dict[str, list[dict]] = {}
 

@@ -109,7 +109,8 @@ def test_a_flood_of_ranks_stays_within_max_ranks(tmp_path: Path, hazard: HazardO
         empty = len(agent.metrics())
         trainer = Trainer(channel)
         trainer.start()
-        assert wait_until(lambda: metric_sum(agent.metrics(), "chopper_rank_steps_total", job="train") >= 20, 30)
+        assert wait_until(lambda: metric_sum(agent.metrics(), "chopper_rank_steps_total",
+                                             training_job="train") >= 20, 30)
         one_rank = len(agent.metrics()) - empty  # the trainer's series: more than any flood rank has
         rss_before = process.memory_info().rss
 
@@ -140,7 +141,7 @@ def test_a_flood_of_ranks_stays_within_max_ranks(tmp_path: Path, hazard: HazardO
         # The trainer lost nothing: every marker accepted, every step summarised, on its own series.
         assert trainer.response is not None
         assert (trainer.response.accepted, trainer.response.rejected) == (trainer.sent, 0)
-        assert wait_until(lambda: metric_sum(agent.metrics(), "chopper_rank_steps_total", job="train")
+        assert wait_until(lambda: metric_sum(agent.metrics(), "chopper_rank_steps_total", training_job="train")
                           == trainer.steps, 10)
         # Bounded: never more than max_ranks tracked, and the scrape holds no more than that many ranks.
         assert tracked and max(tracked) <= MAX_RANKS, max(tracked)

@@ -18,7 +18,7 @@ from tests.support.polling import wait_until
 
 STEPS = 3
 PHASE_S = 0.01
-RANK_SERIES = re.compile(r'^chopper_rank_\w+\{[^}]*job="([^"]+)"', re.MULTILINE)
+RANK_SERIES = re.compile(r'^chopper_rank_\w+\{[^}]*training_job="([^"]+)"', re.MULTILINE)
 
 
 def run_job(target: str, job: str, ranks: int = 2) -> None:
@@ -39,7 +39,7 @@ def run_job(target: str, job: str, ranks: int = 2) -> None:
 def series(text: str) -> list[str]:
     """Every series of a scrape by name and labels, a job's name replaced by ``J``."""
     lines = [line.rpartition(" ")[0] for line in text.splitlines() if line and not line.startswith("#")]
-    return sorted(re.sub(r'job="[^"]*"', 'job="J"', line) for line in lines)
+    return sorted(re.sub(r'training_job="[^"]*"', 'training_job="J"', line) for line in lines)
 
 
 def jobs_with_series(text: str) -> set[str]:

@@ -84,7 +84,7 @@ def test_torchrun_job_is_attributed_to_its_slurm_job_ranks_and_physical_gpus(
     # Live, the agent's per-rank series carry the same identity, and the simulated GPUs 4 and 5 ran them.
     text = node.metrics()
     for rank, gpu in ((0, "4"), (1, "5")):
-        assert metric_sum(text, "chopper_rank_steps_total", job="4242", rank=str(rank), gpu=gpu) == STEPS
+        assert metric_sum(text, "chopper_rank_steps_total", training_job="4242", rank=str(rank), gpu=gpu) == STEPS
     assert "job=\"none\"" not in text and "job=\"default\"" not in text
     print(f"torchrun job trained in {trained:.1f} s")
 
@@ -106,7 +106,7 @@ def test_a_device_uuid_the_node_does_not_have_is_flagged_and_training_goes_on(no
     (warning,) = [line for line in out.stderr.splitlines() if "event=unknown_device" in line]
     assert f"device UUID {foreign} is not a GPU of node 'e2e-node'" in warning
     assert f"CUDA_VISIBLE_DEVICES='{foreign}'" in warning and "set CHOPPER_GPU" in warning
-    assert wait_until(lambda: metric_sum(node.metrics(), "chopper_rank_flagged_steps_total", job="foreign-gpu",
+    assert wait_until(lambda: metric_sum(node.metrics(), "chopper_rank_flagged_steps_total", training_job="foreign-gpu",
                                          flag="unknown_device") == 5, timeout_s=30)
     agent_log = [line for line in node.log().splitlines() if "event=unknown_device" in line]
     assert len(agent_log) == 1 and "job 'foreign-gpu' rank 0 drives device" in agent_log[0]

@@ -32,7 +32,7 @@ def test_every_step_phase_and_collective_arrives(agent_process: AgentProcess) ->
             assert counted(rank, kind) == counts[what], f"rank {rank} {kind}"
     text = agent_process.metrics()
     assert metric_sum(text, "chopper_agent_markers_rejected_total") == 0
-    assert metric_sum(text, "chopper_rank_steps_total", job="e2e", rank="0") == sent["0"]["steps"]
+    assert metric_sum(text, "chopper_rank_steps_total", training_job="e2e", rank="0") == sent["0"]["steps"]
     # The simulated GPUs the ranks drive were busy while the others idled.
     assert metric_sum(text, "chopper_gpu_energy_joules_total", gpu="0") > 0
     assert agent_process.terminate() == 0

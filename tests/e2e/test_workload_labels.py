@@ -49,7 +49,7 @@ def test_job_and_pod_owners_show_on_metrics_and_samples(tmp_path: Path) -> None:
 
         def labelled() -> bool:
             m = agent.metrics()
-            return (info_series(m, gpu="0", job="4242", source="jobmap") == 1
+            return (info_series(m, gpu="0", hpc_job="4242", source="jobmap") == 1
                     and info_series(m, gpu="2", pod="llama-8b-worker-0", namespace="ml-train", container="trainer",
                                     source="podresources") == 1)
 

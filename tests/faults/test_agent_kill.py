@@ -22,7 +22,7 @@ DOWN_S = 2.0
 
 def _steps(agent: AgentProcess) -> float:
     try:
-        return metric_sum(agent.metrics(), "chopper_rank_steps_total", job="faults")
+        return metric_sum(agent.metrics(), "chopper_rank_steps_total", training_job="faults")
     except OSError:
         return 0.0
 
@@ -56,7 +56,7 @@ def test_agent_kill_and_restart(tmp_path: Path, fault_record: FaultRecord) -> No
     rec.lost = result.uncounted
     rec.counted_losses = int(result.client["dropped"])
     rec.duplicated = 0
-    last_step = metric_sum(text, "chopper_rank_last_step", job="faults")
+    last_step = metric_sum(text, "chopper_rank_last_step", training_job="faults")
     rec.outcome = (f"{result.steps} steps, {inside} during the outage; client sent {result.client['sent']}, dropped "
                    f"{result.client['dropped']} (in flight {result.client['dropped_in_flight']}) of {result.marked}; "
                    f"new agent saw the last step ({last_step:.0f})")

@@ -39,12 +39,12 @@ def test_device_lost_then_recovered(tmp_path: Path, fault_record: FaultRecord) -
 
     try:
         trainer = start_trainer(agent.target, 9.0)
-        time_until(lambda: value("chopper_rank_steps_total", job="faults") > 0, timeout_s=30)
+        time_until(lambda: value("chopper_rank_steps_total", training_job="faults") > 0, timeout_s=30)
         time.sleep(1.5)
         lost_at = time.monotonic()
         os.kill(agent.proc.pid, signal.SIGUSR1)
         time_until(lambda: value("chopper_agent_backend_up") == 0, timeout_s=20)
-        steps_down = value("chopper_rank_steps_total", job="faults")
+        steps_down = value("chopper_rank_steps_total", training_job="faults")
         time.sleep(LOST_S)
         during = agent.metrics()
         os.kill(agent.proc.pid, signal.SIGUSR2)
@@ -56,9 +56,9 @@ def test_device_lost_then_recovered(tmp_path: Path, fault_record: FaultRecord) -
         rec.peak_rss_mib = round(peak_rss_mib(agent.proc.pid), 1)
     finally:
         agent.terminate()
-    received = metric_sum(text, "chopper_rank_markers_received_total", job="faults")
+    received = metric_sum(text, "chopper_rank_markers_received_total", training_job="faults")
     errors = metric_sum(during, "chopper_agent_backend_errors_total")
-    steps_during = metric_sum(during, "chopper_rank_steps_total", job="faults") - steps_down
+    steps_during = metric_sum(during, "chopper_rank_steps_total", training_job="faults") - steps_down
     ratio, inside, outside = step_time_ratio(result.times, [(lost_at, recovered_at)])
     rec.step_time_ratio = round(ratio, 4)
     rec.recovery_s = round(recovered_at - back_at, 2)

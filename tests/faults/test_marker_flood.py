@@ -56,7 +56,8 @@ def test_marker_flood(tmp_path: Path, fault_record: FaultRecord) -> None:
     assert agent.proc is not None
     try:
         trainer = start_trainer(agent.target, FLOOD_MAX_S + 30)
-        time_until(lambda: metric_sum(agent.metrics(), "chopper_rank_steps_total", job="faults") > 0, timeout_s=30)
+        time_until(lambda: metric_sum(agent.metrics(), "chopper_rank_steps_total", training_job="faults") > 0,
+                   timeout_s=30)
         time.sleep(1.5)
         flood_at = time.monotonic()
         flooder = subprocess.Popen(
@@ -79,7 +80,7 @@ def test_marker_flood(tmp_path: Path, fault_record: FaultRecord) -> None:
         result = finish_trainer(trainer)
         # The agent may still be reading flood messages it had taken in: wait for the trainer's markers.
         trainer_done = time.monotonic()
-        time_until(lambda: metric_sum(agent.metrics(), "chopper_rank_markers_received_total", job="faults")
+        time_until(lambda: metric_sum(agent.metrics(), "chopper_rank_markers_received_total", training_job="faults")
                    >= result.marked - result.client["dropped"], timeout_s=30)
         rec.recovery_s = round(time.monotonic() - trainer_done, 2)
         text = agent.metrics()
@@ -89,8 +90,8 @@ def test_marker_flood(tmp_path: Path, fault_record: FaultRecord) -> None:
     out, err = flooder.communicate()
     assert flooder.returncode == 0, err[-2000:]
     flood = json.loads(out.strip().splitlines()[-1])
-    received = metric_sum(text, "chopper_rank_markers_received_total", job="faults")
-    flood_received = metric_sum(text, "chopper_rank_markers_received_total", job="flood")
+    received = metric_sum(text, "chopper_rank_markers_received_total", training_job="faults")
+    flood_received = metric_sum(text, "chopper_rank_markers_received_total", training_job="flood")
     overwritten = metric_sum(text, "chopper_agent_buffer_overwritten_total")
     rejected = metric_sum(text, "chopper_agent_markers_rejected_total")
     refused = metric_sum(text, "chopper_agent_rpc_refused_total", rpc="PushMarkers")

@@ -72,7 +72,8 @@ def test_slow_consumer(tmp_path: Path, fault_record: FaultRecord) -> None:
     assert agent.proc is not None
     try:
         trainer = start_trainer(agent.target, 9.0)
-        time_until(lambda: metric_sum(agent.metrics(), "chopper_rank_steps_total", job="faults") > 0, timeout_s=30)
+        time_until(lambda: metric_sum(agent.metrics(), "chopper_rank_steps_total", training_job="faults") > 0,
+                   timeout_s=30)
         fast, slow = Reader(agent.target), Reader(agent.target)
         time.sleep(1.0)
         stalled_at = time.monotonic()
@@ -97,7 +98,7 @@ def test_slow_consumer(tmp_path: Path, fault_record: FaultRecord) -> None:
     first, last = slow.items[0], slow.items[-1]
     expected = {item for item in fast.items if first <= item <= last}
     skipped = expected - set(slow.items)
-    received = metric_sum(text, "chopper_rank_markers_received_total", job="faults")
+    received = metric_sum(text, "chopper_rank_markers_received_total", training_job="faults")
     ratio, inside, outside = step_time_ratio(result.times, [(stalled_at, resumed_at + rec.recovery_s)])
     rec.step_time_ratio = round(ratio, 4)
     rec.rss_ceiling_mib = AGENT_RSS_CEILING_MIB

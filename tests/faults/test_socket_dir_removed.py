@@ -37,7 +37,7 @@ def test_socket_directory_removed(tmp_path: Path, fault_record: FaultRecord) -> 
     assert agent.proc is not None
 
     def steps(rank: int) -> float:
-        return metric_sum(agent.metrics(), "chopper_rank_steps_total", job="faults", rank=str(rank))
+        return metric_sum(agent.metrics(), "chopper_rank_steps_total", training_job="faults", rank=str(rank))
 
     try:
         connected = start_trainer(agent.target, 7.0, "--rank", "0", "--gpu", "0")
@@ -58,7 +58,7 @@ def test_socket_directory_removed(tmp_path: Path, fault_record: FaultRecord) -> 
         if agent.proc.poll() is None:
             agent.proc.terminate()
             agent.proc.wait(15)
-    got = [metric_sum(text, "chopper_rank_markers_received_total", job="faults", rank=str(r)) for r in (0, 1)]
+    got = [metric_sum(text, "chopper_rank_markers_received_total", training_job="faults", rank=str(r)) for r in (0, 1)]
     ratio, inside, outside = step_time_ratio(first.times, [(removed_at, removed_at + 5.0)])
     rec.step_time_ratio = round(ratio, 4)
     rec.rss_ceiling_mib = AGENT_RSS_CEILING_MIB

@@ -44,7 +44,7 @@ def test_a_plaintext_loopback_listener_is_warned_about_because_any_local_user_ca
                 time.sleep(0.01)
         client.shutdown(timeout=5.0)
         assert wait_until(lambda: metric_sum(tcp.metrics(), "chopper_rank_markers_received_total",
-                                             job="forged") == 6, timeout_s=20)
+                                             training_job="forged") == 6, timeout_s=20)
         warned = [line for line in tcp.log().splitlines() if "event=plaintext_listen" in line]
         assert len(warned) == 1 and f"grpc_listen={listen}" in warned[0] and "WARNING" in warned[0].upper(), warned
         assert "every local user can connect" in warned[0] and "tls_cert" in warned[0], warned

@@ -100,7 +100,7 @@ def test_records_every_marker_of_a_training_run(agent: AgentProcess, tmp_path: P
     sent = finish_training(start_training(agent.target, ranks=2, duration_s=3))
 
     def received(rank: str) -> float:
-        return metric_sum(agent.metrics(), "chopper_rank_markers_received_total", job="e2e", rank=rank,
+        return metric_sum(agent.metrics(), "chopper_rank_markers_received_total", training_job="e2e", rank=rank,
                           kind="step_end")
 
     assert all(wait_until(lambda r=r: received(r) == sent[r]["steps"], timeout_s=30) for r in sent)
