@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import socket
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from chopper.daemon import settings as _settings
@@ -71,6 +72,22 @@ class AgentSettings:
     )
     sim_power_cap_w: float = field(
         default=0.0, metadata={"help": "simulated backend: power cap of every GPU, W (0: the model's TDP)"}
+    )
+    # Text, not a tuple: the settings loader parses tuples of whole numbers only.
+    sim_health_events: str = field(
+        default="", metadata={"help": "simulated backend: comma-separated health events GPU:KIND:AT_S[:COUNT[:DETAIL]] "
+                              "(GPU a chip, KIND one of chopper.schema.ERROR_KINDS that the model's vendor reports, "
+                              "AT_S seconds after the first sample), e.g. 3:ecc_corrected:20:50 (50 corrected ECC "
+                              "errors over 2 s) or 1:xid:30:1:79 (docs/HEALTH.md)"}
+    )
+    sim_partition: str = field(
+        default="", metadata={"help": "simulated backend: partition of every chip, which then shows as several "
+                              "GPUs: DPX, QPX or CPX on AMD models, a MIG profile such as 3g.40gb on NVIDIA "
+                              "models; empty: whole chips (sim_gpus counts chips either way)"}
+    )
+    sim_memory_partition: str = field(
+        default="", metadata={"help": "simulated backend: AMD memory partition NPS1 or NPS4 (NPS4 with CPX only); "
+                              "empty: none"}
     )
     replay_dir: str = field(default="", metadata={"help": "replay backend: recorded run directory"})
     replay_speed: float = field(default=1.0, metadata={"help": "replay backend: playback speed factor"})
@@ -163,6 +180,7 @@ def _check(s: AgentSettings) -> None:
         raise bad("sim_hot_gpus", f"names a GPU outside 0..{s.sim_gpus - 1}")
     if s.sim_power_cap_w < 0:
         raise bad("sim_power_cap_w", "is negative; use 0 for the model's TDP or a cap in watts, e.g. 400")
+    _check_simulated_health_and_partitions(s, bad)
     if s.backend == "replay" and not s.replay_dir:
         raise ConfigError("replay_dir: required with backend replay; pass --replay-dir RUN_DIR")
     if s.replay_speed <= 0:
@@ -196,6 +214,26 @@ def _check(s: AgentSettings) -> None:
     if not 1 <= s.max_ranks <= 1_000_000:
         raise bad("max_ranks", "is out of range; use 1 to 1000000")
     check_access(s)
+
+
+def _check_simulated_health_and_partitions(s: AgentSettings, bad: Callable[[str, str], ConfigError]) -> None:
+    """``sim_health_events``, ``sim_partition`` and ``sim_memory_partition`` against ``sim_model``."""
+    if not (s.sim_health_events or s.sim_partition or s.sim_memory_partition):
+        return  # sim_model is only looked up when one of these needs its vendor
+    from agent.backends import sim_health, specs
+
+    spec = specs.SPECS.get(s.sim_model) or specs.SPECS.get(s.sim_model.upper())
+    if spec is None:
+        raise bad("sim_model", f"is not a simulated GPU model; choose one of {', '.join(specs.SPECS)}")
+    for key, check in (("sim_partition", lambda: specs.check_partition(spec, s.sim_partition)),
+                       ("sim_memory_partition",
+                        lambda: specs.check_memory_partition(spec, s.sim_partition, s.sim_memory_partition)),
+                       ("sim_health_events", lambda: sim_health.parse_events(
+                           sim_health.split_events(s.sim_health_events), spec.vendor, s.sim_gpus))):
+        try:
+            check()
+        except ValueError as exc:
+            raise bad(key, str(exc)) from None
 
 
 def check_access(s: AgentSettings) -> None:

@@ -1,10 +1,19 @@
 """A simulated node of GPUs whose activity follows the training markers the agent forwards.
 
 For machines without GPUs (demos, CI, load tests). Everything it reports says
-``vendor="simulated"``. Deterministic: the same ``seed`` and the same sequence of
-``observe_marker`` / ``sample`` calls give the same samples; it never reads a clock.
+``vendor="simulated"``. Deterministic: the same ``seed``, settings and sequence of
+``observe_marker`` / ``sample`` calls give the same samples; it never reads a clock (time is the
+``now_ns`` given to ``sample``).
 
-Activity. Each GPU is in one of four states, decided by the markers of the rank driving it:
+Chips and devices. ``gpus`` counts chips. Whole chips are one device each. A ``partition``
+(``agent.backends.specs.partition_layout``: AMD DPX/QPX/CPX, an NVIDIA MIG profile) shows each chip
+as ``per_chip`` devices, partition ``p`` of chip ``c`` being device ``c · per_chip + p``, with its
+own UUID, the chip's as ``chip_uuid``, and ``peak_flops`` / ``memory_bytes`` scaled to its share:
+an MI300X in CPX is 8 devices of 1/8 each, an H100 in MIG 3g.40gb 2 instances of 60/132 SMs and
+40 GiB. ``hot_gpus``, ``power_cap_w`` and health events name chips.
+
+Activity. Each device (whole chip or partition) is in one of four states, decided by the markers
+of the rank driving it:
 
 ===========  =====================================================  =========  ======  =====
 state        when                                                   busy       matrix  a
@@ -29,8 +38,10 @@ peer of the node (seven in an 8-GPU hive), on an NVIDIA model the 18 NVLink4 lin
 an H100/H200 SXM5 to the NVSwitches; NCCL and RCCL stripe a collective over every link, so an
 even split is what those topologies show.
 
-Physics, per GPU, integrated over the elapsed time between ``sample`` calls in sub-steps of at
-most 1 s (the first call covers a nominal 0.1 s). Units: MHz, W, °C, s, J.
+Physics, per chip, integrated over the elapsed time between ``sample`` calls in sub-steps of at
+most 1 s (the first call covers a nominal 0.1 s). Units: MHz, W, °C, s, J. A partitioned chip's
+activity factor ``a`` is the sum of its partitions' ``a``, each weighted by its compute share, so
+one busy CPX partition of eight draws little more than an idle chip.
 
 1. Requested clock (DVFS governor): ``f_req = f_idle + (f_max − f_idle)·min(1, a/0.3)``,
    ``f_idle = 0.15·f_max``.
@@ -51,15 +62,28 @@ most 1 s (the first call covers a nominal 0.1 s). Units: MHz, W, °C, s, J.
    ``R_th = 50 °C / tdp_w`` nominal (≈ 80 °C at TDP), ``τ ≈ 6 s``.
 5. Energy: ``E += P·dt`` (cumulative J); the reported power is the interval mean ``ΔE/Δt``.
 
-Per-GPU variation drawn from ``numpy.random.default_rng(seed)``: ``R_th × U(0.9, 1.1)``,
-``τ × U(0.85, 1.15)``, leakage ``U(0.9, 1.15)``, silicon quality ``q ~ U(1.0, 1.2)``, compute
-busy ``U(0.90, 0.97)``. ``hot_gpus`` get ``R_th × 3`` (a failed fan or blocked airflow): under
+Per-chip variation drawn from ``numpy.random.default_rng(seed)``: ``R_th × U(0.9, 1.1)``,
+``τ × U(0.85, 1.15)``, leakage ``U(0.9, 1.15)``, silicon quality ``q ~ U(1.0, 1.2)``; per device:
+compute busy ``U(0.90, 0.97)`` and memory in use during training ``U(0.70, 0.85)`` of its memory. ``hot_gpus`` get ``R_th × 3`` (a failed fan or blocked airflow): under
 sustained load they reach the thermal limit within seconds (about 5 s at 600 W) and then run at
 roughly two thirds of the clock of a healthy GPU, as a GPU that lost its cooling does.
 Current and other throttle causes are never simulated (their counters stay 0).
 
-Cost: per ``sample`` a few list operations per GPU plus ~30 numpy operations on arrays of
-``gpus`` elements, independent of the sampling rate.
+Partitions report what is theirs: activity, memory in use, link and PCIe bytes. The clock and
+throttle residency are the chip's, on every partition (each runs at it). Power, energy and
+temperature are the chip's on its first partition and NaN on the others (the drivers measure them
+for the chip, not per partition), so a sum over devices counts each chip once.
+
+Health (``agent.backends.sim_health``): every chip reports its vendor's error counters, all 0 at
+``open``, on the first sample and then at most once per ``HEALTH_INTERVAL_NS`` of ``now_ns``, in
+``Sample.errors`` of those ticks only (other ticks: ``()``). ``health_events`` schedule bursts of
+errors, XIDs and repair states relative to the first sample. On a partitioned chip the counters
+come on its first partition only, each ``chip_wide=True``. Errors do not change the physics.
+
+Cost: per ``sample`` a few list operations per device plus ~35 numpy operations on arrays of
+``gpus`` (chip) or ``gpus · per_chip`` (device) elements, independent of the sampling rate; once
+per second of ``now_ns`` a health reading of ≤ 30 counters per chip (a chip whose counters did not
+change returns its previous tuple).
 """
 from __future__ import annotations
 
@@ -72,8 +96,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from agent.backends.base import BackendError
-from agent.backends.specs import SPECS
-from chopper.schema import NAN, DeviceInfo, LinkBytes, MarkerKind, Sample
+from agent.backends.sim_health import AGGREGATE_CORRECTED_MAX, HEALTH_INTERVAL_NS, ChipHealth, parse_events
+from agent.backends.specs import SPECS, partition_layout
+from chopper.schema import NAN, DeviceInfo, ErrorCount, LinkBytes, MarkerKind, Sample
 
 NOMINAL_FIRST_DT_S = 0.1
 MAX_SUBSTEP_S = 1.0
@@ -188,20 +213,26 @@ class SimulatedBackend:
     Args:
         node: Node name written into every row.
         model: A model of ``agent.backends.specs.SPECS`` (``MI300X``, ``H100``, ``H200`` ...).
-        gpus: Number of GPUs.
+        gpus: Number of chips.
         seed: Seeds per-GPU variation, noise and UUIDs.
-        hot_gpus: Indices of GPUs with poor cooling (thermal throttling under load).
-        power_cap_w: Power cap of every GPU, W; ``None`` for the model's TDP. A cap well below TDP
+        hot_gpus: Indices of chips with poor cooling (thermal throttling under load).
+        power_cap_w: Power cap of every chip, W; ``None`` for the model's TDP. A cap well below TDP
             makes busy GPUs throttle for power (``throttle_power_s``) at a visibly lower clock.
+        health_events: ``GPU:KIND:AT_S[:COUNT[:DETAIL]]`` entries (``agent.backends.sim_health``).
+        partition: Compute partition (AMD ``DPX``, ``QPX``, ``CPX``) or MIG profile (NVIDIA
+            ``3g.40gb`` ...) of every chip; "" whole chips (``agent.backends.specs.partition_layout``).
+        memory_partition: AMD memory partition (``NPS1``, ``NPS4``); "" none.
 
     Raises:
-        ValueError: Unknown model, ``gpus < 1``, a hot GPU index out of range or a cap that is not positive.
+        ValueError: Unknown model, ``gpus < 1``, a hot GPU index out of range, a cap that is not
+            positive, a bad health event or an invalid partition.
     """
 
     name = "simulated"
 
     def __init__(self, node: str, model: str = "MI300X", gpus: int = 8, seed: int = 0,
-                 hot_gpus: Sequence[int] = (), power_cap_w: float | None = None) -> None:
+                 hot_gpus: Sequence[int] = (), power_cap_w: float | None = None,
+                 health_events: Sequence[str] = (), partition: str = "", memory_partition: str = "") -> None:
         spec = SPECS.get(model) or SPECS.get(model.upper())
         if spec is None:
             raise ValueError(f"unknown simulated GPU model {model!r}; known models: {', '.join(SPECS)}")
@@ -212,62 +243,89 @@ class SimulatedBackend:
             raise ValueError(f"hot_gpus {bad} out of range 0..{gpus - 1}")
         if power_cap_w is not None and not power_cap_w > 0:
             raise ValueError(f"power_cap_w must be a positive number of watts, got {power_cap_w}")
+        try:
+            self.layout = partition_layout(spec, partition, memory_partition)
+        except ValueError as exc:
+            raise ValueError(f"partition {partition!r} / memory_partition {memory_partition!r}: {exc}") from None
+        self.events = parse_events(health_events, spec.vendor, gpus)
         self.power_cap_w = float(spec.tdp_w if power_cap_w is None else power_cap_w)
-        self.node, self.spec, self.gpus, self.seed = node, spec, gpus, seed
+        self.node, self.spec, self.chips, self.seed = node, spec, gpus, seed
+        per = self.layout.per_chip
+        self.gpus = gpus * per  # devices: every partition of every chip
+        self._chip_of = np.repeat(np.arange(gpus), per)
+        self._first = np.arange(0, self.gpus, per)  # each chip's first partition
+        self._share = self.layout.compute_share
         self.hot_gpus = tuple(sorted(set(hot_gpus)))
         self.links = links_for(spec.vendor, gpus)
         self.ignored_markers = 0
         rng = np.random.default_rng(seed)
-        n = gpus
-        r_th = 50.0 / spec.tdp_w * rng.uniform(0.9, 1.1, n)
+        # Chip draws first, device draws after: a node of whole chips keeps the values it always had.
+        r_th = 50.0 / spec.tdp_w * rng.uniform(0.9, 1.1, gpus)
         r_th[list(self.hot_gpus)] *= HOT_RTH_FACTOR
         self._r_th = r_th
-        self._tau = TAU_S * rng.uniform(0.85, 1.15, n)
-        self._leak = rng.uniform(0.9, 1.15, n)
-        self._p_dyn = (spec.tdp_w - spec.idle_w) * rng.uniform(1.0, 1.2, n)
-        self._busy_compute = rng.uniform(0.90, 0.97, n)
-        self._mem_frac = rng.uniform(0.70, 0.85, n)
+        self._tau = TAU_S * rng.uniform(0.85, 1.15, gpus)
+        self._leak = rng.uniform(0.9, 1.15, gpus)
+        self._p_dyn = (spec.tdp_w - spec.idle_w) * rng.uniform(1.0, 1.2, gpus)
+        self._busy_compute = rng.uniform(0.90, 0.97, self.gpus)
+        self._mem_frac = rng.uniform(0.70, 0.85, self.gpus)
+        self._aggregate_corrected = np.random.default_rng([seed, 2]).integers(0, AGGREGATE_CORRECTED_MAX, gpus)
         self._noise_rng = np.random.default_rng([seed, 1])
         self._lock = threading.Lock()
         self._opened = False
         self._reset()
 
     def _reset(self) -> None:
-        n = self.gpus
+        n, chips = self.gpus, self.chips
         self._state = [_Gpu() for _ in range(n)]
         self._last_ns: int | None = None
-        self._temp = np.full(n, AMBIENT_C) + self.spec.idle_w * self._leak * self._r_th
-        self._energy = np.zeros(n)
-        self._thr_power = np.zeros(n)
-        self._thr_thermal = np.zeros(n)
+        self._first_ns = 0
+        self._health_ns: int | None = None
+        wide = bool(self.layout.partition)
+        self._health = [ChipHealth(self.spec.vendor, [e for e in self.events if e.gpu == c],
+                                   int(self._aggregate_corrected[c]), chip_wide=wide) for c in range(chips)]
+        self._temp = np.full(chips, AMBIENT_C) + self.spec.idle_w * self._leak * self._r_th
+        self._energy = np.zeros(chips)
+        self._thr_power = np.zeros(chips)
+        self._thr_thermal = np.zeros(chips)
         self._link = np.zeros(n)
         self._link_rows: list[tuple[float, tuple[LinkBytes, ...]]] = [(-1.0, ())] * n  # (total, its links)
         self._pcie = np.zeros(n)
         self._seen_step = np.zeros(n, dtype=bool)
 
-    def _uuid(self, gpu: int) -> str:
+    def _uuid(self, key: str) -> str:
         # The node is part of the name so that a simulated cluster sharing one seed has unique UUIDs.
-        name = f"chopper-simulated:{self.node}:{self.seed}:{gpu}"
+        name = f"chopper-simulated:{self.node}:{self.seed}:{key}"
         return "SIM-" + str(uuid.uuid5(uuid.NAMESPACE_URL, name))
 
     def open(self) -> list[DeviceInfo]:
-        """Start a fresh simulation (cold GPUs, zero counters) and describe its GPUs."""
+        """Start a fresh simulation (cold GPUs, zero counters) and describe its devices.
+
+        A whole chip is its own chip (``chip_uuid`` its ``uuid``); partition ``p`` of chip ``c`` is
+        device ``c · per_chip + p`` with its own UUID, the chip's as ``chip_uuid``, and the chip's
+        peak and memory scaled to its share.
+        """
         self._reset()
         self._opened = True
-        s = self.spec
-        return [
-            DeviceInfo(node=self.node, gpu=g, vendor="simulated", model=f"{s.model} (simulated)",
-                       uuid=self._uuid(g), max_gfx_clock_mhz=s.max_gfx_clock_mhz, peak_flops=s.peak_flops,
-                       memory_bytes=s.memory_bytes, power_cap_w=self.power_cap_w)
-            for g in range(self.gpus)
-        ]
+        s, lay = self.spec, self.layout
+        per = lay.per_chip
+        peak, memory = s.peak_flops * lay.compute_share, int(s.memory_bytes * lay.memory_share)
+        devices = []
+        for g in range(self.gpus):
+            chip = self._uuid(str(g // per))
+            own = chip if not lay.partition else self._uuid(f"{g // per}/{g % per}")
+            devices.append(DeviceInfo(
+                node=self.node, gpu=g, vendor="simulated", model=f"{s.model} (simulated)", uuid=own,
+                max_gfx_clock_mhz=s.max_gfx_clock_mhz, peak_flops=peak, memory_bytes=memory,
+                power_cap_w=self.power_cap_w, partition=lay.partition, memory_partition=lay.memory_partition,
+                chip_uuid=chip, compute_share=lay.compute_share))
+        return devices
 
     def close(self) -> None:
         """Stop; ``sample`` fails until the next ``open``. Safe to call twice."""
         self._opened = False
 
     def observe_marker(self, gpu: int, kind: MarkerKind, name: str, ts_ns: int, nbytes: int) -> None:
-        """Queue a marker; it takes effect at ``ts_ns`` within the next ``sample`` interval.
+        """Queue a marker for device ``gpu``; it takes effect at ``ts_ns`` within the next ``sample`` interval.
 
         Never raises: a marker for a GPU this node does not have is counted in ``ignored_markers``.
         """
@@ -299,14 +357,14 @@ class SimulatedBackend:
         return durs, moved
 
     def sample(self, now_ns: int) -> list[Sample]:
-        """Advance the simulation to ``now_ns`` and return one sample per GPU for the interval."""
+        """Advance the simulation to ``now_ns`` and return one sample per device for the interval."""
         if not self._opened:
             raise BackendError("simulated backend: sample() called before open() or after close()")
         now_ns = int(now_ns)
         t0 = now_ns - int(NOMINAL_FIRST_DT_S * 1e9) if self._last_ns is None else min(self._last_ns, now_ns)
         self._last_ns = now_ns
         dt = (now_ns - t0) * 1e-9
-        spec, n = self.spec, self.gpus
+        spec, n, chip_of = self.spec, self.gpus, self._chip_of
 
         durs = np.empty((n, 4))
         link_add = np.empty(n)
@@ -322,12 +380,14 @@ class SimulatedBackend:
         busy = levels[:, 0] + w[:, COMPUTE] * (self._busy_compute - _LEVELS[COMPUTE, 0])
         busy = np.clip(busy + self._noise_rng.normal(0.0, 0.004, n), 0.0, 1.0)
         matrix, mem_busy, act = levels[:, 1], levels[:, 2], levels[:, 3]
+        # A chip's power follows the work of all its partitions, each weighted by its share.
+        chip_act = (act * self._share).reshape(self.chips, -1).sum(axis=1)
 
-        clock_s, energy0 = np.zeros(n), self._energy.copy()
+        clock_s, energy0 = np.zeros(self.chips), self._energy.copy()
         remaining = dt
         while True:  # sub-steps keep the thermal controller honest over long gaps
             h = min(remaining, MAX_SUBSTEP_S)
-            f = self._step(act, h)
+            f = self._step(chip_act, h)
             clock_s += f * h
             remaining -= h
             if remaining <= 1e-12:
@@ -337,20 +397,43 @@ class SimulatedBackend:
         if dt > 0:
             clock, power = clock_s / dt, (self._energy - energy0) / dt
         else:
-            clock, power = f, self._power(act, f)
+            clock, power = f, self._power(chip_act, f)
         stale = np.array([st.last_marker_ns is None or now_ns - st.last_marker_ns > STALE_AFTER_NS
                           for st in self._state])
-        mem_used = np.where(self._seen_step & ~stale, self._mem_frac * spec.memory_bytes, 0.5 * 2**30)
+        memory = spec.memory_bytes * self.layout.memory_share
+        mem_used = np.where(self._seen_step & ~stale, self._mem_frac * memory, 0.5 * 2**30)
 
-        rows = zip(clock.tolist(), busy.tolist(), matrix.tolist(), mem_busy.tolist(), power.tolist(),
-                   self._energy.tolist(), self._temp.tolist(), mem_used.tolist(), self._link.tolist(),
-                   self._pcie.tolist(), self._thr_power.tolist(), self._thr_thermal.tolist(), strict=True)
+        rows = zip(clock[chip_of].tolist(), busy.tolist(), matrix.tolist(), mem_busy.tolist(),
+                   *(self._on_first(x) for x in (power, self._energy, self._temp)), mem_used.tolist(),
+                   self._link.tolist(), self._pcie.tolist(), self._thr_power[chip_of].tolist(),
+                   self._thr_thermal[chip_of].tolist(), self._health_of(now_ns), strict=True)
         node, mclk = self.node, spec.mem_clock_mhz
         return [
             Sample(now_ns, node, g, c, mclk, b, m, mb, p, e, t, mu, lk, lk, pc, 0.5 * pc, tp, tt, 0.0, 0.0, NAN, NAN,
-                   self._links_of(g, lk))
-            for g, (c, b, m, mb, p, e, t, mu, lk, pc, tp, tt) in enumerate(rows)
+                   self._links_of(g, lk), er)
+            for g, (c, b, m, mb, p, e, t, mu, lk, pc, tp, tt, er) in enumerate(rows)
         ]
+
+    def _on_first(self, chip_values: np.ndarray) -> list[float]:
+        """A chip-wide quantity per device: the chip's value on its first partition, NaN on the others."""
+        if self.layout.per_chip == 1:
+            return chip_values.tolist()
+        out = np.full(self.gpus, NAN)
+        out[self._first] = chip_values
+        return out.tolist()
+
+    def _health_of(self, now_ns: int) -> list[tuple[ErrorCount, ...]]:
+        """Each device's ``Sample.errors``: every chip's counters on its first partition, once per
+        ``HEALTH_INTERVAL_NS`` (the first sample reads them; events count from it); else empty."""
+        if self._health_ns is None:
+            self._first_ns = now_ns
+        elif now_ns - self._health_ns < HEALTH_INTERVAL_NS:
+            return [()] * self.gpus
+        self._health_ns = now_ns
+        errors: list[tuple[ErrorCount, ...]] = [()] * self.gpus
+        for g, health in zip(self._first.tolist(), self._health, strict=True):
+            errors[g] = health.read(now_ns - self._first_ns)
+        return errors
 
     def _links_of(self, g: int, total: float) -> tuple[LinkBytes, ...]:
         """GPU ``g``'s links carrying ``total`` bytes evenly; the last tuple again while no byte moved."""
