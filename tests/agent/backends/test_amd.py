@@ -73,6 +73,10 @@ def test_open_describes_each_mi300x(backend: AmdBackend, node: FakeNode, real_am
     assert d.peak_flops == 1307.4e12
     assert d.memory_bytes == 196592 * MIB == 206_141_652_992  # vram_total MB → bytes
     assert d.power_cap_w == 750.0  # 750_000_000 µW
+    # Whole chips (SPX, NPS1): the chip is the device itself.
+    assert (d.partition, d.memory_partition, d.compute_share) == ("", "NPS1", 1.0)
+    assert (d.chip_uuid, d.pci_bus_id) == (d.uuid, "0000:05:00.0")
+    assert devices[1].pci_bus_id == "0000:25:00.0"
 
 
 def test_first_sample_converts_units_exactly(backend: AmdBackend, node: FakeNode) -> None:
@@ -138,8 +142,25 @@ def test_na_missing_and_sentinel_values_read_as_nan(backend: AmdBackend, node: F
         for field in ("gfx_clock_mhz", "mem_clock_mhz", "busy_ratio", "matrix_ratio", "mem_busy_ratio",
                       "power_w", "energy_j", "temp_c", "mem_used_bytes", "link_tx_bytes", "link_rx_bytes",
                       "pcie_tx_bytes", "pcie_rx_bytes", "throttle_power_s", "throttle_thermal_s",
-                      "throttle_current_s", "throttle_other_s"):
+                      "throttle_current_s", "throttle_other_s", "mem_temp_c", "vr_temp_c"):
             assert math.isnan(getattr(s, field)), (s.gpu, field)
+
+
+def test_memory_and_regulator_temperatures_are_the_hottest_sensor(backend: AmdBackend, node: FakeNode) -> None:
+    _opened(backend, node)
+    # MI300X: the firmware's hottest HBM stack in temperature_mem, hottest regulator in temperature_vrsoc.
+    s = backend.sample(node.now_ns(0))[0]
+    assert (s.mem_temp_c, s.vr_temp_c) == (64.0, 52.0)
+    # A table with per-stack and per-rail fields (MI200): absent sensors read N/A or the 16-bit sentinel.
+    m = node.metrics(0, 0)
+    m.update(temperature_mem="N/A", temperature_hbm=[70, 75, 0xFFFF, "N/A"],
+             temperature_vrgfx=60, temperature_vrsoc=55, temperature_vrmem=0xFFFF)
+    s = backend.sample(node.now_ns(0) + 1)[0]
+    assert (s.mem_temp_c, s.vr_temp_c) == (75.0, 60.0)
+    m.update(temperature_hbm="N/A", temperature_vrgfx="N/A", temperature_vrsoc=0xFFFF)
+    s = backend.sample(node.now_ns(0) + 2)[0]
+    assert math.isnan(s.mem_temp_c) and math.isnan(s.vr_temp_c)
+    assert s.temp_c == 78.0  # the hotspot reads on
 
 
 def test_partial_fields_fall_back(backend: AmdBackend, node: FakeNode) -> None:
