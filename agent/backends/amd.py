@@ -133,6 +133,12 @@ def _said(exc: BaseException) -> str:
     return " ".join(str(exc).split())
 
 
+def _text(value: Any) -> str:
+    """A vendor string stripped; "" for "N/A", None and non-strings."""
+    text = value.strip() if isinstance(value, str) else ""
+    return "" if text == "N/A" else text
+
+
 def _num(value: Any, bits: int = 16) -> float:
     """A vendor scalar as float; NaN for ``"N/A"``, None, non-numbers and the all-ones sentinel.
 
@@ -341,7 +347,7 @@ class _Health:
         if self.blocks is None:
             states = self._ask("ras blocks", partial(self.smi.amdsmi_get_gpu_ras_block_features_enabled,
                                                      self.handle))
-            if states is None:
+            if not isinstance(states, list):
                 return []  # asked again next reading unless it was NOT_SUPPORTED
             known = self.smi.AmdSmiGpuBlock.__members__
             self.blocks = [str(s.get("block")) for s in states if isinstance(s, Mapping)
@@ -595,38 +601,37 @@ class AmdBackend:
         return _first(metrics, ("current_gfxclk", "average_gfxclk_frequency"))
 
     def _place(self, gpu: int, handle: Any) -> _Place:
-        """A handle's address, UUID and partition; what cannot be read is "" (or None), never fatal but the UUID."""
+        """A handle's UUID, address and partition. Only the UUID must read; the rest is "" (None) if not."""
         smi = self._smi
         assert smi is not None
         uuid = str(self._call(lambda: smi.amdsmi_get_gpu_device_uuid(handle), gpu, "uuid"))
-        try:
-            bdf = str(self._call(lambda: smi.amdsmi_get_gpu_device_bdf(handle), gpu, "pci bus id"))
-        except DeviceLost:
-            raise
-        except BackendError as exc:
-            log.warning("event=pci_bus_id_unreadable gpu=%d error=%r", gpu, str(exc))
-            bdf = ""
-        kfd = self._optional(lambda: smi.amdsmi_get_gpu_kfd_info(handle), gpu, "kfd info")
-        partition_id = _num(kfd.get("current_partition_id"), bits=32)
+        bdf = self._placement(lambda: smi.amdsmi_get_gpu_device_bdf(handle), gpu, "pci bus id")
+        kfd = self._placement(lambda: smi.amdsmi_get_gpu_kfd_info(handle), gpu, "kfd info")
+        partition_id = _num(kfd.get("current_partition_id"), bits=32) if isinstance(kfd, Mapping) else NAN
+        compute = self._placement(lambda: smi.amdsmi_get_gpu_compute_partition(handle), gpu, "compute partition")
+        memory = self._placement(lambda: smi.amdsmi_get_gpu_memory_partition(handle), gpu, "memory partition")
         return _Place(
-            bdf=bdf,
+            bdf=_text(bdf),
             uuid=uuid,
             partition_id=None if math.isnan(partition_id) else int(partition_id),
-            compute_partition=self._mode(lambda: smi.amdsmi_get_gpu_compute_partition(handle), gpu, "compute"),
-            memory_partition=self._mode(lambda: smi.amdsmi_get_gpu_memory_partition(handle), gpu, "memory"),
+            compute_partition=_text(compute).upper(),
+            memory_partition=_text(memory).upper(),
         )
 
-    def _mode(self, fn: Callable[[], Any], gpu: int, what: str) -> str:
-        """A partition mode string ("CPX", "NPS4"); "" where the GPU has no partitioning (NOT_SUPPORTED)."""
+    def _placement(self, fn: Callable[[], Any], gpu: int, what: str) -> Any:
+        """An identity query that may fail without failing ``open()``: None then.
+
+        NOT_SUPPORTED is the documented answer of a GPU without partitioning (MI200, Navi) and
+        passes silently; any other refusal is logged, since the GPU then loses its chip grouping.
+        """
         try:
-            mode = self._call(fn, gpu, f"{what} partition")
+            return self._call(fn, gpu, what)
         except DeviceLost:
             raise
         except BackendError as exc:
             if getattr(exc.__cause__, "err_code", None) != _NOT_SUPPORTED:
-                raise
-            return ""
-        return mode.strip().upper() if isinstance(mode, str) and mode.strip() not in ("", "N/A") else ""
+                log.warning("event=identity_unreadable gpu=%d query=%r error=%r", gpu, what, str(exc))
+            return None
 
     def _describe(self, gpu: int, handle: Any, place: _Place, chip: _Place, partitions: int) -> DeviceInfo:
         smi = self._smi

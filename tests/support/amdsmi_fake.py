@@ -15,12 +15,15 @@ import importlib.util
 import io
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 from unittest import mock
 
 import pytest
+
+from agent.backends.amd import AmdBackend
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "amdsmi"
 MIB = 1024 * 1024
@@ -129,3 +132,16 @@ class FakeNode:
     def fail(self, query: str, code: int) -> None:
         """Make ``smi.<query>`` raise amdsmi's exception for ``code`` on every handle."""
         getattr(self.smi, query).side_effect = self.error(code)
+
+
+@contextlib.contextmanager
+def backend_for(node: FakeNode, *, opened: bool = False) -> Iterator[AmdBackend]:
+    """The amd backend of node "node-a" over ``node``'s amdsmi (``open()``-ed if asked), closed afterwards."""
+    backend = AmdBackend("node-a", smi=node.smi)
+    if opened:
+        backend.open()
+        node.opened = True
+    try:
+        yield backend
+    finally:
+        backend.close()

@@ -19,7 +19,7 @@ import pytest
 from agent.backends.amd import AmdBackend, import_amdsmi
 from agent.backends.base import Backend, BackendError, BackendUnavailable, DeviceLost
 from chopper.schema import LinkBytes
-from tests.support.amdsmi_fake import MIB, FakeNode, import_real_amdsmi, load
+from tests.support.amdsmi_fake import MIB, FakeNode, backend_for, import_real_amdsmi, load
 
 
 def _vendor_modules() -> list[str]:
@@ -43,9 +43,8 @@ def node(real_amdsmi: ModuleType, recorded: dict[str, Any]) -> FakeNode:
 
 @pytest.fixture
 def backend(node: FakeNode) -> Iterator[AmdBackend]:
-    b = AmdBackend("node-a", smi=node.smi)
-    yield b
-    b.close()
+    with backend_for(node) as b:
+        yield b
 
 
 def _opened(backend: AmdBackend, node: FakeNode) -> AmdBackend:

@@ -15,7 +15,7 @@ import pytest
 
 from agent.backends.amd import HEALTH_INTERVAL_NS, AmdBackend
 from chopper.schema import ERROR_KINDS, ErrorCount, Sample
-from tests.support.amdsmi_fake import FakeNode, import_real_amdsmi, load
+from tests.support.amdsmi_fake import FakeNode, backend_for, import_real_amdsmi, load
 from tests.support.hazards import HazardOutcome
 
 T0 = 1_735_689_600_000_000_000
@@ -37,11 +37,8 @@ def node(real_amdsmi: ModuleType) -> FakeNode:
 
 @pytest.fixture
 def backend(node: FakeNode) -> Iterator[AmdBackend]:
-    b = AmdBackend("node-a", smi=node.smi)
-    b.open()
-    node.opened = True
-    yield b
-    b.close()
+    with backend_for(node, opened=True) as b:
+        yield b
 
 
 def _by_key(sample: Sample) -> dict[tuple[str, str, str], float]:

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from agent.backends.amd import AmdBackend
-from tests.support.amdsmi_fake import MIB, FakeNode, import_real_amdsmi, load
+from tests.support.amdsmi_fake import MIB, FakeNode, backend_for, import_real_amdsmi, load
 
 T0 = 1_735_689_600_000_000_000
 MI300X_PEAK = 1307.4e12
@@ -43,9 +43,8 @@ def node(real_amdsmi: ModuleType, cpx: list[dict[str, Any]]) -> FakeNode:
 
 @pytest.fixture
 def backend(node: FakeNode) -> Iterator[AmdBackend]:
-    b = AmdBackend("node-a", smi=node.smi)
-    yield b
-    b.close()
+    with backend_for(node) as b:
+        yield b
 
 
 def test_a_cpx_mi300x_is_eight_devices_of_one_chip(backend: AmdBackend, cpx: list[dict[str, Any]]) -> None:
@@ -159,7 +158,8 @@ def test_unreadable_addresses_make_each_handle_a_chip(real_amdsmi: ModuleType, c
 
     assert [(d.compute_share, d.pci_bus_id) for d in devices] == [(1.0, "")] * 2
     assert backend.pci_bus_ids() == {}
-    assert sum("pci_bus_id_unreadable" in r.getMessage() for r in caplog.records) == 2
+    assert sum("identity_unreadable" in r.getMessage() and "pci bus id" in r.getMessage()
+               for r in caplog.records) == 2
 
 
 def test_a_further_partition_without_gpu_metrics_still_opens(backend: AmdBackend, node: FakeNode,
