@@ -217,7 +217,7 @@ def _check(s: AgentSettings) -> None:
 
 
 def _check_simulated_health_and_partitions(s: AgentSettings, bad: Callable[[str, str], ConfigError]) -> None:
-    """``sim_health_events``, ``sim_partition`` and ``sim_memory_partition`` against ``sim_model``."""
+    """``sim_partition``, ``sim_memory_partition`` and ``sim_health_events`` against ``sim_model``."""
     if not (s.sim_health_events or s.sim_partition or s.sim_memory_partition):
         return  # sim_model is only looked up when one of these needs its vendor
     from agent.backends import sim_health, specs
@@ -225,15 +225,14 @@ def _check_simulated_health_and_partitions(s: AgentSettings, bad: Callable[[str,
     spec = specs.SPECS.get(s.sim_model) or specs.SPECS.get(s.sim_model.upper())
     if spec is None:
         raise bad("sim_model", f"is not a simulated GPU model; choose one of {', '.join(specs.SPECS)}")
-    for key, check in (("sim_partition", lambda: specs.check_partition(spec, s.sim_partition)),
-                       ("sim_memory_partition",
-                        lambda: specs.check_memory_partition(spec, s.sim_partition, s.sim_memory_partition)),
-                       ("sim_health_events", lambda: sim_health.parse_events(
-                           sim_health.split_events(s.sim_health_events), spec.vendor, s.sim_gpus))):
-        try:
-            check()
-        except ValueError as exc:
-            raise bad(key, str(exc)) from None
+    try:
+        specs.partition_layout(spec, s.sim_partition, s.sim_memory_partition)
+    except specs.PartitionError as exc:
+        raise bad("sim_" + exc.setting, exc.why) from None
+    try:
+        sim_health.parse_events(sim_health.split_events(s.sim_health_events), spec.vendor, s.sim_gpus)
+    except ValueError as exc:
+        raise bad("sim_health_events", str(exc)) from None
 
 
 def check_access(s: AgentSettings) -> None:

@@ -64,9 +64,10 @@ one busy CPX partition of eight draws little more than an idle chip.
 
 Per-chip variation drawn from ``numpy.random.default_rng(seed)``: ``R_th × U(0.9, 1.1)``,
 ``τ × U(0.85, 1.15)``, leakage ``U(0.9, 1.15)``, silicon quality ``q ~ U(1.0, 1.2)``; per device:
-compute busy ``U(0.90, 0.97)`` and memory in use during training ``U(0.70, 0.85)`` of its memory. ``hot_gpus`` get ``R_th × 3`` (a failed fan or blocked airflow): under
-sustained load they reach the thermal limit within seconds (about 5 s at 600 W) and then run at
-roughly two thirds of the clock of a healthy GPU, as a GPU that lost its cooling does.
+compute busy ``U(0.90, 0.97)`` and memory in use while training ``U(0.70, 0.85)`` of its memory.
+``hot_gpus`` get ``R_th × 3`` (a failed fan or blocked airflow): under sustained load they reach
+the thermal limit within seconds (about 5 s at 600 W) and then run at roughly two thirds of the
+clock of a healthy GPU, as a GPU that lost its cooling does.
 Current and other throttle causes are never simulated (their counters stay 0).
 
 Partitions report what is theirs: activity, memory in use, link and PCIe bytes. The clock and
@@ -243,10 +244,7 @@ class SimulatedBackend:
             raise ValueError(f"hot_gpus {bad} out of range 0..{gpus - 1}")
         if power_cap_w is not None and not power_cap_w > 0:
             raise ValueError(f"power_cap_w must be a positive number of watts, got {power_cap_w}")
-        try:
-            self.layout = partition_layout(spec, partition, memory_partition)
-        except ValueError as exc:
-            raise ValueError(f"partition {partition!r} / memory_partition {memory_partition!r}: {exc}") from None
+        self.layout = partition_layout(spec, partition, memory_partition)
         self.events = parse_events(health_events, spec.vendor, gpus)
         self.power_cap_w = float(spec.tdp_w if power_cap_w is None else power_cap_w)
         self.node, self.spec, self.chips, self.seed = node, spec, gpus, seed

@@ -133,6 +133,14 @@ class PartitionLayout:
     memory_share: float
 
 
+class PartitionError(ValueError):
+    """An invalid partition; ``setting`` is ``partition`` or ``memory_partition``, ``why`` what is wrong."""
+
+    def __init__(self, setting: str, value: str, why: str) -> None:
+        super().__init__(f"{setting} {value!r} {why}")
+        self.setting, self.why = setting, why
+
+
 def partition_choices(spec: GpuSpec) -> tuple[str, ...]:
     """The partition names ``partition_layout`` accepts for ``spec`` ("" is the whole chip)."""
     if spec.model in AMD_PARTITIONED_MODELS:
@@ -190,10 +198,15 @@ def partition_layout(spec: GpuSpec, partition: str = "", memory_partition: str =
     ``sms / CHIP_SMS`` of the compute and ``memory_eighths / 8`` of the memory.
 
     Raises:
-        ValueError: An invalid choice or combination (``check_partition``, ``check_memory_partition``).
+        PartitionError: An invalid choice or combination (``check_partition``, ``check_memory_partition``).
     """
-    check_partition(spec, partition)
-    check_memory_partition(spec, partition, memory_partition)
+    for setting, value, check in (("partition", partition, lambda: check_partition(spec, partition)),
+                                  ("memory_partition", memory_partition,
+                                   lambda: check_memory_partition(spec, partition, memory_partition))):
+        try:
+            check()
+        except ValueError as exc:
+            raise PartitionError(setting, value, str(exc)) from None
     if spec.vendor == "amd":
         if not partition or partition == "SPX":
             return PartitionLayout("", memory_partition, 1, 1.0, 1.0)

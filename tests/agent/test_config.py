@@ -181,3 +181,66 @@ def test_text_that_is_not_utf8_is_refused_naming_the_setting(tmp_path: Path, haz
         said.append(str(err.value))
         assert said[-1].startswith(f"{key}: ") and "not UTF-8" in said[-1], said[-1]
     hazard.outcome = f"{len(said)} of 3 refused at load, e.g. {said[0]!r}"
+
+
+def test_simulated_health_events_and_partitions_from_every_source(tmp_path: Path) -> None:
+    cfg = tmp_path / "agent.yaml"
+    cfg.write_text('sim_model: MI300X\nsim_partition: CPX\nsim_memory_partition: NPS4\n'
+                   'sim_health_events: "3:ecc_corrected:20:50, 1:bad_pages:5:2:pending"\n')
+    s = load_settings(["--config", str(cfg)], env={})
+    assert (s.sim_partition, s.sim_memory_partition) == ("CPX", "NPS4")
+    assert s.sim_health_events == "3:ecc_corrected:20:50, 1:bad_pages:5:2:pending"
+    s = load_settings(["--sim-partition", "3g.40gb"], env={"CHOPPER_AGENT_SIM_MODEL": "H100",
+                                                           "CHOPPER_AGENT_SIM_HEALTH_EVENTS": "1:xid:30:1:79"})
+    assert (s.sim_model, s.sim_partition, s.sim_health_events) == ("H100", "3g.40gb", "1:xid:30:1:79")
+    assert load_settings([], env={}).sim_partition == ""
+
+
+# (flags, what the message must say): the setting, the bad entry or value, the valid choices or the fix.
+SIM_REFUSALS = [
+    (["--sim-model", "H100", "--sim-partition", "CPX"],
+     "sim_partition: 'CPX' is not a MIG profile of H100; choose one of \"\" (whole chips), '1g.10gb', '1g.20gb', "
+     "'2g.20gb', '3g.40gb', '4g.40gb', '7g.80gb'"),
+    (["--sim-partition", "3g.40gb"],
+     "sim_partition: '3g.40gb' is not a compute partition of MI300X; choose one of \"\" (whole chips), 'SPX', "
+     "'DPX', 'QPX', 'CPX'"),
+    (["--sim-memory-partition", "NPS4"],
+     "sim_memory_partition: 'NPS4' needs compute partition CPX, not SPX; use NPS1 with SPX, or set the compute "
+     "partition to CPX"),
+    (["--sim-memory-partition", "NPS4", "--sim-partition", "SPX"], "needs compute partition CPX, not SPX"),
+    (["--sim-model", "H100", "--sim-partition", "3g.41gb"], "sim_partition: '3g.41gb' is not a MIG profile of H100"),
+    (["--sim-model", "H200", "--sim-memory-partition", "NPS1"],
+     "sim_memory_partition: 'NPS1' is an AMD memory partition; H200 has none"),
+    (["--sim-model", "A100", "--sim-partition", "3g.40gb"], "is not simulated for A100"),
+    (["--sim-model", "B200", "--sim-partition", "CPX"], "sim_model: 'B200' is not a simulated GPU model; choose one"),
+    (["--sim-health-events", "1:xid:30:1:79"],
+     "entry '1:xid:30:1:79' has KIND 'xid', which a simulated AMD GPU does not report; use one of ecc_corrected"),
+    (["--sim-health-events", "3:ecc_correct:20:50"],
+     "entry '3:ecc_correct:20:50' has KIND 'ecc_correct', not one of chopper.schema.ERROR_KINDS"),
+    (["--sim-health-events", "3:ecc_corrected:20:50,8:pcie_replay:1"],
+     "entry '8:pcie_replay:1' names GPU '8', not one of 0..7; write GPU:KIND:AT_S[:COUNT[:DETAIL]]"),
+    (["--sim-model", "H100", "--sim-health-events", "1:xid:30"],
+     "entry '1:xid:30' has XID code ''; an xid event needs the code as DETAIL, e.g. 79"),
+    (["--sim-health-events", "1:ecc_corrected:soon"], "has AT_S 'soon', not a number of seconds from 0 on"),
+    (["--sim-health-events", "1:ecc_corrected:-5"], "has AT_S '-5', not a number of seconds from 0 on"),
+    (["--sim-health-events", "1:ecc_corrected:5:0"], "has COUNT '0', not a whole number from 1 to 1000000"),
+    (["--sim-health-events", "1:ecc_corrected:5:1:dram"], "has ECC block 'dram'; use one of umc, gfx, sdma, mmhub"),
+    (["--sim-health-events", "1:pcie_replay:5:1:x"], "has DETAIL 'x', which pcie_replay does not take"),
+    (["--sim-health-events", "1:ecc_corrected"], "entry '1:ecc_corrected' has 2 field(s), not 3 to 5"),
+]
+
+
+@pytest.mark.hazard(item=17, input="simulated partitions and health events that cannot exist: CPX on an H100, a MIG "
+                    "profile on an MI300X, NPS4 with SPX, unknown profiles and models, events with a kind the "
+                    "vendor lacks, a GPU out of range, no XID code, a bad time, count, block or detail",
+                    promise="refused at start naming the setting, the bad value or entry, and the valid choices")
+def test_impossible_simulated_partitions_and_events_are_refused(hazard: HazardOutcome) -> None:
+    said = []
+    for argv, message in SIM_REFUSALS:
+        with pytest.raises(ConfigError) as err:
+            load_settings(argv, env={})
+        said.append(str(err.value))
+        assert message in said[-1], said[-1]
+        assert said[-1].split(":")[0] in {"sim_partition", "sim_memory_partition", "sim_model", "sim_health_events"}
+    hazard.outcome = (f"{len(said)} of {len(SIM_REFUSALS)} refused at load naming the setting and the choices, e.g. "
+                      f"{said[0]!r}")
