@@ -10,9 +10,13 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # Debian packages the tests start for real, as command:package (installed when the command is missing):
 # Prometheus scrapes the agent in integration tests, headless Chromium renders the HTML report,
 # systemd-analyze verifies the systemd units, promtool checks and unit-tests the alert rules, and a real
-# Alertmanager delivers the rules' alerts in the dashboards' end-to-end test.
+# Alertmanager delivers the rules' alerts in the dashboards' end-to-end test; node and npm run tsc, which
+# checks the dashboards against Grafana's published schema.
 APT_PACKAGES := prometheus:prometheus chromium:chromium systemd-analyze:systemd promtool:prometheus \
-	prometheus-alertmanager:prometheus-alertmanager
+	prometheus-alertmanager:prometheus-alertmanager node:nodejs npm:npm
+# The npm packages of that check (@grafana/schema, typescript), exactly as dashboards/schema/package-lock.json
+# pins them; `npm ci` empties node_modules first, so the stamp inside it goes with a stale install.
+NPM_STAMP := dashboards/schema/node_modules/.installed
 # Benchmark-only: Holistic Trace Analysis, the baseline of benchmarks/bench_trace_vs_hta.py, lives in
 # its own venv so that its heavy dependencies (jupyterlab, plotly, ...) never enter ours or `make test`.
 HTA_VENV := .venv-hta
@@ -25,6 +29,10 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[dev,torch]' '$(TORCH)'
+	touch $@
+
+$(NPM_STAMP): dashboards/schema/package-lock.json | apt-deps
+	npm ci --prefix dashboards/schema --no-audit --no-fund
 	touch $@
 
 $(HTA_STAMP):
@@ -55,7 +63,7 @@ stack: $(STAMP) apt-deps
 # that no other test is loading.
 TEST_WORKERS ?= 2
 
-test: lint apt-deps
+test: lint apt-deps $(NPM_STAMP)
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --ignore=tests/faults
 	$(BIN)/python -m pytest tests/faults
 
@@ -87,7 +95,7 @@ gpu-check:
 	GPU_PYTHON=$(GPU_PYTHON) GPU_WHEELS=$(GPU_WHEELS) sh benchmarks/gpu/gpu_check.sh $(GPU_CHECK_ARGS)
 
 # The fault-injection suite and the bad-input tests, rendered as docs/RELIABILITY.md (every row from this run).
-reliability: $(STAMP) apt-deps
+reliability: $(STAMP) apt-deps $(NPM_STAMP)
 	$(BIN)/python -m tests.faults --write docs/RELIABILITY.md
 
 proto: $(STAMP)

@@ -1,0 +1,1 @@
+"""The rendered dashboards checked against Grafana's published TypeScript schema (``tscheck.py``)."""

@@ -1,0 +1,142 @@
+"""The committed dashboards type-check against Grafana's published schema (``@grafana/schema``, tsc); broken ones fail.
+
+The tsc tests skip only where node is absent; ``make test`` installs node, npm and the pinned npm
+packages (``dashboards/schema/package-lock.json``), so in CI they always run.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dashboards.schema import tscheck
+from tests.support.hazards import HazardOutcome
+
+BOARDS = sorted(tscheck.JSON_DIR.glob("*.json"))
+needs_node = pytest.mark.skipif(shutil.which("node") is None,
+                                reason="node is missing: `make test` installs it (Debian packages nodejs and npm)")
+
+
+def board(name: str) -> dict[str, Any]:
+    return json.loads((tscheck.JSON_DIR / f"{name}.json").read_text())
+
+
+def first_panel(b: dict[str, Any], kind: str) -> dict[str, Any]:
+    return next(panel for _, panel in tscheck.panels(b) if panel["type"] == kind)
+
+
+@needs_node
+def test_committed_dashboards_match_grafanas_schema() -> None:
+    assert [p.name for p in BOARDS] == ["fleet.json", "gpu.json", "health.json", "job.json"]
+    started = time.monotonic()
+    errors = tscheck.check_files(BOARDS)
+    elapsed = time.monotonic() - started
+    assert errors == [], "\n".join(map(str, errors))
+    assert elapsed < 30, f"the schema check took {elapsed:.1f} s"
+
+
+def test_every_allowance_is_still_needed() -> None:
+    used = [a for path in BOARDS for a in tscheck.allow(json.loads(path.read_text()))[1]]
+    stale = [f"{a.scope} {a.key}" for a in tscheck.ALLOWANCES if a not in used]
+    assert stale == [], "no committed dashboard needs these allowances any more: remove them from tscheck.ALLOWANCES"
+
+
+def test_allowances_drop_and_fill_only_their_own_scope() -> None:
+    original = board("job")
+    allowed, _ = tscheck.allow(original)
+    table, timeseries = first_panel(allowed, "table"), first_panel(allowed, "timeseries")
+    assert "footer" not in table["options"] and "footer" in first_panel(original, "table")["options"]
+    assert table["fieldConfig"]["defaults"]["custom"]["cellOptions"] == {"type": "auto"}
+    assert "cellOptions" not in timeseries["fieldConfig"]["defaults"]["custom"]
+    assert all("auto" not in v for v in allowed["templating"]["list"])
+    assert original == board("job"), "allow() changed its input"
+
+
+def test_literal_tags_every_line_with_its_json_path() -> None:
+    lines = tscheck.literal({"panels": [{"gridPos": {"x": 0}}, 3], "tags": []})
+    assert lines == [
+        ("{", ""),
+        ('  "panels": [', "panels"),
+        ("    {", "panels[0]"),
+        ('      "gridPos": {', "panels[0].gridPos"),
+        ('        "x": 0,', "panels[0].gridPos.x"),
+        ("      },", "panels[0].gridPos"),
+        ("    },", "panels[0]"),
+        ("    3,", "panels[1]"),
+        ("  ],", "panels"),
+        ('  "tags": [],', "tags"),
+        ("}", ""),
+    ]
+
+
+def _set(path: str, value: object) -> Callable[[dict[str, Any]], None]:
+    """A mutation that sets the dotted ``path`` (``panels.1.gridPos``; numbers index lists) to ``value``."""
+    *parents, leaf = path.split(".")
+
+    def mutate(b: dict[str, Any]) -> None:
+        item: Any = b
+        for key in parents:
+            item = item[int(key)] if key.isdigit() else item[key]
+        item[int(leaf) if leaf.isdigit() else leaf] = value
+    return mutate
+
+
+# (dashboard, mutation, JSON path tsc's error must name, tsc code or "schema", text the message must hold)
+BROKEN = {
+    "gridPos a string": ("job", _set("panels.1.gridPos", "x"), "panels[1].gridPos", "TS2322", "h: number"),
+    "refresh a number": ("job", _set("refresh", 30), "refresh", "TS2322", "'number' is not assignable to type 'string"),
+    "unknown top-level field": ("gpu", _set("refreshEvery", "30s"), "refreshEvery", "TS2353", "refreshEvery"),
+    "gridPos without h": ("gpu", _set("panels.0.gridPos", {"w": 24, "x": 0, "y": 0}), "panels[0].gridPos", "TS2741",
+                          "'h' is missing"),
+    "legend mode not an enum value": ("job", _set("panels.1.options.legend.displayMode", "lists"),
+                                      "panels[1].options.legend.displayMode", "TS2820", "Did you mean '\"list\"'"),
+    "timeseries option misspelt": ("job", _set("panels.1.options.tooltips", {"mode": "multi"}),
+                                   "panels[1].options.tooltips", "TS2353", "tooltips"),
+    "custom field config of the wrong type": ("job", _set("panels.1.fieldConfig.defaults.custom.fillOpacity", "5"),
+                                              "panels[1].fieldConfig.defaults.custom.fillOpacity", "TS2322", "number"),
+    "stat panel with custom field config": ("fleet", _set("panels.1.fieldConfig.defaults.custom", {"fillOpacity": 5}),
+                                            "panels[1].fieldConfig.defaults.custom.fillOpacity", "TS2322", "never"),
+    "heatmap option of the wrong type": ("job", _set("panels.8.options.calculate", "yes"),
+                                         "panels[8].options.calculate", "TS2322", "boolean"),
+    "panel type with no schema": ("job", _set("panels.1.type", "timeserie"), "panels[1].type", "schema",
+                                  "panel type 'timeserie' has no schema in @grafana/schema"),
+    "variable type unknown": ("gpu", _set("templating.list.1.type", "querry"), "templating.list[1].type", "TS2820",
+                              "Did you mean '\"query\"'"),
+}
+
+
+@needs_node
+@pytest.mark.hazard(item=17, input="dashboards with a gridPos of \"x\", a numeric refresh, an unknown top-level field, "
+                    "a gridPos without h, a legend mode outside its enum, a misspelt panel option, a string opacity, "
+                    "custom field config on a stat panel, a string heatmap flag, an unknown panel and variable type",
+                    promise="each is rejected by tsc against @grafana/schema, naming the dashboard, the JSON path "
+                    "and the schema's type")
+def test_broken_dashboards_are_rejected_naming_the_field(hazard: HazardOutcome) -> None:
+    boards, expected = {}, {}
+    for case, (name, mutate, path, code, text) in BROKEN.items():
+        broken = copy.deepcopy(board(name))
+        mutate(broken)
+        boards[f"{case}.json"] = broken
+        expected[f"{case}.json"] = (path, code, text)
+    errors = tscheck.check(boards)
+    for dashboard, (path, code, text) in expected.items():
+        found = [e for e in errors if e.dashboard == dashboard]
+        assert [(e.path, e.code) for e in found] == [(path, code)], "\n".join(map(str, found))
+        assert text in found[0].message, str(found[0])
+    hazard.outcome = (f"{len(BROKEN)} of {len(BROKEN)} broken dashboards rejected, each with one error at the "
+                      f"mutated JSON path, e.g. '{str(errors[0])[:110]}…'")
+
+
+def test_missing_packages_name_the_fix(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(tscheck.SchemaToolMissing, match=r"npm ci --prefix dashboards/schema"):
+        tscheck.check({"job.json": board("job")}, node_modules=tmp_path)
+    (tmp_path / ".bin").mkdir()
+    (tmp_path / ".bin/tsc").touch()
+    with pytest.raises(tscheck.SchemaToolMissing, match=r"@grafana/schema is missing"):
+        tscheck.check({"job.json": board("job")}, node_modules=tmp_path)
