@@ -174,6 +174,18 @@ def _percent(metrics: Mapping[str, Any], key: str) -> float:
     return value / 100.0 if value <= 100.0 else NAN
 
 
+def _xcp_busy(metrics: Mapping[str, Any], xcp: int) -> float:
+    """Partition ``xcp``'s graphics activity, 0–1: the mean of its XCCs' ``xcp_stats.gfx_busy_inst`` (%).
+
+    gpu_metrics v1.6+ gives one row per compute partition (XCP) with one entry per XCC it
+    holds; amdsmi marks absent XCCs "N/A". NaN when the table has no row for it (older drivers).
+    """
+    rows = metrics.get("xcp_stats.gfx_busy_inst")
+    row = rows[xcp] if isinstance(rows, list | tuple) and xcp < len(rows) else None
+    busy = [v for v in _nums(row) if v <= 100.0]
+    return sum(busy) / len(busy) / 100.0 if busy else NAN
+
+
 def _sum_links(metrics: Mapping[str, Any], key: str) -> float:
     """Cumulative bytes over all XGMI links; NaN when no link reports."""
     links = _nums(metrics.get(key), bits=64)
@@ -440,6 +452,7 @@ class _Device:
     handle: Any
     first: bool
     health: _Health | None
+    xcp: int | None  # its partition's index on the chip; None for a whole chip
     throttle: _Throttle = field(default_factory=_Throttle)
 
 
@@ -452,8 +465,10 @@ class AmdBackend:
     energy, temperatures, throttle seconds and XGMI link bytes come with the chip's first
     partition only; its other partitions leave them NaN (and ``links`` empty), so that a sum of
     power or energy over partitions is the chip's, not N times it. Health and error counters
-    likewise come with the first partition only, with ``chip_wide=True``. Clocks, activity and
-    memory in use are reported on every partition as amdsmi answers for its handle.
+    likewise come with the first partition only, with ``chip_wide=True``. A partition's
+    ``busy_ratio`` is its own XCCs' activity (``_xcp_busy``; the k-th partition of a chip, in
+    ``_chips`` order, reads row k); clocks, memory activity and memory in use are reported on
+    every partition as amdsmi answers for its handle (gauges, so repeating them counts nothing twice).
 
     Args:
         node: Node name written into every row.
@@ -499,11 +514,11 @@ class AmdBackend:
             infos: dict[int, DeviceInfo] = {}
             state: dict[int, _Device] = {}
             for members in _chips(places):
-                first = members[0]
-                for gpu in members:
+                first, partitioned = members[0], len(members) > 1
+                for xcp, gpu in enumerate(members):
                     infos[gpu] = self._describe(gpu, handles[gpu], places[gpu], places[first], len(members))
-                    health = _Health(smi, handles[gpu], gpu, len(members) > 1) if gpu == first else None
-                    state[gpu] = _Device(handles[gpu], gpu == first, health)
+                    health = _Health(smi, handles[gpu], gpu, partitioned) if gpu == first else None
+                    state[gpu] = _Device(handles[gpu], gpu == first, health, xcp if partitioned else None)
         except BackendError:
             self.close()
             raise
@@ -547,13 +562,14 @@ class AmdBackend:
             # A chip's metrics table must read; a further partition's may not be offered at all.
             metrics = self._call(read, gpu, "gpu metrics") if dev.first else self._optional(read, gpu, "gpu metrics")
             vram = self._optional(partial(smi.amdsmi_get_gpu_vram_usage, dev.handle), gpu, "vram usage")
+            busy = _percent(metrics, "average_gfx_activity") if dev.xcp is None else _xcp_busy(metrics, dev.xcp)
             sample = Sample(
                 ts_ns=now_ns,
                 node=self.node,
                 gpu=gpu,
                 gfx_clock_mhz=self._gfx_clock(metrics),
                 mem_clock_mhz=_first(metrics, ("current_uclk", "average_uclk_frequency")),
-                busy_ratio=_percent(metrics, "average_gfx_activity"),
+                busy_ratio=busy,
                 mem_busy_ratio=_percent(metrics, "average_umc_activity"),
                 mem_used_bytes=_num(vram.get("vram_used"), bits=64) * _BYTES_PER_MB,
                 errors=dev.health.read() if health_due and dev.health is not None else (),

@@ -59,12 +59,14 @@ class FakeNode:
 
     Without ``partitions``, ``gpus`` whole chips (SPX, NPS1), each on a PCI bus of its own. With
     ``partitions`` (the entries of mi300x_cpx_nps4.json), one handle per partition; partitions
-    that share a PCI ``domain:bus:device`` read one gpu_metrics table, their chip's. Health
+    that share a PCI ``domain:bus:device`` read one gpu_metrics table, their chip's, with
+    ``metrics_update`` (the fixture's partition-shaped fields) applied. Health
     queries answer ``health["readings"][tick]`` (the last reading after the last tick).
     """
 
     def __init__(self, real: ModuleType, recorded: dict[str, Any], gpus: int = 2,
-                 health: dict[str, Any] | None = None, partitions: list[dict[str, Any]] | None = None) -> None:
+                 health: dict[str, Any] | None = None, partitions: list[dict[str, Any]] | None = None,
+                 metrics_update: dict[str, Any] | None = None) -> None:
         self.real = real
         self.device = recorded["device"]
         self.health = health if health is not None else load("mi300x_health.json")
@@ -73,6 +75,8 @@ class FakeNode:
         chips: dict[str, list[dict[str, Any]]] = {}
         self.ticks = [chips.setdefault(p["gpu_device_bdf"].rpartition(".")[0], copy.deepcopy(recorded["ticks"]))
                       for p in self.places]
+        for tick in (t for chip in chips.values() for t in chip):
+            tick["gpu_metrics_info"].update(copy.deepcopy(metrics_update or {}))
         self.tick = 0
         self.opened = False
         self.smi = mock.create_autospec(real)

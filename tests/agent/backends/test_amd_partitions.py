@@ -33,7 +33,8 @@ def cpx() -> list[dict[str, Any]]:
 
 
 def _node(real: ModuleType, partitions: list[dict[str, Any]]) -> FakeNode:
-    return FakeNode(real, load("mi300x_under_load.json"), partitions=partitions)
+    return FakeNode(real, load("mi300x_under_load.json"), partitions=partitions,
+                    metrics_update=load("mi300x_cpx_nps4.json")["gpu_metrics_update"])
 
 
 @pytest.fixture
@@ -84,7 +85,8 @@ def test_chip_wide_values_come_with_the_first_partition_only(backend: AmdBackend
     assert sum(s.power_w for s in samples[:8] if not math.isnan(s.power_w)) == 742.0
     # What amdsmi answers per handle stays per partition.
     assert [s.mem_used_bytes for s in samples[:8]] == [(20117 + 7 * p) * MIB for p in range(8)]
-    assert all(s.busy_ratio == 0.97 and s.gfx_clock_mhz == 1831.5 for s in samples)
+    assert [s.busy_ratio for s in samples[:8]] == [0.98, 0.97, 0.99, 0.12, 0.98, 0.97, 0.0, 0.97]  # its XCP's row
+    assert all(s.gfx_clock_mhz == 1831.5 and s.mem_busy_ratio == 0.38 for s in samples)
     # Health is asked through each chip's first partition, never its others.
     assert {c.args[0] for c in node.smi.amdsmi_get_pcie_info.call_args_list} == {"handle0", "handle8"}
 
@@ -175,3 +177,13 @@ def test_a_further_partition_without_gpu_metrics_still_opens(backend: AmdBackend
     assert len(devices) == 16
     assert math.isnan(samples[1].busy_ratio) and samples[1].mem_used_bytes == 20124 * MIB
     assert samples[0].power_w == 742.0
+
+
+def test_a_partition_without_its_xcp_row_has_no_activity_not_the_chips(backend: AmdBackend, node: FakeNode) -> None:
+    backend.open()
+    del node.metrics(0, 0)["xcp_stats.gfx_busy_inst"]  # a driver before gpu_metrics v1.6
+
+    samples = backend.sample(T0)
+
+    assert all(math.isnan(s.busy_ratio) for s in samples[:8])
+    assert samples[8].busy_ratio == 0.98  # the other chip's table still has its rows
