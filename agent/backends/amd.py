@@ -40,11 +40,12 @@ reads. ``amdsmi_get_temp_metric`` (VRAM, HBM_0..HBM_3) reads the same firmware v
 hwmon, so it is not called: no extra query per tick.
 
 Matrix activity. amdsmi exposes no MFMA (matrix-core) activity counter: gpu_metrics has graphics
-activity only, which counts any busy engine. ``matrix_ratio`` therefore stays NaN, and the agent
-exports no counter-derived FLOP utilisation for AMD GPUs. rocprofiler-sdk's SQ counters would
-provide it (``SQ_VALU_MFMA_BUSY_CYCLES`` over ``GRBM_GUI_ACTIVE`` × CUs × 4, as rocprof-compute
-derives MFMA utilisation, or ``SQ_INSTS_VALU_MFMA_MOPS_BF16`` for the operations), but they need a
-profiling session on the device, not a monitoring read; so would a future amdsmi field.
+activity only, which is busy whether or not the matrix cores work. ``matrix_ratio`` therefore
+stays NaN, and the agent exports no counter-derived FLOP utilisation for AMD GPUs. What would
+provide it: rocprofiler-sdk's SQ counters (``SQ_VALU_MFMA_BUSY_CYCLES`` over ``GRBM_GUI_ACTIVE`` ×
+CUs × 4, as rocprof-compute derives MFMA utilisation; ``SQ_INSTS_VALU_MFMA_MOPS_BF16``, BF16 MFMA
+operations in units of 512), which need a profiling session on the device rather than a
+monitoring read, or a future amdsmi field.
 
 Health and errors (``Sample.errors``) are read at most once per ``HEALTH_INTERVAL_NS``, inside the
 ``sample()`` call that falls due, and attached to that tick's samples only (the others carry
