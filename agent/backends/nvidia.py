@@ -106,7 +106,8 @@ NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL          recoveries     link_recov
 - Errors: any NVML error of one health query (NOT_SUPPORTED, NO_PERMISSION, GPU_IS_LOST, ...)
   leaves that counter out of that reading and never fails the sample (a lost GPU is found by the
   regular readings). A query answering NOT_SUPPORTED (or FUNCTION_NOT_FOUND, an older driver) is
-  remembered per chip and not asked again.
+  remembered per chip and not asked again (logged once, at info); any other failure is asked again
+  at the next reading and logged once per chip and query (``event=health_query_failed``).
 
 MIG. A chip whose current mode (``nvmlDeviceGetMigMode``) is NVML_DEVICE_MIG_ENABLE is described by
 its MIG devices instead of itself: indices 0 to ``nvmlDeviceGetMaxMigDeviceCount`` − 1 through
@@ -249,6 +250,7 @@ class _Chip:
     events: Any = None  # the XID event set; None where the chip cannot register one
     xids: dict[int, int] = field(default_factory=dict)  # XID code → events since open()
     unsupported: set[str] = field(default_factory=set)  # health queries never asked again
+    failed: set[str] = field(default_factory=set)  # health queries that failed otherwise, logged once
 
 
 @dataclass
@@ -751,8 +753,9 @@ class NvidiaBackend:
             if e.value in self._unsupported:
                 chip.unsupported.add(query)
                 log.info("event=health_unsupported gpu=%d query=%s", chip.devices[0].index, query)
-            else:
-                log.debug("event=health_unread gpu=%d query=%s error=%r", chip.devices[0].index, query, str(e))
+            elif query not in chip.failed:  # asked again next reading; said once
+                chip.failed.add(query)
+                log.warning("event=health_query_failed gpu=%d query=%s error=%r", chip.devices[0].index, query, str(e))
             return None
 
     # ---------------------------------------------------------------- errors

@@ -52,6 +52,17 @@ def test_open_describes_devices_in_data_model_units(node: FakeNode) -> None:
     node.nv.nvmlInit.assert_called_once_with()
 
 
+def test_every_gpu_has_its_pci_bus_id_and_is_its_own_chip(node: FakeNode) -> None:
+    devices = backend_for(node).open()
+    assert [d.pci_bus_id for d in devices] == ["00000000:18:00.0", "00000000:2A:00.0"]  # nvmlDeviceGetPciInfo
+    assert [(d.chip_uuid, d.partition, d.compute_share) for d in devices] == [(d.uuid, "", 1.0) for d in devices]
+
+
+def test_unreadable_pci_info_leaves_the_bus_id_empty(node: FakeNode) -> None:
+    node.nv.nvmlDeviceGetPciInfo.side_effect = pynvml.NVMLError_NotSupported()
+    assert [d.pci_bus_id for d in backend_for(node).open()] == ["", ""]
+
+
 def test_unknown_model_has_nan_peak(node: FakeNode) -> None:
     node.fx["devices"][1]["name"] = "NVIDIA RTX 6000 Ada Generation"
     devices = backend_for(node).open()
