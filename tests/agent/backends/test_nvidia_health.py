@@ -204,8 +204,9 @@ def test_ecc_is_left_out_while_ecc_mode_is_disabled(node: FakeNode) -> None:
 
 def test_a_gpu_before_ampere_reports_retired_pages_not_rows(node: FakeNode) -> None:
     dev = node.health["devices"][0]
-    dev["retired_pages"] = {"NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS": [0x1A2B000, 0x3C4D000, 0x5E6F000],
-                            "NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR": [0x7A8B000]}
+    dev["retired_pages"] = {  # nvmlDeviceGetRetiredPages answers the retired pages' addresses
+        "NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS": [0x1A2B000, 0x3C4D000, 0x5E6F000],
+        "NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR": [0x7A8B000]}
     dev["retired_pages_pending"] = pynvml.NVML_FEATURE_ENABLED
     dev["remapped_rows"] = NOT_SUPPORTED  # as a V100 answers
     backend = opened(node)
