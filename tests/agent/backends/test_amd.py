@@ -18,7 +18,7 @@ import pytest
 
 from agent.backends.amd import AmdBackend, import_amdsmi
 from agent.backends.base import Backend, BackendError, BackendUnavailable, DeviceLost
-from chopper.schema import LinkBytes
+from chopper.schema import ERROR_KINDS, LinkBytes
 from tests.support.amdsmi_fake import MIB, FakeNode, backend_for, import_real_amdsmi, load
 
 
@@ -326,7 +326,7 @@ def test_amdsmi_not_installed_is_unavailable(monkeypatch: pytest.MonkeyPatch) ->
 
 @pytest.mark.gpu
 def test_real_amd_gpu() -> None:
-    """On an AMD node: two real reads give sane values and counters that do not go backwards."""
+    """On an AMD node: two real reads give sane values, counters that do not go backwards, health once."""
     backend = AmdBackend("real")
     try:
         devices = backend.open()
@@ -339,10 +339,15 @@ def test_real_amd_gpu() -> None:
         backend.close()
     assert len(first) == len(devices) > 0
     for a, b in zip(first, second, strict=True):
-        assert 0 < b.gfx_clock_mhz <= devices[b.gpu].max_gfx_clock_mhz * 1.05
-        assert 0 <= b.busy_ratio <= 1
-        assert b.energy_j >= a.energy_j
-        assert b.mem_used_bytes <= devices[b.gpu].memory_bytes
+        d = devices[b.gpu]
+        assert 0 < b.gfx_clock_mhz <= d.max_gfx_clock_mhz * 1.05
+        assert math.isnan(b.busy_ratio) or 0 <= b.busy_ratio <= 1
+        assert math.isnan(a.energy_j) or b.energy_j >= a.energy_j  # NaN: a chip's further partition
+        assert b.mem_used_bytes <= d.memory_bytes
+        assert 0 < d.compute_share <= 1 and d.chip_uuid
+        # Health came with the first read only, whole-chip counters flagged on partitioned chips.
+        assert all(e.kind in ERROR_KINDS and e.chip_wide == (d.compute_share < 1) for e in a.errors)
+        assert b.errors == ()
 
 
 def test_pci_bus_ids_are_what_amds_kubernetes_device_plugin_names_devices(node: FakeNode, backend: AmdBackend) -> None:
