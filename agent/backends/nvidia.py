@@ -67,27 +67,27 @@ Health. The first tick and then every tick at least ``HEALTH_INTERVAL_NS`` after
 carries ``Sample.errors``; the other ticks carry ``()``. All of it is read from the chip's handle
 (NVML counts errors per physical GPU), one query after another:
 
-=====================================================  =============  ================================
-NVML call (nvml.h names)                               NVML unit      ``ErrorCount`` (kind, window, detail)
-=====================================================  =============  ================================
-nvmlEventSetWait_v2, nvmlEventTypeXidCriticalError     one event      xid, "", the XID code (eventData):
-                                                                      events counted since open()
-nvmlDeviceGetTotalEccErrors(NVML_MEMORY_ERROR_TYPE_    errors         ecc_corrected / ecc_uncorrected,
-CORRECTED|UNCORRECTED, NVML_VOLATILE_ECC|                             volatile (since the driver
-NVML_AGGREGATE_ECC), only while nvmlDeviceGetEccMode                  loaded) / aggregate (lifetime),
-says the current mode is NVML_FEATURE_ENABLED                         "total"
-nvmlDeviceGetRetiredPages(NVML_PAGE_RETIREMENT_CAUSE_  page addresses retired_pages, "", single_bit /
-MULTIPLE_SINGLE_BIT_ECC_ERRORS|DOUBLE_BIT_ECC_ERROR)   (counted)      double_bit
-nvmlDeviceGetRetiredPagesPendingStatus                 nvmlEnableState retirement_pending, 0/1
-nvmlDeviceGetRemappedRows: corrRows, uncRows           rows           remapped_rows, "", correctable /
-                                                                      uncorrectable
-nvmlDeviceGetRemappedRows: isPending, failureOccurred  0/1            remap_pending, remap_failed
-nvmlDeviceGetPcieReplayCounter                         replays        pcie_replay
-NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL          errors         link_crc, "", flit
-NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL          errors         link_crc, "", data
-NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL            replays        link_replay
-NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL          recoveries     link_recovery
-=====================================================  =============  ================================
+=====================================================  ===============  =====================================
+NVML call (nvml.h names)                               NVML unit        ``ErrorCount`` (kind, window, detail)
+=====================================================  ===============  =====================================
+nvmlEventSetWait_v2, nvmlEventTypeXidCriticalError     one event        xid, "", the XID code (eventData):
+                                                                        events counted since open()
+nvmlDeviceGetTotalEccErrors(NVML_MEMORY_ERROR_TYPE_    errors           ecc_corrected / ecc_uncorrected,
+CORRECTED|UNCORRECTED, NVML_VOLATILE_ECC|                               volatile (since the driver loaded) /
+NVML_AGGREGATE_ECC), only while nvmlDeviceGetEccMode                    aggregate (lifetime), "total"
+says the current mode is NVML_FEATURE_ENABLED
+nvmlDeviceGetRetiredPages(NVML_PAGE_RETIREMENT_CAUSE_  page addresses   retired_pages, "", single_bit /
+MULTIPLE_SINGLE_BIT_ECC_ERRORS|DOUBLE_BIT_ECC_ERROR)   (counted)        double_bit
+nvmlDeviceGetRetiredPagesPendingStatus                 nvmlEnableState  retirement_pending, 0/1
+nvmlDeviceGetRemappedRows: corrRows, uncRows           rows             remapped_rows, "", correctable /
+                                                                        uncorrectable
+nvmlDeviceGetRemappedRows: isPending, failureOccurred  0/1              remap_pending, remap_failed
+nvmlDeviceGetPcieReplayCounter                         replays          pcie_replay
+NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL          errors           link_crc, "", flit
+NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL          errors           link_crc, "", data
+NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL            replays          link_replay
+NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL          recoveries       link_recovery
+=====================================================  ===============  =====================================
 
 - XID events: ``open()`` creates one event set per chip and registers it for
   ``nvmlEventTypeXidCriticalError``; each health reading drains it with ``nvmlEventSetWait_v2`` and
@@ -260,7 +260,7 @@ class _Device:
     index: int
     handle: Any  # its own handle: the chip's, or the MIG device's
     chip: _Chip = field(repr=False)
-    gpm_get: tuple[Any, ...] = ()  # the GPM sample call and its arguments before the buffer
+    gpm_get: tuple[Any, ...] = ()  # the GPM sample call and its arguments before the buffer; () none
     gpm: bool = False
     gpm_base: Any = None  # GPM sample of the start of the current interval
     gpm_next: Any = None  # buffer the next GPM sample is read into
@@ -376,7 +376,7 @@ class NvidiaBackend:
                 return []
         else:
             infos = [whole]
-            chip.devices.append(_Device(first_gpu, handle, chip))
+            chip.devices.append(_Device(first_gpu, handle, chip, gpm_get=(nv.nvmlGpmSampleGet, handle)))
         chip.links = self._active_links(chip)
         link_ids = [getattr(nv, c) for c in _LINK_FIELDS] if chip.links else []
         chip.field_ids = [*self._field_ids, *((fid, link) for link in chip.links for fid in link_ids)]
@@ -498,11 +498,9 @@ class NvidiaBackend:
                     if dev.chip.mig else
                     "busy_ratio comes from nvmlDeviceGetUtilizationRates (the share of time any kernel ran) "
                     "and matrix activity is not measured, so counter-derived MFU is n/a")
-        if not dev.gpm_get:
-            if dev.chip.mig:  # no GPU instance id: no GPM sample can be asked for
-                log.warning("event=gpm_refused gpu=%d error='no GPU instance id' note=%s", dev.index, fallback)
-                return
-            dev.gpm_get = (nv.nvmlGpmSampleGet, dev.handle)
+        if not dev.gpm_get:  # a MIG device whose GPU instance id NVML would not give
+            log.warning("event=gpm_refused gpu=%d error='no GPU instance id' note=%s", dev.index, fallback)
+            return
         read, *args = dev.gpm_get
         try:
             if not nv.nvmlGpmQueryDeviceSupport(dev.chip.handle).isSupportedDevice:

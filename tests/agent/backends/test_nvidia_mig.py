@@ -174,3 +174,15 @@ def test_a_lost_chip_names_its_first_device(node: FakeNode, lost_gpu: int, repor
     with pytest.raises(DeviceLost) as info:
         backend.sample(node.at(0))
     assert info.value.gpu == reported
+
+
+def test_a_mig_device_without_a_gpu_instance_id_has_no_activity(node: FakeNode,
+                                                                caplog: pytest.LogCaptureFixture) -> None:
+    node.nv.nvmlDeviceGetGpuInstanceId.side_effect = pynvml.NVMLError_NoPermission()
+    with caplog.at_level(logging.WARNING, logger="agent.backends.nvidia"):
+        backend = opened(node)
+    first, second, whole = backend.sample(node.at(0))
+    assert math.isnan(first.matrix_ratio) and math.isnan(second.busy_ratio)
+    assert whole.matrix_ratio == 66.8 / 100  # GPU 1's own GPM
+    node.nv.nvmlGpmMigSampleGet.assert_not_called()
+    assert sum("no GPU instance id" in r.getMessage() for r in caplog.records) == 2
