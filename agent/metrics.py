@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 MHZ = 1e6
 # ErrorCount kinds -> the metric that carries them; the labels after GPU are _health_labels'.
-_HEALTH_METRICS: dict[str, str] = {
+HEALTH_METRICS: dict[str, str] = {
     "xid": "chopper_gpu_xid_errors_total",
     **dict.fromkeys(("ecc_corrected", "ecc_uncorrected", "ecc_deferred"), "chopper_gpu_ecc_errors_total"),
     "retired_pages": "chopper_gpu_retired_pages",
@@ -153,7 +153,7 @@ class AgentCollector(Collector):
             if status is not None:
                 fam.add("chopper_gpu_health_status", gl, float(status))
             for e in counters:
-                name = _HEALTH_METRICS.get(e.kind)
+                name = HEALTH_METRICS.get(e.kind)
                 if name is not None:  # a kind newer than this agent's table is left out
                     fam.add(name, (*gl, *_health_labels(e), "chip" if e.chip_wide else "device"), e.value)
 

@@ -12,7 +12,7 @@ from chopper.proto.chopper.v1 import agent_pb2 as pb
 from chopper.schema import ERROR_KINDS, ErrorCount
 from tests.support.scrape import scrape
 
-MS = 1_000_000
+S = 10**9
 
 # One counter of every kind, as a backend reports them (values are counts or 0/1 states).
 READING = (
@@ -63,9 +63,9 @@ def test_every_error_kind_lands_in_its_family_with_its_scope() -> None:
     assert _series(m, "chopper_gpu_link_errors_total", type="crc_flit", **g) == 10
     assert _series(m, "chopper_gpu_link_errors_total", type="recovery", **g) == 12
     assert _series(m, "chopper_gpu_xgmi_error_state", gpu="1", scope="chip") == 2
-    # XID 79 and an uncorrected error within the window: critical. GPU 0 has had no reading: no status.
+    # XID 79 and an uncorrected error within the window: critical. GPU 0's counters (the simulator's) are quiet.
     assert _series(m, "chopper_gpu_health_status", gpu="1") == 2
-    assert all(dict(key)["gpu"] == "1" for key in m["chopper_gpu_health_status"])
+    assert _series(m, "chopper_gpu_health_status", gpu="0") == 0
 
 
 def test_identity_and_counter_flops_ride_on_the_gpu_series() -> None:
@@ -77,29 +77,27 @@ def test_identity_and_counter_flops_ride_on_the_gpu_series() -> None:
 
 
 def test_a_step_during_which_its_gpu_corrected_errors_is_flagged_live() -> None:
-    """Rank 0 on GPU 1 runs steps 0 and 1; GPU 1's corrected ECC count grows between readings inside step 1."""
-    settings = load_settings(["--node", "n1", "--backend", "simulated", "--sim-gpus", "2", "--sample-hz", "10"],
-                             env={})
-    agent = Agent(settings, SimulatedBackend("n1", gpus=2), host=None)
+    """Rank 0 on GPU 1 runs step 0 for 1 s and step 1 for 2 s; the simulator gives GPU 1 a burst of 7 corrected
+    ECC errors from 1.2 s on, read once a second."""
+    settings = load_settings(["--node", "n1", "--backend", "simulated", "--sim-gpus", "2"], env={})
+    agent = Agent(settings, SimulatedBackend("n1", gpus=2, health_events=["1:ecc_corrected:1.2:7"]), host=None)
     agent.open_backend()
-    t0 = time.time_ns() - 10**9
+    t0 = time.time_ns() - 10 * S
     agent.tick(t0)
-    agent.health.update(1, t0, (ErrorCount("ecc_corrected", "volatile", "total", 2.0),))
     markers = [pb.Marker(kind=pb.MARKER_KIND_STEP_BEGIN, step=0, ts_ns=t0),
-               pb.Marker(kind=pb.MARKER_KIND_STEP_END, step=0, ts_ns=t0 + 100 * MS, flops=1e12, tokens=8),
-               pb.Marker(kind=pb.MARKER_KIND_STEP_BEGIN, step=1, ts_ns=t0 + 100 * MS),
-               pb.Marker(kind=pb.MARKER_KIND_STEP_END, step=1, ts_ns=t0 + 300 * MS, flops=1e12, tokens=8)]
+               pb.Marker(kind=pb.MARKER_KIND_STEP_END, step=0, ts_ns=t0 + S, flops=1e12, tokens=8),
+               pb.Marker(kind=pb.MARKER_KIND_STEP_BEGIN, step=1, ts_ns=t0 + S),
+               pb.Marker(kind=pb.MARKER_KIND_STEP_END, step=1, ts_ns=t0 + 3 * S, flops=1e12, tokens=8)]
     assert not agent.push_markers(pb.MarkerBatch(job="j", rank=0, gpu=1, seq=1, pid=os.getpid(),
                                                  markers=markers)).rejected
-    agent.tick(t0 + 100 * MS)
-    agent.health.update(1, t0 + 150 * MS, (ErrorCount("ecc_corrected", "volatile", "total", 2.0),))
-    agent.health.update(1, t0 + 250 * MS, (ErrorCount("ecc_corrected", "volatile", "total", 9.0),))
-    for i in (2, 3, 4):
-        agent.tick(t0 + i * 100 * MS)
+    for i in (1, 2, 3, 4):
+        agent.tick(t0 + i * S)
     summaries, _, _ = agent.summaries.read(0, 10)
     by_step = {s.step: s for s in summaries}
     assert list(by_step[1].gpu_errors) == ["ecc_corrected"] and "gpu_errors" in by_step[1].flags
     assert list(by_step[0].gpu_errors) == [] and "gpu_errors" not in by_step[0].flags
     m = scrape(AgentCollector(agent.view))
     assert _series(m, "chopper_rank_flagged_steps_total", rank="0", flag="gpu_errors") == 1
+    assert _series(m, "chopper_gpu_ecc_errors_total", gpu="1", severity="corrected", block="total") == 7
     assert _series(m, "chopper_gpu_health_status", gpu="1") == 1  # corrected errors: a warning
+    assert _series(m, "chopper_gpu_health_status", gpu="0") == 0

@@ -11,9 +11,12 @@ from agent.backends.simulated import SimulatedBackend
 from agent.config import load_settings
 from agent.daemon import Agent
 from agent.host import HostSampler
-from agent.metrics import AgentCollector
+from agent.metrics import HEALTH_METRICS, AgentCollector
 from tests.support.hazards import HazardOutcome
 from tests.support.scrape import scrape, section_errors
+
+# The chopper_gpu_* families the health section fills (and not the gpus section).
+HEALTH_SERIES = {"chopper_gpu_health_status", *HEALTH_METRICS.values()}
 
 
 def sampled_agent() -> Agent:
@@ -49,9 +52,10 @@ def test_a_failing_section_costs_its_own_families_only(caplog: pytest.LogCapture
     with caplog.at_level(logging.WARNING, logger="agent.metrics"):
         m = scrape(collector)
         m = scrape(collector)
-    assert not [name for name in m if name.startswith("chopper_gpu_")]  # GPU 0's series went with the section
+    # GPU 0's series went with the section; the health series are a section of their own and stay.
+    assert not [name for name in m if name.startswith("chopper_gpu_") and name not in HEALTH_SERIES]
     assert not [name for name in m if name.startswith("chopper_rank_")]
-    kept = {name for name in healthy if not name.startswith(("chopper_gpu_", "chopper_rank_"))}
+    kept = {name for name in healthy if not name.startswith(("chopper_gpu_", "chopper_rank_")) or name in HEALTH_SERIES}
     assert kept <= set(m) and "chopper_host_load1" in kept and "chopper_agent_backend_up" in kept
     errors = section_errors(m, "agent")
     assert errors == {**dict.fromkeys(catalog.SECTIONS, 0.0), "gpus": 2.0, "ranks": 2.0}
