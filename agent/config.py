@@ -12,6 +12,7 @@ import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from agent import fields
 from chopper.daemon import settings as _settings
 from chopper.daemon.serving import access_field, check_server_access
 from chopper.daemon.settings import MAX_MESSAGE_BYTES, ConfigError, check_job_label, is_host_port, job_label_field
@@ -64,6 +65,12 @@ class AgentSettings:
     aggregator_tls_key: str = field(default="", metadata={"help": "PEM private key of aggregator_tls_cert"})
     peak_flops: float = field(default=0.0, metadata={"help": "override peak dense BF16 FLOP/s per GPU (0: spec)"})
     job_label: str = job_label_field()
+    metrics_profile: str = field(default="full", metadata={"help": (
+        "families /metrics exports: full (all), standard (all but per-link byte series), gpu (GPU, host and agent "
+        "series, no training-job series); docs/METRICS.md, cost per family in docs/PERFORMANCE.md (metric_cost)")})
+    metrics_exclude: tuple[str, ...] = field(default=(), metadata={"help": (
+        "metric names or shell patterns (chopper_inspector_*) left out of metrics_profile; the agent's own health "
+        "series always stay")})
     sim_model: str = field(default="MI300X", metadata={"help": "simulated backend: GPU model"})
     sim_gpus: int = field(default=8, metadata={"help": "simulated backend: number of GPUs"})
     sim_seed: int = field(default=0, metadata={"help": "simulated backend: random seed"})
@@ -172,6 +179,11 @@ def _check(s: AgentSettings) -> None:
             raise bad(key, f"is out of range; use {low} to {high}")
     if (why := check_job_label(s.job_label)) is not None:
         raise bad("job_label", why)
+    try:
+        fields.selected(s.metrics_profile, s.metrics_exclude)
+    except fields.FieldSelectionError as exc:
+        key = "metrics_exclude" if s.metrics_profile in fields.PROFILES else "metrics_profile"
+        raise ConfigError(f"{key}: {exc}") from None
     if s.peak_flops < 0:
         raise bad("peak_flops", "is negative; use 0 for the data-sheet value or a FLOP/s figure")
     if s.sim_gpus < 1 or s.sim_gpus > 64:

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from prometheus_client import CollectorRegistry
 
+from agent import fields
 from agent.backends.base import BackendUnavailable
 from agent.backends.select import select_backend
 from agent.capture import log_access
@@ -63,7 +64,8 @@ def _serve(settings: AgentSettings, stop: StopSignals) -> int:
         return 2
     # /metrics first: an agent that cannot bind it exits before any trainer or consumer reached its socket.
     registry = CollectorRegistry(auto_describe=False)
-    collector = AgentCollector(agent.view, job_label=settings.job_label)
+    collector = AgentCollector(agent.view, job_label=settings.job_label,
+                               exported=fields.selected(settings.metrics_profile, settings.metrics_exclude))
     registry.register(collector)
     try:
         httpd, metrics_thread, metrics_addr = serve_metrics(settings.metrics_listen, registry)

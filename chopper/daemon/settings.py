@@ -56,6 +56,7 @@ FORMS = {
     "int": "a whole number in 64-bit range, decimal without leading zeros (or 0x.., 0o.., 0b..)",
     "float": "a finite number, e.g. 2.5 or 1e-3",
     "tuple[int, ...]": "whole numbers, comma-separated or as a YAML list",
+    "tuple[str, ...]": "names without commas, comma-separated or as a YAML list",
     "str": "UTF-8 text without NUL characters",
     "mode": "octal permission bits up to 0777, e.g. 0660, 660 or 0o660",
 }
@@ -267,18 +268,28 @@ def _text(text: str) -> str:
     return text
 
 
-def _whole_list(raw: str | list[Any]) -> tuple[int, ...]:
-    items = raw if isinstance(raw, list) else [item for item in raw.split(",") if item.strip()]
-    if not all(isinstance(item, str) for item in items):  # a null, list or mapping inside the list
-        raise ValueError
-    return tuple(_whole(item) for item in items)
+def _list_of(item: Callable[[str], Any]) -> Callable[[str | list[Any]], tuple[Any, ...]]:
+    """A parser of comma-separated text or a YAML list whose items ``item`` parses (blanks dropped)."""
+
+    def parse(raw: str | list[Any]) -> tuple[Any, ...]:
+        items = raw if isinstance(raw, list) else raw.split(",")
+        if not all(isinstance(i, str) for i in items):  # a null, list or mapping inside the list
+            raise ValueError
+        if isinstance(raw, list) and any("," in i for i in items):  # one YAML item holding several
+            raise _Unclear("has an item with a comma; give each name as its own item")
+        return tuple(item(i.strip()) for i in items if i.strip())
+
+    return parse
 
 
+_LISTS: dict[str, Callable[[str | list[Any]], tuple[Any, ...]]] = {
+    "tuple[int, ...]": _list_of(_whole), "tuple[str, ...]": _list_of(_text),
+}
 _PARSERS: dict[str, Callable[[str], Any]] = {
-    "int": _whole, "float": _real, "str": _text, "mode": _mode, "tuple[int, ...]": _whole_list,
+    "int": _whole, "float": _real, "str": _text, "mode": _mode, **_LISTS,
 }
 # What "no value" (an empty or null YAML value) means for each kind; the others need a value.
-_EMPTY: dict[str, Any] = {"str": "", "tuple[int, ...]": ()}
+_EMPTY: dict[str, Any] = {"str": "", "tuple[int, ...]": (), "tuple[str, ...]": ()}
 
 
 def _kind(field: dataclasses.Field[Any]) -> str:
@@ -298,8 +309,8 @@ def _parse(field: dataclasses.Field[Any], raw: Any, source: str) -> Any:
             if kind in _EMPTY:
                 return _EMPTY[kind]
             raise _Unclear("has no value (an empty or null YAML value)")
-        if isinstance(raw, list) and kind == "tuple[int, ...]":
-            return _whole_list(raw)
+        if isinstance(raw, list) and kind in _LISTS:
+            return _LISTS[kind](raw)
         if not isinstance(raw, str):  # a YAML list or mapping where one value belongs
             raise ValueError
         return _PARSERS[kind](raw)

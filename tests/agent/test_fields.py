@@ -1,10 +1,13 @@
 """Field selection: profiles and exclusions pick the families a scrape carries; a typo is refused."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from agent import fields
 from agent.catalog import BY_NAME
+from agent.config import ConfigError, load_settings
 from agent.metrics import AgentCollector
 from chopper.daemon.exposition import Families
 from tests.support.hazards import HazardOutcome
@@ -48,3 +51,18 @@ def test_a_scrape_carries_only_the_selected_families() -> None:
     assert set(gpu_only) < set(full)
     with pytest.raises(KeyError):  # a misspelt name in the code fails whether or not it is selected
         Families(BY_NAME, exported=frozenset()).add("chopper_gpu_powr_watts", (), 1.0)
+
+
+def test_the_selection_is_an_agent_setting_taken_as_a_list_or_comma_separated(tmp_path: Path) -> None:
+    cfg = tmp_path / "agent.yaml"
+    cfg.write_text("metrics_profile: gpu\nmetrics_exclude:\n  - chopper_gpu_link_bytes_total\n  - chopper_host_*\n")
+    s = load_settings(["--config", str(cfg)], env={})
+    assert (s.metrics_profile, s.metrics_exclude) == ("gpu", ("chopper_gpu_link_bytes_total", "chopper_host_*"))
+    s = load_settings([], env={"CHOPPER_AGENT_METRICS_EXCLUDE": "chopper_inspector_*, chopper_rank_position_seconds"})
+    assert s.metrics_exclude == ("chopper_inspector_*", "chopper_rank_position_seconds")
+    with pytest.raises(ConfigError, match=r"^metrics_exclude: 'chopper_gpu_ecc_error_total' matches no metric .* "
+                       "did you mean chopper_gpu_ecc_errors_total"):
+        load_settings(["--metrics-exclude", "chopper_gpu_ecc_error_total"], env={})
+    cfg.write_text("metrics_exclude:\n  - chopper_host_*, chopper_rank_*\n")
+    with pytest.raises(ConfigError, match="has an item with a comma; give each name as its own item"):
+        load_settings(["--config", str(cfg)], env={})
