@@ -1,43 +1,21 @@
-"""Alert rules: what pages a platform or training engineer, with the runbook in the annotations.
+"""Alert rules: what pages a platform or training engineer, each with its runbook in docs/ALERTS.md.
 
 Every threshold and duration is a ``RuleParams`` field; ``params`` on each ``Alert`` names the
 ones it uses, for ``docs/ALERTS.md``. Expressions read the recording rules where those exist
 (``dashboards/recording.py``), so rules and dashboards agree on what "throttled" or "busy" means.
+The GPU health alerts are in ``dashboards/health_alerts.py``. Every ``by`` and ``on`` list keeps
+``cluster`` (``dashboards/cluster.py``).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import replace
 
+from dashboards.cluster import keep_cluster
+from dashboards.health_alerts import health_alerts
+from dashboards.model import Alert
 from dashboards.names import C
 from dashboards.params import RuleParams
 from dashboards.recording import GPU_BUSY, GPU_CLOCK, GPU_THROTTLE
-
-
-@dataclass(frozen=True)
-class Alert:
-    """One alert rule.
-
-    Attributes:
-        name: Alert name.
-        expr: PromQL; every series it returns is one firing alert.
-        for_: How long the expression must hold (Prometheus duration; "0s": at once).
-        severity: ``warning`` or ``critical`` (the ``severity`` label).
-        summary: One line, Go-templated with ``$labels`` / ``$value``.
-        description: What is wrong and how it was measured, templated.
-        runbook: What to check and do, in order.
-        params: The ``RuleParams`` fields this rule uses.
-        doc: More about the rule for ``docs/ALERTS.md`` (markdown), "" for none.
-    """
-
-    name: str
-    expr: str
-    for_: str
-    severity: str
-    summary: str
-    description: str
-    runbook: str
-    params: tuple[str, ...]
-    doc: str = ""
 
 
 def _dvfs(p: RuleParams) -> Alert:
@@ -71,12 +49,16 @@ def _straggler(p: RuleParams) -> Alert:
         "ChopperThermalPowerStraggler",
         # One series per job on each side: after a re-shard the old aggregator replica exports a job until
         # it expires, and two series of one job would fail the whole rule (many-to-many matching).
-        f"(max by (job) (avg_over_time({C.job_straggler_score_ratio}[{p.rate_window}])) > {p.straggler_score_ratio})\n"
-        f"* on (job) group_left (rank, node, gpu, cause)\n"
-        f"  topk by (job) (1, {C.job_slowest_rank_info}{{cause=~\"power|thermal\"}})",
+        f"(max by (training_job) (avg_over_time({C.job_straggler_score_ratio}[{p.rate_window}])) "
+        f"> {p.straggler_score_ratio})\n"
+        f"* on (training_job) group_left (rank, node, gpu)\n"
+        f"  topk by (training_job) (1, max by (training_job, rank, node, gpu) ({C.job_rank_slowest}) == 1)\n"
+        f"* on (training_job) group_left (cause)\n"
+        f"  topk by (training_job) (1, max by (training_job, cause) "
+        f"({C.job_slowest_rank_cause}{{cause=~\"power|thermal\"}}) == 1)",
         p.straggler_for, "warning",
-        "Job {{ $labels.job }} waits on rank {{ $labels.rank }} ({{ $labels.cause }} throttling)",
-        "Rank {{ $labels.rank }} of job {{ $labels.job }} (GPU {{ $labels.gpu }} on {{ $labels.node }}) "
+        "Job {{ $labels.training_job }} waits on rank {{ $labels.rank }} ({{ $labels.cause }} throttling)",
+        "Rank {{ $labels.rank }} of job {{ $labels.training_job }} (GPU {{ $labels.gpu }} on {{ $labels.node }}) "
         "computes {{ $value | humanizePercentage }} of a step longer than the median rank, and its GPU "
         "throttled for {{ $labels.cause }}: every other rank waits for it at each collective.",
         "1. Job dashboard: the slowest rank and its evidence (clock, temperature, throttle cause), straggler "
@@ -95,8 +77,8 @@ def _mfu_drop(p: RuleParams) -> Alert:
         f"{mfu}\n< (1 - {p.mfu_drop_ratio})\n"
         f"  * quantile_over_time(0.5, {mfu}[{p.mfu_baseline_window}])",
         p.mfu_for, "warning",
-        "MFU of job {{ $labels.job }} dropped below its recent baseline",
-        "Job {{ $labels.job }} runs at {{ $value | humanizePercentage }} MFU (5 minute window), more than "
+        "MFU of job {{ $labels.training_job }} dropped below its recent baseline",
+        "Job {{ $labels.training_job }} runs at {{ $value | humanizePercentage }} MFU (5 minute window), more than "
         f"{p.mfu_drop_ratio:.0%} below its median over the last {p.mfu_baseline_window}.",
         "1. Job dashboard: which cause grew in the step-time attribution (dvfs_* = throttling, "
         "straggler_wait = a slow rank, exposed_comm = network, idle = input pipeline or host). 2. dvfs_*: "
@@ -113,23 +95,27 @@ def _mfu_drop(p: RuleParams) -> Alert:
 # how long. Prometheus runs these queries when the alert fires; a job without positions adds nothing.
 WHERE_RANKS_ARE = (
     '{{ range $i, $place := printf "sort_desc(topk(8, count by (kind, name) (' + C.rank_position_seconds
-    + '{job=%q})))" $labels.job | query }}{{ if $i }}; {{ end }}{{ $kind := .Labels.kind }}{{ $name := .Labels.name }}'
+    + '{training_job=%q})))" $labels.training_job | query }}{{ if $i }}; {{ end }}'
+    '{{ $kind := .Labels.kind }}{{ $name := .Labels.name }}'
     '{{ .Value }} {{ if eq .Value 1.0 }}rank{{ else }}ranks{{ end }} ('
-    '{{ range $j, $rank := printf "bottomk(16, ' + C.rank_position_seconds + '{job=%q, kind=%q, name=%q})"'
-    ' $labels.job $kind $name | query | sortByLabel "rank" }}{{ if $j }} {{ end }}{{ .Labels.rank }}{{ end }}) '
+    '{{ range $j, $rank := printf "bottomk(16, ' + C.rank_position_seconds + '{training_job=%q, kind=%q, name=%q})"'
+    ' $labels.training_job $kind $name | query | sortByLabel "rank" }}{{ if $j }} {{ end }}{{ .Labels.rank }}'
+    '{{ end }}) '
     '{{ if eq $kind "between_steps" }}between steps{{ else if eq $kind "step" }}inside step'
     '{{ else }}inside {{ $kind }} {{ $name }} of step{{ end }}'
-    '{{ with printf "max(' + C.rank_open_step + '{job=%q} and on (node, job, rank, gpu) '
-    + C.rank_position_seconds + '{job=%q, kind=%q, name=%q})" $labels.job $labels.job $kind $name | query }}'
+    '{{ with printf "max(' + C.rank_open_step + '{training_job=%q} and on (node, training_job, rank, gpu) '
+    + C.rank_position_seconds + '{training_job=%q, kind=%q, name=%q})" $labels.training_job $labels.training_job'
+    ' $kind $name | query }}'
     ' {{ . | first | value }}{{ end }}'
-    '{{ with printf "max(' + C.rank_position_seconds + '{job=%q, kind=%q, name=%q})" $labels.job $kind $name'
+    '{{ with printf "max(' + C.rank_position_seconds + '{training_job=%q, kind=%q, name=%q})" $labels.training_job'
+    ' $kind $name'
     ' | query }} for up to {{ . | first | value | humanizeDuration }}{{ end }}{{ end }}'
 )
 
 
 def _stalled(p: RuleParams) -> Alert:
     def by(selector: str) -> str:
-        return f"sum by (node, job, rank) ({selector})"
+        return f"sum by (node, training_job, rank) ({selector})"
 
     begun = by(f'{C.rank_markers_received_total}{{kind="step_begin"}}')
     ended = by(f'{C.rank_markers_received_total}{{kind="step_end"}}')
@@ -140,10 +126,10 @@ def _stalled(p: RuleParams) -> Alert:
     silent = f"{by(total)}\n  == {by(before)}"
     return Alert(
         "ChopperJobStalled",
-        f"(\n  {open_steps}\n) > 0\nand on (node, job, rank) (\n  {silent}\n)",
+        f"(\n  {open_steps}\n) > 0\nand on (node, training_job, rank) (\n  {silent}\n)",
         p.stall_for, "critical",
-        "Rank {{ $labels.rank }} of job {{ $labels.job }} is stuck inside a step",
-        "Rank {{ $labels.rank }} of job {{ $labels.job }} on {{ $labels.node }} began a step and sent no "
+        "Rank {{ $labels.rank }} of job {{ $labels.training_job }} is stuck inside a step",
+        "Rank {{ $labels.rank }} of job {{ $labels.training_job }} on {{ $labels.node }} began a step and sent no "
         f"marker for {p.stall_window}, while its agent is up (the rank's series exist only while the "
         "agent is scraped). Where the job's ranks are: " + WHERE_RANKS_ARE,
         "1. A hang inside a step is usually a collective waiting for a rank that died or hangs: the "
@@ -204,9 +190,9 @@ def _loss(p: RuleParams) -> Alert:
     missed, ticks = (f"rate({C.agent_sampler_missed_ticks_total}[{w}])", f"rate({C.agent_sampler_ticks_total}[{w}])")
     parts = [
         tagged(f"sum by (node, replica) (increase({C.agent_delivery_lost_total}[{w}])) > 0", "delivery"),
-        tagged(f"sum by (node, job, rank) (increase({C.rank_client_dropped_markers_total}[{w}])) > 0",
+        tagged(f"sum by (node, training_job, rank) (increase({C.rank_client_dropped_markers_total}[{w}])) > 0",
                "client_dropped_markers"),
-        tagged(f"sum by (node, job, rank) (increase({C.rank_batches_lost_total}[{w}])) > 0", "marker_batches"),
+        tagged(f"sum by (node, training_job, rank) (increase({C.rank_batches_lost_total}[{w}])) > 0", "marker_batches"),
         tagged(f"sum by (instance) (increase({C.aggregator_store_rows_dropped_total}[{w}])) > 0", "store_rows"),
         tagged(f"sum by (node) ({missed})\n  / sum by (node) ({ticks} + {missed})\n  > {p.missed_ticks_ratio}",
                "sampler_ticks"),
@@ -217,7 +203,7 @@ def _loss(p: RuleParams) -> Alert:
         "0s", "warning",
         "Chopper is losing telemetry ({{ $labels.loss }})",
         "Telemetry is being lost: {{ $labels.loss }} ({{ $labels.node }}{{ $labels.instance }}"
-        "{{ with $labels.job }} job {{ . }}{{ end }}{{ with $labels.rank }} rank {{ . }}{{ end }}).",
+        "{{ with $labels.training_job }} job {{ . }}{{ end }}{{ with $labels.rank }} rank {{ . }}{{ end }}).",
         "The loss label says where. delivery: step summaries were overwritten in the agent's buffer before "
         "an aggregator acknowledged them: check the aggregator is up and reachable, and summary_buffer. "
         "client_dropped_markers: the training process dropped markers (agent unreachable or queue full): "
@@ -231,10 +217,11 @@ def _loss(p: RuleParams) -> Alert:
 
 
 def alerts(p: RuleParams) -> list[Alert]:
-    """Every alert rule, as the rules file lists them."""
-    return [
+    """Every alert rule, as the rules file lists them, each keeping ``cluster``."""
+    rules = [
         _dvfs(p), _straggler(p), _mfu_drop(p), _stalled(p),
         _down("ChopperAgentDown", "agent", p.agent_selector, p),
         _down("ChopperAggregatorDown", "aggregator", p.aggregator_selector, p),
-        _backend(p), _loss(p),
+        _backend(p), _loss(p), *health_alerts(p),
     ]
+    return [replace(a, expr=keep_cluster(a.expr)) for a in rules]

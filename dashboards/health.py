@@ -50,10 +50,11 @@ def build(p: RuleParams) -> Dashboard:
         .add(timeseries_panel("Markers dropped, rejected and lost", "Per second: markers the ranks' clients "
                               "dropped, markers the agent rejected (by reason), marker batches missing from a "
                               "rank's sequence, undecodable messages.", "short",
-                              query(_rate(C.rank_client_dropped_markers_total, "node, job, rank"),
-                                    "dropped {{job}}/{{rank}}"),
+                              query(_rate(C.rank_client_dropped_markers_total, "node, training_job, rank"),
+                                    "dropped {{training_job}}/{{rank}}"),
                               query(_rate(C.agent_markers_rejected_total, "node, reason"), "rejected {{reason}}"),
-                              query(_rate(C.rank_batches_lost_total, "node, job, rank"), "lost {{job}}/{{rank}}"),
+                              query(_rate(C.rank_batches_lost_total, "node, training_job, rank"),
+                                    "lost {{training_job}}/{{rank}}"),
                               query(_rate(C.agent_messages_undecodable_total, "node"), "undecodable {{node}}")))
         .add(timeseries_panel("Buffers", "Fill of the agent's ring buffers; full buffers overwrite the oldest.",
                               "percentunit", query(f"{C.agent_buffer_items}\n/ {C.agent_buffer_capacity_items}",
@@ -73,10 +74,10 @@ def build(p: RuleParams) -> Dashboard:
         .add(timeseries_panel("Steps incomplete, late and rejected", "Per second: steps finalized with ranks "
                               "missing, summaries after their step was finalized, summaries rejected by reason; "
                               "and steps waiting for ranks.", "short",
-                              query(_rate(C.job_steps_incomplete_total, "job"), "incomplete {{job}}"),
-                              query(_rate(C.job_late_summaries_total, "job"), "late {{job}}"),
+                              query(_rate(C.job_steps_incomplete_total, "training_job"), "incomplete {{training_job}}"),
+                              query(_rate(C.job_late_summaries_total, "training_job"), "late {{training_job}}"),
                               query(_rate(C.aggregator_summaries_rejected_total, "reason"), "rejected {{reason}}"),
-                              query(f"sum by (job) ({C.job_open_steps})", "open {{job}}")))
+                              query(f"sum by (training_job) ({C.job_open_steps})", "open {{training_job}}")))
         .add(timeseries_panel("Store and WAL", "Parquet rows written and dropped per second, rows waiting, "
                               "write-ahead log up.", "short",
                               query(_rate(C.aggregator_store_rows_written_total, "instance"), "rows written/s"),

@@ -1,8 +1,11 @@
 """Small builders over grafana-foundation-sdk shared by the four dashboards.
 
 Every panel reads the dashboard's ``datasource`` variable, so the JSON imports into any Grafana
-with a Prometheus data source. ``Board`` lays panels out left to right in rows of 24 grid units
-and numbers them, so each dashboard module lists only what its panels show.
+with a Prometheus data source, and every query keeps and filters on the ``cluster`` label
+(``dashboards/cluster.py``) through the ``cluster`` variable every board has. ``Board`` lays
+panels out left to right in rows of 24 grid units and numbers them, so each dashboard module lists
+only what its panels show. ``drill_down`` links a panel's series to another board, carrying the
+data source, cluster and time range.
 """
 from __future__ import annotations
 
@@ -18,6 +21,8 @@ from grafana_foundation_sdk.models import dashboard as dm
 from grafana_foundation_sdk.models.heatmap import HeatmapColorMode
 from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
+from dashboards.cluster import CLUSTER, filter_cluster, keep_cluster
+
 DATASOURCE = cm.DataSourceRef(type_val="prometheus", uid="${datasource}")
 REF_IDS = "ABCDEFGHIJ"
 # Grafana's $__rate_interval is at least four scrape intervals: never a rate over a single sample.
@@ -28,8 +33,8 @@ PanelT = TypeVar("PanelT", timeseries.Panel, stat.Panel, table.Panel, heatmap.Pa
 
 
 def query(expr: str, legend: str = "", instant: bool = False, table_format: bool = False) -> pq.Dataquery:
-    """A Prometheus query; ``legend`` is a Grafana legend template such as ``{{node}}/{{gpu}}``."""
-    q = pq.Dataquery().expr(expr).datasource(DATASOURCE)
+    """A Prometheus query, per cluster; ``legend`` is a Grafana legend template such as ``{{node}}/{{gpu}}``."""
+    q = pq.Dataquery().expr(filter_cluster(keep_cluster(expr))).datasource(DATASOURCE)
     if legend:
         q = q.legend_format(legend)
     q = q.instant() if instant else q.range()
@@ -100,12 +105,37 @@ def datasource_variable() -> db.DatasourceVariable:
 
 
 def label_variable(name: str, label: str, query_text: str, multi: bool = False) -> db.QueryVariable:
-    """A variable filled from ``label_values(...)``; ``multi`` adds All and multi-select (use ``=~``)."""
+    """A variable filled from ``label_values(...)`` of the chosen clusters; ``multi`` adds All and
+    multi-select (use ``=~``)."""
+    query_text = filter_cluster(query_text)
     var = (db.QueryVariable(name).label(label).datasource(DATASOURCE).query(query_text).definition(query_text)
            .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED).sort(dm.VariableSort.NATURAL_ASC))
     if multi:
         var = var.multi(True).include_all(True).all_value(".*")
     return var
+
+
+def cluster_variable() -> db.QueryVariable:
+    """``cluster``: every value of the label on any series, All by default. All is ``.*``, which
+    matches series without the label too, so a Prometheus without it shows everything."""
+    text = f"label_values({CLUSTER})"
+    return (db.QueryVariable(CLUSTER).label("Cluster").datasource(DATASOURCE).query(text).definition(text)
+            .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED).sort(dm.VariableSort.NATURAL_ASC)
+            .multi(True).include_all(True).all_value(".*")
+            .current(dm.VariableOption(selected=True, text="All", value="$__all")))
+
+
+# What a drill-down link carries to the board it opens, beside its own variables.
+CARRIED = f"${{datasource:queryparam}}&${{{CLUSTER}:queryparam}}&${{__url_time_range}}"
+
+
+def drill_down(panel: PanelT, title: str, uid: str, variables: dict[str, str]) -> PanelT:
+    """``panel`` with a data link to board ``uid``: ``variables`` maps the board's variable names to
+    Grafana data-link fields (``${__field.labels.node}`` on a time series, ``${__data.fields.node}``
+    in a table); the data source, cluster and time range go along."""
+    params = "&".join(f"var-{name}={value}" for name, value in variables.items())
+    link = db.DashboardLink(title).type(dm.DashboardLinkType.LINK).url(f"/d/{uid}?{params}&{CARRIED}")
+    return panel.data_links([link])
 
 
 class Board:
@@ -123,7 +153,7 @@ class Board:
                         .tooltip(dm.DashboardCursorSync.CROSSHAIR)
                         .link(db.DashboardLink("Chopper").type(dm.DashboardLinkType.DASHBOARDS).tags(["chopper"])
                               .as_dropdown(True).include_vars(True).keep_time(True))
-                        .with_variable(datasource_variable()))
+                        .with_variable(datasource_variable()).with_variable(cluster_variable()))
         self._next_id = 1
         self._x = 0
         self._y = 0

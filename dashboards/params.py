@@ -40,6 +40,15 @@ class RuleParams:
     down_for: str = _p("2m", "agent/aggregator down: how long a scrape target must fail")
     backend_for: str = _p("2m", "backend failing: how long chopper_agent_backend_up must stay 0")
     missed_ticks_ratio: float = _p(0.05, "telemetry loss: fraction of sampler ticks missed over rate_window")
+    health_window: str = _p("5m", "GPU health: window in which a new XID, uncorrected ECC error or bad page fires")
+    health_for: str = _p("10m", "GPU health: how long a corrected-error, PCIe replay or NVLink error rate must last")
+    ecc_corrected_per_s: float = _p(0.1, "GPU health: corrected ECC errors per second (over rate_window) that warn")
+    pcie_replays_per_s: float = _p(0.1, "GPU health: PCIe replays per second (over rate_window) that warn")
+    link_errors_per_s: float = _p(0.1, "GPU health: NVLink errors per second, all types (over rate_window), that warn")
+    runbook_base_url: str = _p(
+        "https://github.com/chopper-telemetry/chopper/blob/main/docs/ALERTS.md",
+        "where docs/ALERTS.md is served: each alert's runbook_url is this with the alert's anchor (#its name in lower "
+        "case)")
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -48,8 +57,13 @@ class RuleParams:
                 raise ValueError(f"{f.name}: {value!r} is not a Prometheus duration; use e.g. 30s, 5m or 1h")
             if f.type == "str" and f.name.endswith("_selector") and "=" not in value:
                 raise ValueError(f"{f.name}: {value!r} is not label matchers; use e.g. job=\"chopper-agent\"")
-            if f.type == "float" and not 0.0 < value < 1.0:
+            if f.type == "str" and f.name.endswith("_url") and not value.startswith(("https://", "http://")):
+                raise ValueError(f"{f.name}: {value!r} is not a URL; use e.g. https://git.example.com/chopper/"
+                                 "blob/main/docs/ALERTS.md")
+            if f.type == "float" and f.name.endswith("_ratio") and not 0.0 < value < 1.0:
                 raise ValueError(f"{f.name}: {value!r} is out of range; use a fraction between 0 and 1")
+            if f.type == "float" and not value > 0.0:
+                raise ValueError(f"{f.name}: {value!r} is out of range; use a rate above 0")
 
     @classmethod
     def from_assignments(cls, assignments: Iterable[str]) -> RuleParams:

@@ -5,25 +5,39 @@ GPU or job instead of every raw series on every refresh. Names follow Prometheus
 ``level:metric:operations`` convention and carry no window, so dashboards work with any
 ``rate_window``; the window is a parameter (``RuleParams.rate_window``).
 
-A GPU is keyed by ``(node, gpu)``: the labels the agent puts on every GPU series. ``max by``
-rather than ``sum by`` keeps a misconfigured pair of agents that claim the same node name from
-doubling a ratio.
+A GPU is keyed by ``(node, gpu)``: the labels the agent puts on every GPU series; a training job
+by ``training_job``. ``max by`` rather than ``sum by`` keeps a misconfigured pair of agents that
+claim the same node name from doubling a ratio. Every ``by`` and ``on`` list also keeps
+``cluster`` where Prometheus adds one (``dashboards/cluster.py``).
+
+Marker MFU against the hardware's own count: ``chopper_rank_mfu_ratio`` is the model FLOPs a rank
+declares over its step time and peak; ``chopper_gpu_counter_flops_ratio`` is what the GPU's matrix
+activity counter says it did (activity x clock / max clock), with no markers. A rank's GPU is found
+through the rank series' ``(node, gpu)`` labels (the agent's device index, as on the GPU series).
+Their difference, ``RANK_MFU_GAP`` (counter minus marker, per rank) and ``JOB_MFU_GAP`` (mean over
+the job's ranks on GPUs that read the counter), is what the markers do not explain: above 0 the
+matrix units did work the declared FLOPs leave out (activation recomputation, padding, a FLOP
+formula that undercounts); below 0 the declared FLOPs or the peak are too high. Its level depends on
+the model, so a change over time is what to watch (docs/ALERTS.md).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from dashboards.cluster import keep_cluster
 from dashboards.names import C
 from dashboards.params import RuleParams
 
 GPU_THROTTLE = "node_gpu_cause:chopper_gpu_throttle_seconds:rate"
 GPU_CLOCK = "node_gpu:chopper_gpu_gfx_clock:ratio"
 GPU_BUSY = "node_gpu:chopper_gpu_busy:ratio"
-JOB_CAUSE = "job_cause:chopper_job_step_seconds:rate"
-JOB_SECONDS = "job:chopper_job_step_seconds:rate"
-JOB_STEPS = "job:chopper_job_steps_finalized:rate"
-RANK_CAUSE = "job_rank_cause:chopper_job_rank_step_seconds:rate"
-JOB_TOKENS = "job:chopper_rank_tokens:rate"
+JOB_CAUSE = "training_job_cause:chopper_job_step_seconds:rate"
+JOB_SECONDS = "training_job:chopper_job_step_seconds:rate"
+JOB_STEPS = "training_job:chopper_job_steps_finalized:rate"
+RANK_CAUSE = "training_job_rank_cause:chopper_job_rank_step_seconds:rate"
+JOB_TOKENS = "training_job:chopper_rank_tokens:rate"
+RANK_MFU_GAP = "node_gpu_training_job_rank:chopper_mfu_counter_gap:ratio"
+JOB_MFU_GAP = "training_job:chopper_mfu_counter_gap:ratio"
 
 
 @dataclass(frozen=True)
@@ -37,7 +51,13 @@ class Record:
 
 def records(p: RuleParams) -> list[Record]:
     """The recording rules, in evaluation order (later ones read earlier ones in the same group)."""
+    return [replace(r, expr=keep_cluster(r.expr)) for r in _records(p)]
+
+
+def _records(p: RuleParams) -> list[Record]:
     w = p.rate_window
+    rank_mfu = f"max by (node, gpu, training_job, rank) (avg_over_time({C.rank_mfu_ratio}[{w}]))"
+    gpu_flops = f"max by (node, gpu) (avg_over_time({C.gpu_counter_flops_ratio}[{w}]))"
     return [
         Record(GPU_THROTTLE, f"sum by (node, gpu, cause) (rate({C.gpu_throttle_seconds_total}[{w}]))",
                "throttle residency by cause: seconds throttled per second, 0-1"),
@@ -46,14 +66,19 @@ def records(p: RuleParams) -> list[Record]:
                "mean graphics clock over the window as a fraction of the maximum, 0-1"),
         Record(GPU_BUSY, f"max by (node, gpu) (avg_over_time({C.gpu_busy_ratio}[{w}]))",
                "mean engine activity over the window, 0-1"),
-        Record(JOB_CAUSE, f"sum by (job, cause) (rate({C.job_step_seconds_total}[{w}]))",
+        Record(JOB_CAUSE, f"sum by (training_job, cause) (rate({C.job_step_seconds_total}[{w}]))",
                "step time of all ranks by cause, seconds per second (a job of N busy ranks sums to N)"),
-        Record(JOB_SECONDS, f"sum by (job) ({JOB_CAUSE})",
+        Record(JOB_SECONDS, f"sum by (training_job) ({JOB_CAUSE})",
                "step time of all ranks, seconds per second"),
-        Record(JOB_STEPS, f"sum by (job) (rate({C.job_steps_finalized_total}[{w}]))",
+        Record(JOB_STEPS, f"sum by (training_job) (rate({C.job_steps_finalized_total}[{w}]))",
                "steps finalized by the aggregator per second; > 0 while a job trains"),
-        Record(RANK_CAUSE, f"sum by (job, rank, cause) (rate({C.job_rank_step_seconds_total}[{w}]))",
+        Record(RANK_CAUSE, f"sum by (training_job, rank, cause) (rate({C.job_rank_step_seconds_total}[{w}]))",
                "a rank's step time by cause (straggler_wait included), seconds per second, 0-1"),
-        Record(JOB_TOKENS, f"sum by (job) (rate({C.rank_tokens_total}[{w}]))",
+        Record(JOB_TOKENS, f"sum by (training_job) (rate({C.rank_tokens_total}[{w}]))",
                "tokens per second of all ranks of a job, from the agents"),
+        Record(RANK_MFU_GAP, f"{gpu_flops}\n- on (node, gpu) group_right\n{rank_mfu}",
+               "counter-derived FLOP utilisation of a rank's GPU minus the rank's marker MFU, both averaged over "
+               "the window, -1 to 1; only ranks whose GPU reads a matrix activity counter"),
+        Record(JOB_MFU_GAP, f"avg by (training_job) ({RANK_MFU_GAP})",
+               "mean over a job's ranks of that gap: what the job's declared FLOPs do not explain, -1 to 1"),
     ]

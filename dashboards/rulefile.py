@@ -42,7 +42,8 @@ def rule_groups(p: RuleParams) -> list[dict[str, Any]]:
         if a.for_ != "0s":
             rule["for"] = a.for_
         rule["labels"] = {"severity": a.severity}
-        rule["annotations"] = {"summary": a.summary, "description": a.description, "runbook": a.runbook}
+        rule["annotations"] = {"summary": a.summary, "description": a.description,
+                               "runbook_url": a.runbook_url(p.runbook_base_url)}
         rules.append(rule)
     return [{"name": GROUP, "rules": rules}]
 

@@ -4,30 +4,23 @@ A simulated node whose power cap (300 W on a 750 W MI300X) makes its busy GPUs t
 is scraped by a real Prometheus that evaluates a fast variant of the rules (seconds-long windows,
 rendered by the same code as ``dashboards/rules/rules.yaml``) and sends alerts to a real
 Alertmanager, which posts them to a webhook served by this test. The DVFS alert must arrive for
-exactly the two GPUs the training ranks drive, labelled ``cause="power"``. While it fires, every
-query of every committed dashboard must return data from that Prometheus. Then the agent restarts
+exactly the two GPUs the training ranks drive, labelled ``cause="power"``. Then the agent restarts
 with the cap lifted above what the chips draw, on the same ports, while training continues: the
-alert must resolve and stay resolved with the GPUs busy at full clock.
+alert must resolve and stay resolved with the GPUs busy at full clock. That every query of every
+committed dashboard answers is tests/e2e/test_plain_scrape.py, over a plain scrape config.
 """
 from __future__ import annotations
 
 import json
-import re
 import threading
 import time
-import urllib.parse
-import urllib.request
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-import grpc
 import pytest
 
 from chopper.demo.run import free_port
-from chopper.proto.chopper.v1 import agent_pb2 as pb
-from chopper.proto.chopper.v1 import agent_pb2_grpc as pb_grpc
-from dashboards import render
 from dashboards.params import RuleParams
 from dashboards.recording import GPU_BUSY, GPU_CLOCK
 from dashboards.rulefile import rules_yaml
@@ -45,7 +38,6 @@ CAP = ("--sim-power-cap-w", "300")
 # for its best silicon). At the default cap, the TDP, such a chip throttles for power as real ones do,
 # and on a loaded machine, whose starved ranks spend more of each step computing, enough to alert.
 LIFTED = ("--sim-power-cap-w", "1000")
-RATE_INTERVAL = "5s"  # Grafana's $__rate_interval for 1 s scrapes: four scrape intervals and a bit
 ALERT = "ChopperGPUThrottling"
 
 
@@ -109,68 +101,13 @@ def stack(tmp_path: Path) -> Iterator[tuple[Webhook, ServerProcess, AgentProcess
         hook.close()
 
 
-def _reject_one_batch(agent: AgentProcess) -> None:
-    """A batch without a job: the agent rejects it, so the rejection counter the health panel reads exists."""
-    with grpc.insecure_channel(agent.target) as channel:
-        reply = pb_grpc.AgentStub(channel).PushMarkers(iter([pb.MarkerBatch(job="", rank=0, gpu=0, seq=1)]), timeout=10)
-    assert reply.accepted == 0
-
-
-def _fetch(prom: str, path: str, params: dict[str, str]) -> list[dict]:
-    url = f"http://{prom}/api/v1/{path}?" + urllib.parse.urlencode(params)
-    try:
-        with urllib.request.urlopen(url, timeout=10) as response:
-            return list(json.load(response)["data"]["result"] if path != "series" else json.load(response)["data"])
-    except urllib.error.HTTPError as exc:  # a bad query: Prometheus says why
-        raise AssertionError(f"{params}: {exc.read().decode()}") from None
-
-
-def _variables(prom: str, board: dict) -> dict[str, str]:
-    """A value for every query variable, from the label_values() query Grafana would run, in order."""
-    values: dict[str, str] = {}
-    for var in board["templating"]["list"]:
-        if var["type"] != "query":
-            continue
-        selector, label = re.fullmatch(r"label_values\((.*), (\w+)\)", var["query"]).groups()  # type: ignore[union-attr]
-        series = _fetch(prom, "series", {"match[]": _substitute(selector, values)})
-        found = sorted({s[label] for s in series if label in s})
-        assert found, f"variable ${var['name']} has no values: {var['query']}"
-        values[var["name"]] = found[0]
-    return values
-
-
-def _substitute(expr: str, values: dict[str, str]) -> str:
-    expr = expr.replace("$__rate_interval", RATE_INTERVAL)
-    return re.sub(r"\$(\w+)", lambda m: values[m.group(1)], expr)
-
-
-def _empty_panel_queries(prom: str) -> list[str]:
-    """Every query of every committed dashboard that returns no data now (or over the last 20 s)."""
-    empty, now = [], time.time()
-    for path in sorted((render.ROOT / render.JSON_DIR).glob("*.json")):
-        board = json.loads(path.read_text())
-        values = _variables(prom, board)
-        for panel in board["panels"]:
-            for target in panel.get("targets", []):
-                expr = _substitute(target["expr"], values)
-                if target.get("instant"):
-                    result = _fetch(prom, "query", {"query": expr})
-                else:
-                    result = _fetch(prom, "query_range", {"query": expr, "start": str(now - 20), "end": str(now),
-                                                          "step": "1"})
-                if not result:
-                    empty.append(f"{path.name} / {panel['title']} / {target['refId']}: {expr}")
-    return empty
-
-
 def _value(prom: str, expr: str) -> dict[str, float]:
     return {r["metric"]["gpu"]: float(r["value"][1]) for r in prom_query(prom, expr)}
 
 
-def test_dvfs_alert_fires_with_gpu_and_cause_then_resolves_and_every_panel_has_data(stack) -> None:  # type: ignore[no-untyped-def]
+def test_dvfs_alert_fires_with_gpu_and_cause_then_resolves(stack) -> None:  # type: ignore[no-untyped-def]
     hook, prom_server, agent, _ = stack
     prom = prom_server.address
-    _reject_one_batch(agent)
     # Far longer than the test: it must still run at step 4 however slow the waits before are; the
     # finally block kills it.
     training = start_training(agent.target, ranks=2, duration_s=300)
@@ -181,11 +118,7 @@ def test_dvfs_alert_fires_with_gpu_and_cause_then_resolves_and_every_panel_has_d
         assert hook.gpus("firing") == {"0": "power", "1": "power"}
         assert training.poll() is None, "training ended before the alert fired"
 
-        # 2. While it fires: every panel query of every dashboard returns data.
-        assert wait_until(lambda: not _empty_panel_queries(prom), timeout_s=30, interval_s=1), (
-            "panel queries without data:\n" + "\n".join(_empty_panel_queries(prom)))
-
-        # 3. Cap lifted (the agent restarts with LIFTED, same socket and ports): the alert resolves.
+        # 2. Cap lifted (the agent restarts with LIFTED, same socket and ports): the alert resolves.
         agent.terminate()
         agent.extra = (*(a for a in agent.extra if a not in CAP), *LIFTED)
         agent.start()
@@ -193,7 +126,7 @@ def test_dvfs_alert_fires_with_gpu_and_cause_then_resolves_and_every_panel_has_d
             f"DVFS alert did not resolve; received {hook.labels()}")
         assert training.poll() is None, "training ended before the alert resolved: it must resolve for the clock"
 
-        # 4. And stays resolved for longer than its `for` (ALERTS also holds pending alerts), with
+        # 3. And stays resolved for longer than its `for` (ALERTS also holds pending alerts), with
         # both GPUs busy at full clock. A scrape that times out on a loaded machine leaves the GPU
         # series stale for a second, so those are waited for rather than read once.
         time.sleep(4 + 2)

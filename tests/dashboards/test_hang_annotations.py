@@ -27,7 +27,8 @@ def _series(name: str, labels: dict[str, str], values: str) -> dict[str, str]:
 
 
 def _rank(job: str, node: str, rank: int, gpu: int) -> dict[str, str]:
-    return {"node": node, "job": job, "rank": str(rank), "gpu": str(gpu), "instance": f"{node}:9477"}
+    return {"node": node, "training_job": job, "rank": str(rank), "gpu": str(gpu), "instance": f"{node}:9477",
+            "job": "chopper-agent"}
 
 
 def _inputs() -> list[dict[str, str]]:
@@ -53,13 +54,13 @@ def _inputs() -> list[dict[str, str]]:
 
 def _expected(job: str, node: str, where: str) -> dict:
     stalled = next(a for a in alerts(RuleParams()) if a.name == "ChopperJobStalled")
-    return {"exp_labels": {"severity": "critical", "node": node, "job": job, "rank": "0"},
+    return {"exp_labels": {"severity": "critical", "node": node, "training_job": job, "rank": "0"},
             "exp_annotations": {
                 "summary": f"Rank 0 of job {job} is stuck inside a step",
                 "description": f"Rank 0 of job {job} on {node} began a step and sent no marker for 10m, while its "
                                "agent is up (the rank's series exist only while the agent is scraped). Where the "
                                f"job's ranks are: {where}",
-                "runbook": stalled.runbook}}
+                "runbook_url": stalled.runbook_url(RuleParams().runbook_base_url)}}
 
 
 def test_the_description_names_each_place_its_ranks_its_step_and_how_long(tmp_path: Path) -> None:
