@@ -9,7 +9,6 @@ import copy
 import json
 import shutil
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -75,40 +74,45 @@ def test_literal_tags_every_line_with_its_json_path() -> None:
     ]
 
 
-def _set(path: str, value: object) -> Callable[[dict[str, Any]], None]:
-    """A mutation that sets the dotted ``path`` (``panels.1.gridPos``; numbers index lists) to ``value``."""
-    *parents, leaf = path.split(".")
-
-    def mutate(b: dict[str, Any]) -> None:
-        item: Any = b
-        for key in parents:
-            item = item[int(key)] if key.isdigit() else item[key]
-        item[int(leaf) if leaf.isdigit() else leaf] = value
-    return mutate
+def target(b: dict[str, Any], kind: str) -> tuple[str, dict[str, Any]]:
+    """``(JSON path, object)`` of ``b`` (kind ``board``), its first ``query`` variable, or its first ``kind`` panel."""
+    if kind == "board":
+        return "", b
+    if kind == "variable":
+        i, var = next((i, v) for i, v in enumerate(b["templating"]["list"]) if v["type"] == "query")
+        return f"templating.list[{i}]", var
+    return next((path, panel) for path, panel in tscheck.panels(b) if panel["type"] == kind)
 
 
-# (dashboard, mutation, JSON path tsc's error must name, tsc code or "schema", text the message must hold)
+# case -> (dashboard, what to break, dotted key in it, value, tsc code or "schema", text the message must hold)
 BROKEN = {
-    "gridPos a string": ("job", _set("panels.1.gridPos", "x"), "panels[1].gridPos", "TS2322", "h: number"),
-    "refresh a number": ("job", _set("refresh", 30), "refresh", "TS2322", "'number' is not assignable to type 'string"),
-    "unknown top-level field": ("gpu", _set("refreshEvery", "30s"), "refreshEvery", "TS2353", "refreshEvery"),
-    "gridPos without h": ("gpu", _set("panels.0.gridPos", {"w": 24, "x": 0, "y": 0}), "panels[0].gridPos", "TS2741",
-                          "'h' is missing"),
-    "legend mode not an enum value": ("job", _set("panels.1.options.legend.displayMode", "lists"),
-                                      "panels[1].options.legend.displayMode", "TS2820", "Did you mean '\"list\"'"),
-    "timeseries option misspelt": ("job", _set("panels.1.options.tooltips", {"mode": "multi"}),
-                                   "panels[1].options.tooltips", "TS2353", "tooltips"),
-    "custom field config of the wrong type": ("job", _set("panels.1.fieldConfig.defaults.custom.fillOpacity", "5"),
-                                              "panels[1].fieldConfig.defaults.custom.fillOpacity", "TS2322", "number"),
-    "stat panel with custom field config": ("fleet", _set("panels.1.fieldConfig.defaults.custom", {"fillOpacity": 5}),
-                                            "panels[1].fieldConfig.defaults.custom.fillOpacity", "TS2322", "never"),
-    "heatmap option of the wrong type": ("job", _set("panels.8.options.calculate", "yes"),
-                                         "panels[8].options.calculate", "TS2322", "boolean"),
-    "panel type with no schema": ("job", _set("panels.1.type", "timeserie"), "panels[1].type", "schema",
+    "gridPos a string": ("job", "timeseries", "gridPos", "x", "TS2322", "h: number"),
+    "refresh a number": ("job", "board", "refresh", 30, "TS2322", "'number' is not assignable to type 'string"),
+    "unknown top-level field": ("gpu", "board", "refreshEvery", "30s", "TS2353", "refreshEvery"),
+    "gridPos without h": ("gpu", "row", "gridPos", {"w": 24, "x": 0, "y": 0}, "TS2741", "'h' is missing"),
+    "legend mode not an enum value": ("job", "timeseries", "options.legend.displayMode", "lists", "TS2820",
+                                      "Did you mean '\"list\"'"),
+    "timeseries option misspelt": ("job", "timeseries", "options.tooltips", {"mode": "multi"}, "TS2353", "tooltips"),
+    "custom field config of the wrong type": ("job", "timeseries", "fieldConfig.defaults.custom.fillOpacity", "5",
+                                              "TS2322", "number"),
+    "stat panel with custom field config": ("fleet", "stat", "fieldConfig.defaults.custom.fillOpacity", 5, "TS2322",
+                                            "never"),
+    "heatmap option of the wrong type": ("job", "heatmap", "options.calculate", "yes", "TS2322", "boolean"),
+    "panel type with no schema": ("job", "timeseries", "type", "timeserie", "schema",
                                   "panel type 'timeserie' has no schema in @grafana/schema"),
-    "variable type unknown": ("gpu", _set("templating.list.1.type", "querry"), "templating.list[1].type", "TS2820",
-                              "Did you mean '\"query\"'"),
+    "variable type unknown": ("gpu", "variable", "type", "querry", "TS2820", "Did you mean '\"query\"'"),
 }
+
+
+def broken(name: str, kind: str, key: str, value: object) -> tuple[dict[str, Any], str]:
+    """Dashboard ``name`` with ``key`` of its ``kind`` target set to ``value``, and the JSON path of ``key``."""
+    b = copy.deepcopy(board(name))
+    path, item = target(b, kind)
+    *parents, leaf = key.split(".")
+    for part in parents:
+        item = item.setdefault(part, {})
+    item[leaf] = value
+    return b, f"{path}.{key}" if path else key
 
 
 @needs_node
@@ -119,10 +123,8 @@ BROKEN = {
                     "and the schema's type")
 def test_broken_dashboards_are_rejected_naming_the_field(hazard: HazardOutcome) -> None:
     boards, expected = {}, {}
-    for case, (name, mutate, path, code, text) in BROKEN.items():
-        broken = copy.deepcopy(board(name))
-        mutate(broken)
-        boards[f"{case}.json"] = broken
+    for case, (name, kind, key, value, code, text) in BROKEN.items():
+        boards[f"{case}.json"], path = broken(name, kind, key, value)
         expected[f"{case}.json"] = (path, code, text)
     errors = tscheck.check(boards)
     for dashboard, (path, code, text) in expected.items():
