@@ -31,6 +31,7 @@ import argparse
 import copy
 import json
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -125,6 +126,9 @@ class SchemaError:
 
 
 def tsc_binary(node_modules: Path = NODE_MODULES) -> Path:
+    """The installed ``tsc``, once node (which runs it) is on PATH."""
+    if shutil.which("node") is None:
+        raise SchemaToolMissing("node is not on PATH: install the Debian packages nodejs and npm (`make test` does)")
     tsc = node_modules / ".bin/tsc"
     if not tsc.exists():
         raise SchemaToolMissing(f"tsc (npm package typescript) is missing from {node_modules}: {INSTALL_HINT}")
@@ -178,18 +182,26 @@ def declaration(name: str, type_name: str, value: object, path: str) -> list[Lin
 
 
 def panels(board: Mapping[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
-    """``(JSON path, panel)`` of every panel of ``board``, a row's own panels after the row."""
-    for i, panel in enumerate(board.get("panels") or []):
+    """``(JSON path, panel)`` of every panel of ``board``, a row's own panels after the row.
+
+    Entries that are not objects are passed over here; the ``Dashboard`` type reports them.
+    """
+    for i, panel in _objects(board.get("panels")):
         yield f"panels[{i}]", panel
-        for j, inner in enumerate(panel.get("panels") or []):
+        for j, inner in _objects(panel.get("panels")):
             yield f"panels[{i}].panels[{j}]", inner
+
+
+def _objects(items: object) -> list[tuple[int, dict[str, Any]]]:
+    """``(index, item)`` of the objects in ``items`` where it is a list, else none."""
+    return [(i, item) for i, item in enumerate(items) if isinstance(item, dict)] if isinstance(items, list) else []
 
 
 def allow(board: Mapping[str, Any],
           allowances: Sequence[Allowance] = ALLOWANCES) -> tuple[dict[str, Any], list[Allowance]]:
     """A copy of ``board`` with ``allowances`` applied, and those that changed something."""
     out = copy.deepcopy(dict(board))
-    scopes = [("variable", v) for v in out.get("templating", {}).get("list", [])]
+    scopes = [("variable", v) for _, v in _objects((_member(out, ["templating"]) or {}).get("list"))]
     scopes += [(str(panel.get("type")), panel) for _, panel in panels(out)]
     used = []
     for allowance in allowances:
@@ -230,7 +242,7 @@ def source(board: Mapping[str, Any], schemas: Mapping[str, PanelSchema]) -> tupl
         alias = used.setdefault(kind, f"panel_{len(used)}")
         if "options" in panel:
             checks += declaration(f"options_{n}", f"{alias}.Options", panel["options"], f"{path}.options")
-        custom = panel.get("fieldConfig", {}).get("defaults", {}).get("custom")
+        custom = (_member(panel, ["fieldConfig", "defaults"]) or {}).get("custom")
         if custom is not None:
             custom_type = f"{alias}.FieldConfig" if schema.has_field_config else "Record<string, never>"
             checks += declaration(f"custom_{n}", custom_type, custom, f"{path}.fieldConfig.defaults.custom")
@@ -240,8 +252,8 @@ def source(board: Mapping[str, Any], schemas: Mapping[str, PanelSchema]) -> tupl
     return [*head, *declaration("dashboard", "Dashboard", board, ""), *checks], unknown
 
 
-def check(boards: Mapping[str, Mapping[str, Any]], node_modules: Path = NODE_MODULES) -> list[SchemaError]:
-    """Every schema error of ``boards`` (dashboard name -> parsed JSON); ``[]`` when all conform.
+def check(boards: Mapping[str, object], node_modules: Path = NODE_MODULES) -> list[SchemaError]:
+    """Every schema error of ``boards`` (dashboard name -> its parsed JSON); ``[]`` when all conform.
 
     Raises:
         SchemaToolMissing: ``tsc`` or ``@grafana/schema`` is not installed.
@@ -257,11 +269,17 @@ def check(boards: Mapping[str, Mapping[str, Any]], node_modules: Path = NODE_MOD
         (scratch / "tsconfig.json").write_text(json.dumps({"extends": str(SCHEMA_DIR / "tsconfig.json"),
                                                             "include": ["*.ts"]}))
         for i, (name, board) in enumerate(boards.items()):
+            if not isinstance(board, Mapping):
+                problem = f"a dashboard is one JSON object, not {type(board).__name__}"
+                errors.append(SchemaError(name, "", "schema", problem))
+                continue
             lines, unknown = source(allow(board)[0], schemas)
             errors += [SchemaError(name, path, "schema", problem) for path, problem in unknown]
             file = f"board{i}_{re.sub(r'[^A-Za-z0-9]', '_', Path(name).stem)}.ts"
             files[file] = (name, lines)
             (scratch / file).write_text("\n".join(text for text, _ in lines) + "\n")
+        if not files:
+            return errors
         done = subprocess.run([str(tsc), "--project", "tsconfig.json", "--noEmit", "--strict", "--pretty", "false"],
                               cwd=scratch, capture_output=True, text=True, timeout=TIMEOUT_S)
     found = parse_tsc(done.stdout, files)

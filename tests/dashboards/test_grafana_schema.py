@@ -142,3 +142,29 @@ def test_missing_packages_name_the_fix(tmp_path: Path, capsys: pytest.CaptureFix
     (tmp_path / ".bin/tsc").touch()
     with pytest.raises(tscheck.SchemaToolMissing, match=r"@grafana/schema is missing"):
         tscheck.check({"job.json": board("job")}, node_modules=tmp_path)
+
+
+@needs_node
+@pytest.mark.hazard(item=17, input="dashboard JSON that is a list, panels that are a string and a number, a "
+                    "fieldConfig that is a string, templating that is a list",
+                    promise="each is an error naming the dashboard and the JSON path, never a crash of the check")
+def test_malformed_dashboards_are_errors_not_crashes(hazard: HazardOutcome) -> None:
+    shapes = board("job")
+    shapes["panels"] = ["x", 3, {**first_panel(board("job"), "timeseries"), "fieldConfig": "y"}]
+    shapes["templating"] = []
+    errors = tscheck.check({"list.json": [], "shapes.json": shapes})
+    where = sorted({(e.dashboard, e.path) for e in errors})
+    assert where == [("list.json", ""), ("shapes.json", "panels[0]"), ("shapes.json", "panels[1]"),
+                     ("shapes.json", "panels[2].fieldConfig"), ("shapes.json", "templating")], \
+        "\n".join(map(str, errors))
+    assert "a dashboard is one JSON object, not list" in str(errors[0])
+    hazard.outcome = f"{len(errors)} errors at {len(where)} JSON paths in 2 malformed dashboards, no exception"
+
+
+@needs_node
+def test_main_reports_each_error_and_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({**board("gpu"), "refresh": 30}))
+    assert tscheck.main([str(bad)]) == 1
+    assert f"{bad}: refresh: TS2322" in capsys.readouterr().err
+    assert tscheck.main([]) == 0
