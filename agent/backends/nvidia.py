@@ -3,7 +3,7 @@
 Per tick and physical GPU (a *chip*) the backend does:
 
 1. One batched ``nvmlDeviceGetFieldValues`` call for every counter NVML exposes as a field
-   (energy, power, NVLink and PCIe bytes, clocks-event residency), each NVLink's own byte
+   (energy, power, HBM temperature, NVLink and PCIe bytes, clocks-event residency), each NVLink's own byte
    counters included, and on a health tick the NVLink error counters. Each field carries its own
    ``nvmlReturn``; a field that failed becomes NaN and the rest of the row is kept.
 2. Current SM and memory clocks and GPU temperature (one call each; NVML has no fields for them).
@@ -20,6 +20,9 @@ Per tick and physical GPU (a *chip*) the backend does:
 ``power_w`` is NVML's instantaneous power (its 1 s average where that fails); the exact mean over
 an interval is the difference of ``energy_j`` divided by its length, which is what consumers
 should prefer. Clocks are NVML's current values, the nearest it has to an interval mean.
+
+``mem_temp_c`` is ``NVML_FI_DEV_MEMORY_TEMP`` ("Memory temperature for the device", °C); NVML
+reads no voltage-regulator sensor, so ``vr_temp_c`` stays NaN.
 
 Units are converted here and nowhere else: mJ → J, mW → W, KiB → bytes, ns → s, % → 0–1.
 
@@ -182,6 +185,7 @@ _FIELDS: tuple[tuple[str, str, int, int, int, bool], ...] = (
     ("energy_j", "NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION", 0, 1, 1000, True),  # mJ since driver load
     ("power_instant_w", "NVML_FI_DEV_POWER_INSTANT", 0, 1, 1000, False),  # mW, scope GPU
     ("power_average_w", "NVML_FI_DEV_POWER_AVERAGE", 0, 1, 1000, False),  # mW over 1 s, fallback
+    ("mem_temp_c", "NVML_FI_DEV_MEMORY_TEMP", 0, 1, 1, False),  # degrees C, the HBM sensor
     ("link_tx_bytes", "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX", _ALL_LINKS, _KIB, 1, True),  # KiB
     ("link_rx_bytes", "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX", _ALL_LINKS, _KIB, 1, True),  # KiB
     ("pcie_tx_bytes", "NVML_FI_DEV_PCIE_COUNT_TX_BYTES", 0, 1, 1, True),  # bytes, may wrap
@@ -574,6 +578,7 @@ class NvidiaBackend:
             energy_j=f["energy_j"],
             # NVML exposes no hotspot sensor on NVIDIA parts; the GPU die sensor is the closest.
             temp_c=_num(self._call(first, nv.nvmlDeviceGetTemperature, h, nv.NVML_TEMPERATURE_GPU)),
+            mem_temp_c=f["mem_temp_c"],
             link_tx_bytes=f["link_tx_bytes"],
             link_rx_bytes=f["link_rx_bytes"],
             pcie_tx_bytes=f["pcie_tx_bytes"],

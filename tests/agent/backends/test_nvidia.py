@@ -84,6 +84,7 @@ def test_sample_converts_units_exactly(node: FakeNode) -> None:
     assert s.pcie_rx_bytes == 29418114744320
     assert (s.gfx_clock_mhz, s.mem_clock_mhz) == (1755.0, 2619.0)
     assert s.temp_c == 67.0
+    assert s.mem_temp_c == raw(fx, 0, 0, "MEMORY_TEMP") == 64 and math.isnan(s.vr_temp_c)  # NVML has no VR sensor
     assert s.mem_used_bytes == 79876341760
     # GPM percentages → ratios.
     assert (s.busy_ratio, s.matrix_ratio, s.mem_busy_ratio) == (98.7 / 100, 63.4 / 100, 41.2 / 100)
