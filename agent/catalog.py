@@ -123,8 +123,8 @@ METRICS: tuple[MetricSpec, ...] = (
     ),
     MetricSpec(
         "chopper_gpu_workload_info", "info",
-        "Who holds the GPU as the scheduler sees it: a Slurm job (source jobmap) or a pod's container "
-        "(source podresources); value is always 1.",
+        "Who holds the GPU as the scheduler sees it: a Slurm job id, hpc_job as dcgm-exporter names it (source "
+        "jobmap), or a pod's container (source podresources); value is always 1.",
         ("node", "gpu", "hpc_job", "pod", "namespace", "container", "source"),
     ),
     # Host.

@@ -59,7 +59,8 @@ def _evidence() -> list[Dataquery]:
         query(_on_slowest(f"max by (node, gpu) ({C.gpu_power_watts})\n/ max by (node, gpu) ({C.gpu_power_cap_watts})"),
               instant=True, table_format=True),
         query(_on_slowest(f"sum by (node, gpu) ({GPU_THROTTLE})"), instant=True, table_format=True),
-        query(_on_slowest(f"max by (job, rank) ({C.job_rank_compute_excess_seconds}{J})", on="job, rank"),
+        query(_on_slowest(f"max by (training_job, rank) ({C.job_rank_compute_excess_seconds}{J})",
+                          on="training_job, rank"),
               instant=True, table_format=True),
     ]
 

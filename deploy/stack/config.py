@@ -23,10 +23,9 @@ def prometheus_yaml(agent_metrics: str, aggregator_metrics: str, alertmanager: s
         "global": {"scrape_interval": interval, "evaluation_interval": interval},
         "rule_files": [str(p) for p in rules],
         "alerting": {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]},
-        # honor_labels: Chopper's series carry the training job in `job` (docs/ALERTS.md); without it
-        # Prometheus would rename that label to exported_job and the rules would not match.
+        # A plain scrape: Chopper's series name the training job training_job, never Prometheus' job.
         "scrape_configs": [
-            {"job_name": name, "honor_labels": True, "static_configs": [{"targets": [target]}]}
+            {"job_name": name, "static_configs": [{"targets": [target]}]}
             for name, target in (("chopper-agent", agent_metrics), ("chopper-aggregator", aggregator_metrics))
         ],
     }
@@ -36,7 +35,7 @@ def prometheus_yaml(agent_metrics: str, aggregator_metrics: str, alertmanager: s
 def alertmanager_yaml() -> str:
     """``alertmanager.yml`` that keeps every alert visible in its UI and sends none anywhere."""
     config = {
-        "route": {"receiver": "ui-only", "group_by": ["alertname", "job"], "group_wait": "1s"},
+        "route": {"receiver": "ui-only", "group_by": ["alertname", "training_job"], "group_wait": "1s"},
         "receivers": [{"name": "ui-only"}],
     }
     return yaml.safe_dump(config, sort_keys=False)

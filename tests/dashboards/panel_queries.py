@@ -36,8 +36,8 @@ def substitute(expr: str, values: dict[str, str]) -> str:
     return re.sub(r"\$(\w+)", lambda m: values[m.group(1)], expr)
 
 
-def variables(prom: str, board: dict) -> dict[str, str]:
-    """A value for every query variable of ``board``, in order."""
+def variables(prom: str, board: dict) -> dict[str, str] | str:
+    """A value for every query variable of ``board``, in order; or which variable has none yet."""
     values: dict[str, str] = {}
     for var in board["templating"]["list"]:
         if var["type"] != "query":
@@ -48,7 +48,8 @@ def variables(prom: str, board: dict) -> dict[str, str]:
         selector, label = re.fullmatch(r"label_values\((.*), (\w+)\)", var["query"]).groups()  # type: ignore[union-attr]
         series = fetch(prom, "series", {"match[]": substitute(selector, values)})
         found = sorted({s[label] for s in series if label in s})
-        assert found, f"variable ${var['name']} has no values: {var['query']}"
+        if not found:
+            return f"variable ${var['name']} has no values: {var['query']}"
         values[var["name"]] = found[0]
     return values
 
@@ -65,6 +66,9 @@ def empty_panel_queries(prom: str, may_be_empty: frozenset[str] = frozenset()) -
     for path in sorted((render.ROOT / render.JSON_DIR).glob("*.json")):
         board = json.loads(path.read_text())
         values = variables(prom, board)
+        if isinstance(values, str):
+            empty.append(f"{path.name}: {values}")
+            continue
         for panel in board["panels"]:
             for target in panel.get("targets", []):
                 if any(name in target["expr"] for name in may_be_empty):

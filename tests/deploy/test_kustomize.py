@@ -204,8 +204,9 @@ def test_services_and_monitors_select_what_exists(overlay: str) -> None:
         wanted = monitor["spec"]["selector"]["matchLabels"].items()
         [service] = [s for s in services if wanted <= s["metadata"]["labels"].items()]
         assert {e["port"] for e in monitor["spec"]["endpoints"]} <= {p["name"] for p in service["spec"]["ports"]}
-        # The training job travels in `job`: it must survive the scrape (dashboards and rules group by it).
-        assert all(e.get("honorLabels") is True for e in monitor["spec"]["endpoints"])
+        # The training job travels in training_job: a plain scrape keeps it, and Prometheus' own job and
+        # instance labels attach as for any exporter.
+        assert all("honorLabels" not in e for e in monitor["spec"]["endpoints"])
         # `up{job=...}` gets the Service name as its job; the down alerts select on it.
         assert selectors[service["metadata"]["name"]] == f'job="{service["metadata"]["name"]}"'
     for workload in workloads:
@@ -279,3 +280,28 @@ def test_generated_rules_and_dashboards_are_deployed() -> None:
         rendered = {(o["kind"], o["metadata"]["name"]): o for o in render(overlay)}
         assert wanted <= set(rendered), "list base/generated/*.yaml under resources: in base/kustomization.yaml"
         assert all(rendered[key]["metadata"]["namespace"] == "chopper" for key in wanted)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_monitors_and_rules_carry_the_release_label_kube_prometheus_stack_selects(overlay: str) -> None:
+    """kube-prometheus-stack's Prometheus selects monitors and rules by release: <its Helm release name>."""
+    selected = objects(overlay, "ServiceMonitor") + objects(overlay, "PrometheusRule")
+    assert len(selected) == 3
+    assert {o["metadata"]["labels"].get("release") for o in selected} == {"kube-prometheus-stack"}
+    others = [o for o in render(overlay) if o["kind"] not in ("ServiceMonitor", "PrometheusRule")]
+    assert all("release" not in o["metadata"].get("labels", {}) for o in others)
+
+
+def test_an_overlay_sets_another_release_name(tmp_path: Path) -> None:
+    """The release label is the overlay's to change, as overlays/simulated/kustomization.yaml shows."""
+    overlay = tmp_path / "mine"
+    overlay.mkdir()
+    example = (KUBE / "overlays/simulated/kustomization.yaml").read_text().split("# labels:", 1)[1]
+    labels = "labels:\n" + "".join(line.removeprefix("#")[1:] + "\n" for line in example.strip().splitlines())
+    resource = os.path.relpath(KUBE / "overlays/simulated", overlay)
+    (overlay / "kustomization.yaml").write_text(f"resources:\n  - {resource}\n{labels}")
+    result = subprocess.run([str(KUBECTL), "kustomize", str(overlay)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    docs = [d for d in yaml.safe_load_all(result.stdout) if d]
+    assert {d["metadata"]["labels"]["release"] for d in docs if d["kind"] in ("ServiceMonitor", "PrometheusRule")} == {
+        "prometheus"}
