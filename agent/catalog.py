@@ -377,7 +377,16 @@ def markdown() -> str:
     from chopper.attribution.phases import MAX_PHASES_PER_STEP, OTHER
     from chopper.inspector.format import REJECTION_REASONS as INSPECTOR_REASONS
 
-    own = ["", "## Phase time (`chopper_rank_phase_seconds_total{phase}`)", "",
+    own = ["", "## Job labels (`training_job`, `hpc_job`)", "",
+           "`training_job` is the job's name as its trainer declares it (`chopper.init(job=...)`), on every",
+           "`chopper_rank_*` and `chopper_inspector_*` series and on the aggregator's. No series has a `job`",
+           "label, which is Prometheus' scrape job: a plain scrape config keeps every label",
+           "(deploy/prometheus/prometheus.yml). `chopper_gpu_workload_info` names the scheduler's job id",
+           "`hpc_job`, dcgm-exporter's label for the same `--hpc-job-mapping-dir` files, so its series join",
+           "with dcgm-exporter's and neither is confused with the trainer's name. `job_label: job` (both",
+           "daemons, for one release) exports `training_job` as `job` as earlier releases did; that needs",
+           "`honor_labels: true`, and the shipped rules and dashboards do not read it. `hpc_job` stays.", "",
+           "## Phase time (`chopper_rank_phase_seconds_total{phase}`)", "",
            "Per rank, the seconds each named phase took over the summarised steps: per step the union of that",
            "name's windows (a phase entered twice counts both, nested phases each count, so phases need not add",
            "up to the step time), as in `StepSummary.phase_times` and `chopper attribute --json` (`phase_s`).",

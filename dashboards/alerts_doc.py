@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dashboards.alerts import alerts
 from dashboards.params import RuleParams, param_help
-from dashboards.recording import records
+from dashboards.recording import MFU_GAP_DOC, records
 
 
 def markdown(p: RuleParams) -> str:
@@ -50,4 +50,5 @@ def markdown(p: RuleParams) -> str:
     lines += ["## Recording rules", "", f"Window: `rate_window` = `{p.rate_window}`.", "",
               "| record | meaning |", "|---|---|"]
     lines += [f"| `{r.record}` | {r.help} |" for r in records(p)]
+    lines += ["", "### Marker MFU against the FLOP counters", "", MFU_GAP_DOC]
     return "\n".join(lines) + "\n"

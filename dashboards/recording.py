@@ -10,15 +10,7 @@ by ``training_job``. ``max by`` rather than ``sum by`` keeps a misconfigured pai
 claim the same node name from doubling a ratio. Every ``by`` and ``on`` list also keeps
 ``cluster`` where Prometheus adds one (``dashboards/cluster.py``).
 
-Marker MFU against the hardware's own count: ``chopper_rank_mfu_ratio`` is the model FLOPs a rank
-declares over its step time and peak; ``chopper_gpu_counter_flops_ratio`` is what the GPU's matrix
-activity counter says it did (activity x clock / max clock), with no markers. A rank's GPU is found
-through the rank series' ``(node, gpu)`` labels (the agent's device index, as on the GPU series).
-Their difference, ``RANK_MFU_GAP`` (counter minus marker, per rank) and ``JOB_MFU_GAP`` (mean over
-the job's ranks on GPUs that read the counter), is what the markers do not explain: above 0 the
-matrix units did work the declared FLOPs leave out (activation recomputation, padding, a FLOP
-formula that undercounts); below 0 the declared FLOPs or the peak are too high. Its level depends on
-the model, so a change over time is what to watch (docs/ALERTS.md).
+``MFU_GAP_DOC`` says what the marker-against-counter records mean (docs/ALERTS.md prints it).
 """
 from __future__ import annotations
 
@@ -38,6 +30,17 @@ RANK_CAUSE = "training_job_rank_cause:chopper_job_rank_step_seconds:rate"
 JOB_TOKENS = "training_job:chopper_rank_tokens:rate"
 RANK_MFU_GAP = "node_gpu_training_job_rank:chopper_mfu_counter_gap:ratio"
 JOB_MFU_GAP = "training_job:chopper_mfu_counter_gap:ratio"
+MFU_GAP_DOC = (
+    f"`{RANK_MFU_GAP}` and `{JOB_MFU_GAP}` set marker MFU against the hardware's own count. "
+    "`chopper_rank_mfu_ratio` is the model FLOPs a rank declares over its step time and peak; "
+    "`chopper_gpu_counter_flops_ratio` is what its GPU's matrix activity counter says it did (activity x clock / "
+    "max clock), with no markers, where the backend reads such a counter. A rank's GPU is found through the rank "
+    "series' `(node, gpu)` labels, the agent's device index as on the GPU series, within one `cluster`. The "
+    "difference, counter minus marker, per rank and as the mean over a job's ranks whose GPU reads the counter, is "
+    "what the declared FLOPs do not explain: above 0 the matrix units did work the FLOPs leave out (activation "
+    "recomputation, padding, a FLOP formula that undercounts); below 0 the FLOPs or the peak are too high. Its "
+    "level depends on the model and the counter's definition, so watch how it changes: a step in the gap with "
+    "steady MFU is a change in the work, not in the hardware.")
 
 
 @dataclass(frozen=True)
