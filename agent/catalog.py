@@ -369,9 +369,8 @@ BY_NAME: dict[str, MetricSpec] = {m.name: m for m in METRICS}
 
 def markdown() -> str:
     """``docs/METRICS.md``: the catalog as tables (regenerate with ``python -m agent.catalog``)."""
-    from agent.daemon import ADMISSION_REASONS
     from agent.inspector.feed import MAPPINGS
-    from agent.markers import REJECTION_REASONS
+    from agent.markers import ADMISSION_REASONS, REJECTION_REASONS
     from agent.positions import MAX_POSITION_NAMES
     from agent.steps import MAX_PHASE_SERIES
     from chopper.attribution.phases import MAX_PHASES_PER_STEP, OTHER

@@ -76,11 +76,6 @@ ROOM_SCAN = 64
 RankKey = tuple[str, int]
 # Where the ranks are is read again once the last read is this old (ns): readers ask about once a second.
 POSITIONS_MAX_AGE_NS = 250_000_000
-# Rejection reasons of this module (the marker ingest's are agent.markers.REJECTION_REASONS).
-ADMISSION_REASONS: dict[str, str] = {
-    "too_many_ranks": "the batch is the first of a new (job, rank) while max_ranks are tracked and none can make room: "
-                      "each has a step open and spoke within rank_idle_s (whole batch)",
-}
 
 
 class _Threaded(Protocol):

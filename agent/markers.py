@@ -65,6 +65,11 @@ REJECTION_REASONS: dict[str, str] = {
     "end_without_begin": "phase_end or collective_end without its begin",
     "too_many_open": f"phase_begin or collective_begin while the rank has {MAX_OPEN_INTERVALS} begun and not ended",
 }
+# Rejection reasons of the agent's admission of new ranks (agent.daemon), beside the ingest's own.
+ADMISSION_REASONS: dict[str, str] = {
+    "too_many_ranks": "the batch is the first of a new (job, rank) while max_ranks are tracked and none can make room: "
+                      "each has a step open and spoke within rank_idle_s (whole batch)",
+}
 
 
 # The flag a step gets when a field describing it was dropped (docs/ATTRIBUTION.md), by field.

@@ -23,7 +23,8 @@ from agent.catalog import BY_NAME
 from agent.positions import NameLabels
 from chopper import __version__
 from chopper.daemon.auth import Reloaded
-from chopper.daemon.exposition import JOB_LABEL, Families, Sections
+from chopper.daemon.exposition import Families, Sections
+from chopper.daemon.labels import JOB_LABEL
 from chopper.positions import where
 from chopper.proto.chopper.v1 import agent_pb2 as pb
 from chopper.schema import THROTTLE_CAUSES, ErrorCount, MarkerKind

@@ -27,7 +27,8 @@ from aggregator.jobs import CAUSES, WINDOWS_S, JobState, RankState
 from aggregator.service import Aggregator
 from chopper import __version__
 from chopper.daemon.auth import Reloaded
-from chopper.daemon.exposition import JOB_LABEL, Families, Sections
+from chopper.daemon.exposition import Families, Sections
+from chopper.daemon.labels import JOB_LABEL
 
 WINDOW_NAMES = {60: "1m", 300: "5m"}
 

@@ -26,6 +26,8 @@ from typing import TypeVar
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from chopper.daemon.labels import JOB_LABEL
+
 T = TypeVar("T")
 
 # Each daemon's catalog doc, under docs/.
@@ -52,12 +54,6 @@ class MetricSpec:
     labels: tuple[str, ...]
 
 
-# The label that names the training job in the catalogs; it never collides with Prometheus' own ``job``
-# (the scrape job), so a plain scrape config needs no honor_labels (docs/METRICS.md).
-JOB_LABEL = "training_job"
-# Values of the daemons' job_label setting: the label the training job is exported under. "job" is the
-# behaviour of earlier releases (it needs honor_labels: true), kept for one release.
-JOB_LABELS = (JOB_LABEL, "job")
 
 
 class Families:

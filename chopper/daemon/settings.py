@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from chopper import __version__
+from chopper.daemon.labels import JOB_LABEL, JOB_LABELS
 
 T = TypeVar("T")
 
@@ -378,9 +379,7 @@ def _read_yaml(path: Path, known: Sequence[str]) -> dict[str, Any]:
 
 
 def job_label_field() -> Any:
-    """The ``job_label`` setting both daemons share (``chopper.daemon.exposition.JOB_LABELS``)."""
-    from chopper.daemon.exposition import JOB_LABEL, JOB_LABELS
-
+    """The ``job_label`` setting both daemons share (``chopper.daemon.labels``)."""
     return dataclasses.field(default=JOB_LABEL, metadata={"help": (
         f"label that names the training job on /metrics: {JOB_LABEL} (never collides with Prometheus' scrape "
         f"label job), or {JOB_LABELS[1]} as in earlier releases (needs honor_labels: true; for one release)")})
@@ -388,6 +387,4 @@ def job_label_field() -> Any:
 
 def check_job_label(value: str) -> str | None:
     """Why ``value`` is not a ``job_label`` setting, or None when it is one."""
-    from chopper.daemon.exposition import JOB_LABELS
-
     return None if value in JOB_LABELS else f"is not a job label; use one of {', '.join(JOB_LABELS)}"
