@@ -54,13 +54,14 @@ def prometheus_process(workdir: Path, targets: dict[str, list[str]], rule_files:
                        alertmanager: str = "") -> ServerProcess:
     """A real Prometheus scraping ``{scrape job: [host:port]}`` every second, evaluating rules every second.
 
-    ``honor_labels`` keeps the training job's ``job`` label on Chopper's series (else ``exported_job``).
+    A plain scrape config, as production uses (``deploy/prometheus/prometheus.yml``): Chopper's series name
+    the training job in ``training_job``, so nothing needs ``honor_labels``.
     """
     address = f"127.0.0.1:{free_port()}"
     config = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
         "rule_files": [str(f) for f in rule_files],
-        "scrape_configs": [{"job_name": job, "honor_labels": True, "static_configs": [{"targets": hosts}]}
+        "scrape_configs": [{"job_name": job, "static_configs": [{"targets": hosts}]}
                            for job, hosts in targets.items()],
     }
     if alertmanager:
