@@ -50,7 +50,9 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("chopper_gpu_power_watts", "gauge", "Mean board/socket power over the last interval, W.", GPU),
     MetricSpec("chopper_gpu_power_cap_watts", "gauge", "Power cap of the device, W.", GPU),
     MetricSpec("chopper_gpu_energy_joules_total", "counter", "Energy used by the device, J.", GPU),
-    MetricSpec("chopper_gpu_temperature_celsius", "gauge", "Hotspot temperature, degrees Celsius.", GPU),
+    MetricSpec("chopper_gpu_temperature_celsius", "gauge",
+               "GPU temperature, degrees Celsius: the hotspot sensor on AMD, the GPU die sensor on NVIDIA (NVML has "
+               "no hotspot).", GPU),
     MetricSpec("chopper_gpu_memory_temperature_celsius", "gauge",
                "Hottest HBM/memory temperature sensor, degrees Celsius; where the backend reads it.", GPU),
     MetricSpec("chopper_gpu_vr_temperature_celsius", "gauge",
