@@ -1,10 +1,14 @@
-"""The rules and dashboards against real processes: agent, aggregator, gloo training, Prometheus, Alertmanager.
+"""The rules against real processes: agent, aggregator, gloo training, Prometheus, Alertmanager.
 
 A simulated node whose power cap (300 W on a 750 W MI300X) makes its busy GPUs throttle for power
 is scraped by a real Prometheus that evaluates a fast variant of the rules (seconds-long windows,
 rendered by the same code as ``dashboards/rules/rules.yaml``) and sends alerts to a real
 Alertmanager, which posts them to a webhook served by this test. The DVFS alert must arrive for
-exactly the two GPUs the training ranks drive, labelled ``cause="power"``. Then the agent restarts
+exactly the two GPUs the training ranks drive, labelled ``cause="power"``. The node also simulates
+bursts of uncorrected ECC errors on GPU 1 (``sim_health_events``, 20 and 35 s after the agent's
+first sample): the ECC and health-status alerts must arrive for GPU 1 alone, and the job recorded
+from the agent's buffers (``chopper record --since-buffer``) must show, through ``chopper
+attribute``, rank 1's steps during a burst flagged ``gpu_errors`` and no step of rank 0. Then the agent restarts
 with the cap lifted above what the chips draw, on the same ports, while training continues: the
 alert must resolve and stay resolved with the GPUs busy at full clock. That every query of every
 committed dashboard answers is tests/e2e/test_plain_scrape.py, over a plain scrape config.
@@ -12,6 +16,9 @@ committed dashboard answers is tests/e2e/test_plain_scrape.py, over a plain scra
 from __future__ import annotations
 
 import json
+import re
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -34,6 +41,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 FAST = RuleParams(rate_window="4s", dvfs_for="3s")
 CAP = ("--sim-power-cap-w", "300")
+BURSTS = ("--sim-health-events", "1:ecc_uncorrected:20:3,1:ecc_uncorrected:35:3")
+HEALTH_ALERTS = ("ChopperGPUEccUncorrected", "ChopperGPUHealthCritical")
 # The lifted cap: above what any simulated MI300X draws busy at full clock (up to 1.2 × its 750 W TDP
 # for its best silicon). At the default cap, the TDP, such a chip throttles for power as real ones do,
 # and on a loaded machine, whose starved ranks spend more of each step computing, enough to alert.
@@ -70,6 +79,12 @@ class Webhook:
             return {a["labels"]["gpu"]: a["labels"]["cause"] for a in self.received
                     if a["labels"]["alertname"] == ALERT and a["status"] == status}
 
+    def firing(self, alert: str) -> set[str]:
+        """The GPUs ``alert`` was received firing for."""
+        with self.lock:
+            return {a["labels"]["gpu"] for a in self.received
+                    if a["labels"]["alertname"] == alert and a["status"] == "firing"}
+
     def labels(self) -> list[tuple[str, dict[str, str]]]:
         with self.lock:
             return [(a["status"], a["labels"]) for a in self.received]
@@ -89,7 +104,7 @@ def stack(tmp_path: Path) -> Iterator[tuple[Webhook, ServerProcess, AgentProcess
         started.append(am)
         agg = AggregatorProcess(tmp_path, "agg", "--store-dir", str(tmp_path / "store")).start()
         started.append(agg)
-        agent = AgentProcess(tmp_path, *CAP, "--aggregators", agg.address).start()
+        agent = AgentProcess(tmp_path, *CAP, *BURSTS, "--aggregators", agg.address).start()
         started.append(agent)
         prom = prometheus_process(tmp_path, {"chopper-agent": [agent.metrics_addr],
                                              "chopper-aggregator": [agg.metrics_addr]},
@@ -101,11 +116,29 @@ def stack(tmp_path: Path) -> Iterator[tuple[Webhook, ServerProcess, AgentProcess
         hook.close()
 
 
+def _assert_flagged_steps(agent: AgentProcess, run: Path) -> None:
+    """Record what the agent holds, attribute it: rank 1 (GPU 1) has steps flagged gpu_errors, rank 0 none."""
+    def cli(*args: str) -> str:
+        out = subprocess.run([sys.executable, "-m", "chopper.cli", *args], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    cli("record", "--agent", agent.target, "--out", str(run), "--duration", "3", "--since-buffer")
+    text = cli("attribute", str(run))
+    assert re.search(r"GPU errors during \d+ rank-steps \(flag gpu_errors\): ecc_uncorrected; ranks 1$", text,
+                     re.MULTILINE), text
+    steps = json.loads(cli("attribute", str(run), "--json"))["steps"]
+    flagged = {s["rank"] for s in steps if "gpu_errors" in s["flags"]}
+    assert flagged == {1} and all(s["gpu_errors"] == ["ecc_uncorrected"] for s in steps if s["rank"] == 1
+                                  and s["gpu_errors"])
+
+
 def _value(prom: str, expr: str) -> dict[str, float]:
     return {r["metric"]["gpu"]: float(r["value"][1]) for r in prom_query(prom, expr)}
 
 
-def test_dvfs_alert_fires_with_gpu_and_cause_then_resolves(stack) -> None:  # type: ignore[no-untyped-def]
+def test_dvfs_and_ecc_alerts_fire_for_their_gpus_and_the_ecc_steps_are_flagged(  # type: ignore[no-untyped-def]
+        stack, tmp_path: Path) -> None:
     hook, prom_server, agent, _ = stack
     prom = prom_server.address
     # Far longer than the test: it must still run at step 4 however slow the waits before are; the
@@ -118,7 +151,14 @@ def test_dvfs_alert_fires_with_gpu_and_cause_then_resolves(stack) -> None:  # ty
         assert hook.gpus("firing") == {"0": "power", "1": "power"}
         assert training.poll() is None, "training ended before the alert fired"
 
-        # 2. Cap lifted (the agent restarts with LIFTED, same socket and ports): the alert resolves.
+        # 2. The ECC bursts on GPU 1: its ECC and health alerts, no other GPU's; its steps flagged.
+        assert wait_until(lambda: all(hook.firing(a) for a in HEALTH_ALERTS), timeout_s=60), (
+            f"no ECC alert; received {hook.labels()}")
+        assert {a: hook.firing(a) for a in HEALTH_ALERTS} == {a: {"1"} for a in HEALTH_ALERTS}
+        _assert_flagged_steps(agent, tmp_path / "run")
+        assert training.poll() is None, "training ended before the run was recorded"
+
+        # 3. Cap lifted (the agent restarts with LIFTED, same socket and ports): the alert resolves.
         agent.terminate()
         agent.extra = (*(a for a in agent.extra if a not in CAP), *LIFTED)
         agent.start()
@@ -126,7 +166,7 @@ def test_dvfs_alert_fires_with_gpu_and_cause_then_resolves(stack) -> None:  # ty
             f"DVFS alert did not resolve; received {hook.labels()}")
         assert training.poll() is None, "training ended before the alert resolved: it must resolve for the clock"
 
-        # 3. And stays resolved for longer than its `for` (ALERTS also holds pending alerts), with
+        # 4. And stays resolved for longer than its `for` (ALERTS also holds pending alerts), with
         # both GPUs busy at full clock. A scrape that times out on a loaded machine leaves the GPU
         # series stale for a second, so those are waited for rather than read once.
         time.sleep(4 + 2)
