@@ -59,11 +59,27 @@ METRICS: tuple[MetricSpec, ...] = (
                "1 for the slowest rank's throttle cause (see below), 0 for every other cause: one series per cause.",
                (*JOB, "cause")),
     MetricSpec("chopper_job_mfu_ratio", "gauge",
-               "Model FLOPs utilisation over the window (sum ideal / sum step time of all ranks), 0-1.",
+               "Deprecated, goes in the next release: use the recording rule training_job:chopper_job_mfu:ratio "
+               "(the rate of chopper_job_step_seconds_total{cause=\"ideal\"} over that of "
+               "chopper_job_flops_step_seconds_total). Model FLOPs utilisation over the window (sum ideal / sum "
+               "step time of all ranks), 0-1.",
                (*JOB, WINDOW)),
-    MetricSpec("chopper_job_energy_per_token_joules", "gauge", "Energy per token over the window, J.",
+    MetricSpec("chopper_job_energy_per_token_joules", "gauge",
+               "Deprecated, goes in the next release: use the recording rule "
+               "training_job:chopper_job_energy_per_token_joules:ratio (the rate of chopper_job_energy_joules_total "
+               "over that of chopper_job_tokens_total). Energy per token over the window, J.",
                (*JOB, WINDOW)),
-    MetricSpec("chopper_job_step_seconds_total", "counter", "Step time of all ranks by cause, s.", (*JOB, "cause")),
+    MetricSpec("chopper_job_step_seconds_total", "counter",
+               "Step time of all ranks by cause, s; cause=\"ideal\" is the MFU numerator.", (*JOB, "cause")),
+    MetricSpec("chopper_job_flops_step_seconds_total", "counter",
+               "Step time of all ranks' steps with known FLOPs (known ideal time), s: the MFU denominator, so "
+               "steps without FLOPs do not dilute MFU.", JOB),
+    MetricSpec("chopper_job_energy_joules_total", "counter",
+               "GPU energy of all ranks' steps whose energy and tokens are both known, J: the numerator of energy "
+               "per token.", JOB),
+    MetricSpec("chopper_job_tokens_total", "counter",
+               "Tokens of all ranks' steps whose energy and tokens are both known: the denominator of energy per "
+               "token.", JOB),
     # Per rank (the k worst of larger jobs with rank_series_top_k).
     MetricSpec("chopper_job_rank_step_seconds_total", "counter",
                "A rank's step time by cause (straggler_wait is its straggler wait), s.", (*RANK, "cause")),
@@ -183,13 +199,17 @@ def markdown() -> str:
             "slowest rank's own per-rank series, whose `node` and `gpu` labels join it to its GPU's series",
             "(`... * on (node, gpu) group_left () (chopper_job_rank_slowest == 1)`). With `rank_series_top_k` the",
             "slowest rank is always among the exported ranks.", "", " ".join(f"`{c}`" for c in SLOWEST_CAUSES)]
-    notes = ("`window` is `1m` or `5m` of finalized steps by the aggregator's receive time. Counters are the "
-             "window-free form: the share of step time by cause is the `rate()` of `chopper_job_step_seconds_total` "
-             "by cause over its sum (recording rule `training_job_cause:chopper_job_step_seconds:rate`, "
-             "docs/ALERTS.md). With `rank_series_top_k` = k > 0, jobs of more than k ranks export "
-             "`chopper_job_rank_*` only for the k ranks with the largest decayed compute excess and the last "
-             "step's slowest rank. A value that is not known (no step in the window, no FLOPs) is left out of the "
-             "scrape rather than exported as NaN.")
+    notes = ("`window` is `1m` or `5m` of finalized steps by the aggregator's receive time; the two gauges that "
+             "carry it are deprecated and go in the next release. Counters are the window-free form, and PromQL "
+             "divides their rates over any window: the share of step time by cause is the `rate()` of "
+             "`chopper_job_step_seconds_total` by cause over its sum (recording rule "
+             "`training_job_cause:chopper_job_step_seconds:rate`), MFU that of its `cause=\"ideal\"` over "
+             "`chopper_job_flops_step_seconds_total` (`training_job:chopper_job_mfu:ratio`), energy per token "
+             "that of `chopper_job_energy_joules_total` over `chopper_job_tokens_total` "
+             "(`training_job:chopper_job_energy_per_token_joules:ratio`; docs/ALERTS.md). With "
+             "`rank_series_top_k` = k > 0, jobs of more than k ranks export `chopper_job_rank_*` only for the k "
+             "ranks with the largest decayed compute excess and the last step's slowest rank. A value that is not "
+             "known (no step in the window, no FLOPs) is left out of the scrape rather than exported as NaN.")
     return catalog_doc("Aggregator metric catalog", "aggregator.catalog", notes, METRICS, own, SECTIONS,
                        token_file=False)
 

@@ -39,10 +39,13 @@ Algorithm (``JobTable.add`` and ``JobTable.expire``):
    idle − exposed`` (before the split), then ``chopper.attribution.straggler.straggler_wait``
    and ``slowest_ranks``. Job step time is the largest rank step time; the straggler score is
    the slowest rank's compute excess over the median compute ÷ the median step time.
-7. Each finalized row adds its seconds by cause to its rank's counters and to the job's
-   rolling-window buckets (one per second of receive time, kept ``WINDOWS_S[-1]``): MFU
-   ``Σ ideal / Σ step time`` over rows whose ideal is known, shares ``seconds by cause ÷
-   Σ step time``, and energy per token ``Σ energy / Σ tokens`` over rows with both known.
+7. Each finalized row adds its seconds by cause to its rank's counters, and the job's sums to the
+   job's counters (``JobState.totals``): seconds by cause, the step time of rows whose ideal
+   time is known (the MFU denominator, so steps without FLOPs do not dilute it), and energy
+   and tokens of rows with both known. PromQL divides their rates: MFU ``Σ ideal / Σ step
+   time`` of rows with known ideal, energy per token ``Σ energy / Σ tokens``. The same sums go
+   to rolling-window buckets (one per second of receive time, kept ``WINDOWS_S[-1]``) for the
+   deprecated window gauges (``JobState.mfu``, ``JobState.energy_per_token``).
 
 Memory: a job holds its open steps (bounded by the timeout and ``max_open_steps``), a bounded
 record of recently finalized step numbers, one bucket per second of the longest window, and a
@@ -111,8 +114,8 @@ _INTS = ("rank", "gpu", "step", "begin_ns", "end_ns")
 # Seconds of a step by cause that may be NaN (unknown) in a summary, else within the step time.
 _CAUSE_FIELDS = ("ideal_s", "matrix_util_loss_s", "compute_at_clock_s", "dvfs_loss_s",
                  *(f"dvfs_{c}_s" for c in DVFS_CAUSES), "idle_s")
-# Window vector layout: known ideal, time with known ideal, all time, seconds by cause, energy and
-# tokens of rows with both known.
+# Layout of a job's sums (``JobState.totals`` and each window bucket): known ideal, time with known
+# ideal, all time, seconds by cause, energy and tokens of rows with both known.
 _W_IDEAL, _W_TIME_KNOWN, _W_TIME = 0, 1, 2
 _W_CAUSE = 3
 _W_ENERGY = _W_CAUSE + len(CAUSES)
@@ -172,13 +175,34 @@ class JobState:
     missing_rank_steps_total: int = 0
     rank_set_changes_total: int = 0
     duplicate_total: int = 0
-    seconds: np.ndarray = field(default_factory=lambda: np.zeros(len(CAUSES)))
+    # Sums since the job started, in the window vector layout (module step 7).
+    totals: np.ndarray = field(default_factory=lambda: np.zeros(_W_SIZE))
     buckets: deque[tuple[int, np.ndarray]] = field(default_factory=deque)
     last_step: int = -1
     last_step_time_s: float = math.nan
     last_straggler_score: float = math.nan
     # (rank, node, gpu, cause) of the slowest rank of the last finalized multi-rank step.
     last_slowest: tuple[int, str, int, str] | None = None
+
+    @property
+    def seconds(self) -> np.ndarray:
+        """Step time of all ranks by cause (``CAUSES`` order) since the job started, s."""
+        return self.totals[_W_CAUSE:_W_ENERGY]
+
+    @property
+    def flops_step_seconds(self) -> float:
+        """Step time of all ranks' steps whose ideal time is known, since the job started, s."""
+        return float(self.totals[_W_TIME_KNOWN])
+
+    @property
+    def energy_joules(self) -> float:
+        """Energy of all ranks' steps whose energy and tokens are both known, since the job started, J."""
+        return float(self.totals[_W_ENERGY])
+
+    @property
+    def tokens(self) -> float:
+        """Tokens of all ranks' steps whose energy and tokens are both known, since the job started."""
+        return float(self.totals[_W_TOKENS])
 
     def window(self, now_ns: int, seconds: int) -> np.ndarray:
         """Sum of the buckets received in the last ``seconds`` (window vector layout)."""
@@ -191,7 +215,10 @@ class JobState:
         return total
 
     def mfu(self, now_ns: int, seconds: int) -> float:
-        """``Σ ideal / Σ step time`` over rows with known ideal time in the window, 0-1 (NaN: none)."""
+        """``Σ ideal / Σ step time`` over rows with known ideal time in the window, 0-1 (NaN: none).
+
+        Deprecated with ``chopper_job_mfu_ratio``: PromQL divides the rates of the counters instead.
+        """
         w = self.window(now_ns, seconds)
         return float(w[_W_IDEAL] / w[_W_TIME_KNOWN]) if w[_W_TIME_KNOWN] > 0 else math.nan
 
@@ -203,7 +230,10 @@ class JobState:
         return {c: float(w[_W_CAUSE + i] / w[_W_TIME]) for i, c in enumerate(CAUSES)}
 
     def energy_per_token(self, now_ns: int, seconds: int) -> float:
-        """``Σ energy / Σ tokens`` over rows with both known in the window, J (NaN: none)."""
+        """``Σ energy / Σ tokens`` over rows with both known in the window, J (NaN: none).
+
+        Deprecated with ``chopper_job_energy_per_token_joules``: PromQL divides the counters' rates instead.
+        """
         w = self.window(now_ns, seconds)
         return float(w[_W_ENERGY] / w[_W_TOKENS]) if w[_W_TOKENS] > 0 else math.nan
 
@@ -542,7 +572,7 @@ class JobTable:
                 job.rank_set_changes_total += 1
 
     def _account_rows(self, frame: pd.DataFrame, excess: np.ndarray, now_ns: int) -> None:
-        """Rank counters, job counters and this second's window bucket (module step 6)."""
+        """Rank counters, job counters and this second's window bucket (module step 7)."""
         ideal = frame["ideal_s"].to_numpy(dtype=float)
         known = ~np.isnan(ideal)
         step_s = frame["step_time_s"].to_numpy(dtype=float)
@@ -571,7 +601,7 @@ class JobTable:
             vec[_W_CAUSE:_W_ENERGY] = cause[rows].sum(axis=0)
             vec[_W_ENERGY] = energy[rows][both[rows]].sum()
             vec[_W_TOKENS] = tokens[rows][both[rows]].sum()
-            job.seconds += vec[_W_CAUSE:_W_ENERGY]
+            job.totals += vec
             if job.buckets and job.buckets[-1][0] == second:
                 job.buckets[-1][1][:] += vec
             else:

@@ -113,6 +113,9 @@ class AggregatorCollector(Collector):
             fam.add("chopper_job_energy_per_token_joules", w, job.energy_per_token(now, seconds))
         for i, cause in enumerate(CAUSES):
             fam.add("chopper_job_step_seconds_total", (job.job, cause), float(job.seconds[i]))
+        fam.add("chopper_job_flops_step_seconds_total", j, job.flops_step_seconds)
+        fam.add("chopper_job_energy_joules_total", j, job.energy_joules)
+        fam.add("chopper_job_tokens_total", j, job.tokens)
 
     def _ranks(self, fam: Families, job: JobState, now: int) -> int:
         """The per-rank series of ``job``'s shown ranks (``worst_ranks``); how many ranks were left out."""

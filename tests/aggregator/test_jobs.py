@@ -133,6 +133,23 @@ def test_rolling_windows_mfu_shares_energy_per_token() -> None:
     assert shares["compute_unknown"] > 0 and job.shares(now, 60)["ideal"] == 0.0
     assert job.energy_per_token(now, 300) == pytest.approx(700.0 / 4096)
     assert job.shares(T0 + 1000 * NS, 300) == {}
+    # The counters PromQL divides: step 1's time stays out of the MFU denominator, not out of the causes.
+    ideal = job.seconds[CAUSES.index("ideal")]
+    assert (ideal, job.flops_step_seconds, job.seconds.sum()) == pytest.approx((2 * 0.5, 2 * 1.0, 4 * 1.0))
+    assert ideal / job.flops_step_seconds == pytest.approx(job.mfu(now, 300))
+    assert (job.energy_joules, job.tokens) == pytest.approx((4 * 700.0, 4 * 4096))
+    assert job.energy_joules / job.tokens == pytest.approx(job.energy_per_token(now, 300))
+
+
+def test_energy_per_token_counts_only_steps_with_both_known() -> None:
+    """A step without energy (no GPU samples) adds neither its energy nor its tokens: energy per token
+    is not pulled down by tokens whose energy nobody measured."""
+    table = joined_table()
+    blind = summary("j", 1, 0)
+    blind.energy_j = math.nan
+    table.add([summary("j", 0, 0), blind], T0)
+    job = table.jobs["j"]
+    assert (job.energy_joules, job.tokens) == (700.0, 4096.0)
 
 
 def test_bad_input_counted() -> None:

@@ -51,6 +51,11 @@ def test_deliver_acks_and_duplicates_are_not_counted_twice(running: RunningAggre
     assert m[("chopper_job_rank_slowest", (("gpu", "3"), ("node", "node0"), ("rank", "3"), j))] == 1
     assert m[("chopper_job_straggler_score_ratio", (j,))] == pytest.approx(0.10)
     assert m[("chopper_job_mfu_ratio", (j, ("window", "1m")))] == pytest.approx(0.5)
+    # Its window-free form, the counters PromQL divides: 8 rank-steps of 1 s, 0.5 s ideal each, 700 J, 4096 tokens.
+    assert m[("chopper_job_step_seconds_total", (("cause", "ideal"), j))] == pytest.approx(8 * 0.5)
+    assert m[("chopper_job_flops_step_seconds_total", (j,))] == pytest.approx(8 * 1.0)
+    assert m[("chopper_job_energy_joules_total", (j,))] == pytest.approx(8 * 700.0)
+    assert m[("chopper_job_tokens_total", (j,))] == 8 * 4096
     wait = m[("chopper_job_rank_step_seconds_total", (("cause", "straggler_wait"), ("gpu", "0"), ("node", "node0"),
                                                       ("rank", "0"), j))]
     assert wait == pytest.approx(0.20)  # 0.10 s at each of the two steps
