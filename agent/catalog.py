@@ -186,8 +186,16 @@ METRICS: tuple[MetricSpec, ...] = (
         "Summarised steps by what their collective and exposed-communication time came from: markers, inspector "
         "or none.", (*RANK, "source"),
     ),
-    MetricSpec("chopper_rank_mfu_ratio", "gauge", "Model FLOPs utilisation over the steps of the last minute, 0-1.",
-               RANK),
+    MetricSpec("chopper_rank_flops_step_seconds_total", "counter",
+               "Step time of the rank's summarised steps with known FLOPs (known ideal time), s: the MFU "
+               "denominator beside chopper_rank_step_seconds_total{cause=\"ideal\"}, so steps without FLOPs do "
+               "not dilute MFU.", RANK),
+    MetricSpec("chopper_rank_mfu_ratio", "gauge",
+               "Deprecated, goes in the next release: use the recording rule "
+               "node_gpu_training_job_rank:chopper_rank_mfu:ratio (the rate of "
+               "chopper_rank_step_seconds_total{cause=\"ideal\"} over that of "
+               "chopper_rank_flops_step_seconds_total). Model FLOPs utilisation over the steps of the last minute, "
+               "0-1.", RANK),
     MetricSpec(
         "chopper_rank_link_bytes_total", "counter",
         "XGMI/NVLink bytes of the rank's GPU over its summarised steps, all links, by direction (tx, rx): the "

@@ -207,6 +207,7 @@ class AgentCollector(Collector):
                 fam.add("chopper_rank_collective_disagreement_seconds_total", rl, now.disagreement_s)
                 for source, count in sorted(now.collective_sources.items()):
                     fam.add("chopper_rank_collective_source_steps_total", (*rl, source), float(count))
+                fam.add("chopper_rank_flops_step_seconds_total", rl, now.flops_step_s)
                 fam.add("chopper_rank_mfu_ratio", rl, now.mfu)
                 fam.add("chopper_rank_tokens_total", rl, now.tokens)
                 for direction, value in now.link_bytes.items():

@@ -212,6 +212,7 @@ class RankFiguresNow:
     disagreement_s: float
     collective_sources: dict[str, int]
     tokens: float
+    flops_step_s: float
     mfu: float
     flags: dict[str, int]
     link_bytes: dict[str, float]
@@ -224,9 +225,11 @@ class RankFigures:
     names add to ``phases.OTHER``), collective seconds (the union of collective windows, hidden or
     not), tokens and NVLink / XGMI bytes by direction (``tx``, ``rx``: the growth of the GPU's
     summed link counters over the step windows; steps that read none add nothing) are counters;
-    MFU is rolling over the steps that ended in the last ``MFU_WINDOW_NS``: ``Σ ideal / Σ step
-    time`` over steps whose ideal time is known, summed per ``MFU_BUCKET_NS`` of step end (a step
-    counts while its second is in the window). Memory per
+    so is the step time of steps whose ideal time is known (``flops_step_s``, s): the MFU
+    denominator beside the ``ideal`` seconds, whose rates PromQL divides. The deprecated rolling
+    MFU (``mfu``, with ``chopper_rank_mfu_ratio``) is over the steps that ended in the last
+    ``MFU_WINDOW_NS``: ``Σ ideal / Σ step time`` over steps whose ideal time is known, summed per
+    ``MFU_BUCKET_NS`` of step end (a step counts while its second is in the window). Memory per
     rank is bounded: ``MAX_PHASE_SERIES`` + 1 phase names, the flags the model and ingest raise, and
     at most ``MFU_WINDOW_NS / MFU_BUCKET_NS + 1`` buckets.
     """
@@ -240,6 +243,7 @@ class RankFigures:
         self.disagreement_s = 0.0
         self.collective_sources: dict[str, int] = {}
         self.tokens = 0.0
+        self.flops_step_s = 0.0
         self.flags: dict[str, int] = {}
         self.link_bytes: dict[str, float] = {"tx": 0.0, "rx": 0.0}
         self._recent: deque[list[float]] = deque()  # [bucket of end_ns, Σ ideal_s, Σ step_time_s], oldest first
@@ -253,6 +257,7 @@ class RankFigures:
         if not known:
             self.seconds["compute_unknown"] += s.compute_at_clock_s
         else:
+            self.flops_step_s += s.step_time_s
             bucket = s.end_ns // MFU_BUCKET_NS
             if self._recent and bucket <= self._recent[-1][0]:  # a late step joins the newest second
                 self._recent[-1][1] += s.ideal_s
@@ -282,9 +287,13 @@ class RankFigures:
         """A copy of the totals for one scrape, MFU over the window ending at ``now_ns``."""
         return RankFiguresNow(dict(self.seconds), dict(self.phase_s), self.collective_s, self.inspector_collective_s,
                               self.collective_bytes, self.disagreement_s, dict(self.collective_sources), self.tokens,
-                              self.mfu(now_ns), dict(self.flags), dict(self.link_bytes))
+                              self.flops_step_s, self.mfu(now_ns), dict(self.flags), dict(self.link_bytes))
 
     def mfu(self, now_ns: int) -> float:
+        """MFU over the window ending at ``now_ns``, 0-1 (NaN: no step with known ideal time in it).
+
+        Deprecated with ``chopper_rank_mfu_ratio``: PromQL divides the counters' rates instead.
+        """
         self._expire(now_ns)
         time_s = sum(t for _, _, t in self._recent)
         return sum(i for _, i, _ in self._recent) / time_s if time_s > 0 else float("nan")

@@ -115,7 +115,9 @@ def test_metrics_exposition(running: RunningAgent) -> None:
     assert metric_sum(text, "chopper_rank_step_seconds_total", training_job="j", rank="1") == pytest.approx(3 * 0.035)
     ideal = metric_sum(text, "chopper_rank_step_seconds_total", training_job="j", rank="1", cause="ideal")
     assert ideal == pytest.approx(3 * 1e12 / 1307.4e12)
-    assert metric_sum(text, "chopper_rank_mfu_ratio", training_job="j", rank="1") == pytest.approx(ideal / (3 * 0.035))
+    flops_step = metric_sum(text, "chopper_rank_flops_step_seconds_total", training_job="j", rank="1")
+    assert flops_step == pytest.approx(3 * 0.035)  # every step declared its FLOPs
+    assert metric_sum(text, "chopper_rank_mfu_ratio", training_job="j", rank="1") == pytest.approx(ideal / flops_step)
     assert metric_sum(text, "chopper_rank_tokens_total", training_job="j", rank="1") == 3 * 256
     assert 'chopper_rank_flagged_steps_total{flag="cpu_clock"' in text
 

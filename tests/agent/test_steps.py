@@ -55,6 +55,23 @@ def test_summary_without_samples_or_flops_is_flagged() -> None:
     assert set(s.flags) == {"no_flops", "no_gpu", "no_samples", "cpu_clock"}
 
 
+def test_rank_figures_count_the_mfu_numerator_and_denominator_over_steps_with_flops() -> None:
+    """A step without FLOPs adds its time to compute_unknown and nothing to the MFU denominator, so the
+    counters' ratio is the MFU of the steps with FLOPs, as the window gauge says."""
+    (with_flops,) = summarize([step()], "n", samples(), DEVICE, period_ns=S)
+    (without,) = summarize([step(flops=0.0)], "n", samples(), DEVICE, period_ns=S)
+    figures = RankFigures()
+    for s in (with_flops, without, with_flops):
+        figures.add(s)
+    now = figures.snapshot(with_flops.end_ns)
+    assert now.flops_step_s == pytest.approx(2 * with_flops.step_time_s)
+    assert now.seconds["ideal"] == pytest.approx(2 * with_flops.ideal_s)
+    assert without.compute_at_clock_s > 0
+    assert now.seconds["compute_unknown"] == pytest.approx(without.compute_at_clock_s)
+    assert now.seconds["ideal"] / now.flops_step_s == pytest.approx(now.mfu)
+    assert now.mfu == pytest.approx(0.1)
+
+
 def test_queue_waits_for_covering_sample_or_timeout() -> None:
     q = SummaryQueue(max_wait_ns=2 * S)
     q.add([step(gpu=0, end=3.5), step(gpu=-1, end=3.5)])
