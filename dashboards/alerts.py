@@ -15,7 +15,7 @@ from dashboards.health_alerts import health_alerts
 from dashboards.model import Alert
 from dashboards.names import C
 from dashboards.params import RuleParams
-from dashboards.recording import GPU_BUSY, GPU_CLOCK, GPU_THROTTLE
+from dashboards.recording import GPU_BUSY, GPU_CLOCK, GPU_THROTTLE, JOB_MFU
 
 
 def _dvfs(p: RuleParams) -> Alert:
@@ -71,22 +71,21 @@ def _straggler(p: RuleParams) -> Alert:
 
 
 def _mfu_drop(p: RuleParams) -> Alert:
-    mfu = f'{C.job_mfu_ratio}{{window="5m"}}'
     return Alert(
         "ChopperMFUDrop",
-        f"{mfu}\n< (1 - {p.mfu_drop_ratio})\n"
-        f"  * quantile_over_time(0.5, {mfu}[{p.mfu_baseline_window}])",
+        f"{JOB_MFU}\n< (1 - {p.mfu_drop_ratio})\n"
+        f"  * quantile_over_time(0.5, {JOB_MFU}[{p.mfu_baseline_window}])",
         p.mfu_for, "warning",
         "MFU of job {{ $labels.training_job }} dropped below its recent baseline",
-        "Job {{ $labels.training_job }} runs at {{ $value | humanizePercentage }} MFU (5 minute window), more than "
-        f"{p.mfu_drop_ratio:.0%} below its median over the last {p.mfu_baseline_window}.",
+        f"Job {{{{ $labels.training_job }}}} runs at {{{{ $value | humanizePercentage }}}} MFU (over {p.rate_window}), "
+        f"more than {p.mfu_drop_ratio:.0%} below its median over the last {p.mfu_baseline_window}.",
         "1. Job dashboard: which cause grew in the step-time attribution (dvfs_* = throttling, "
         "straggler_wait = a slow rank, exposed_comm = network, idle = input pipeline or host). 2. dvfs_*: "
         "see ChopperGPUThrottling; straggler_wait: see ChopperThermalPowerStraggler; exposed_comm: check the "
         "fabric (link traffic on the GPU / node dashboard, switch counters); idle: data loader, storage, "
         "host CPU. 3. A change the training engineer made on purpose (batch size, model) resets the "
         "baseline within the window.",
-        ("mfu_drop_ratio", "mfu_baseline_window", "mfu_for"),
+        ("rate_window", "mfu_drop_ratio", "mfu_baseline_window", "mfu_for"),
     )
 
 

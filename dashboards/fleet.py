@@ -13,7 +13,7 @@ from dashboards import gpu, job
 from dashboards.names import C
 from dashboards.panels import Board, PanelT, drill_down, query, stat_panel, timeseries_panel
 from dashboards.params import RuleParams
-from dashboards.recording import GPU_THROTTLE, JOB_CAUSE, JOB_STEPS
+from dashboards.recording import GPU_THROTTLE, JOB_CAUSE, JOB_ENERGY_PER_TOKEN, JOB_MFU, JOB_STEPS
 
 UID = "chopper-fleet"
 JOB = "{{training_job}}"
@@ -55,17 +55,17 @@ def build(p: RuleParams) -> Dashboard:
                         query('count by (alertname) (ALERTS{alertname=~"Chopper.*", alertstate="firing"})',
                               legend="{{alertname}}", instant=True)), w=6, h=4)
         .row("Jobs")
-        .add(to_job(timeseries_panel("MFU per job", "Model FLOPs utilisation of each job over the aggregator's 5 "
-                                     "minute window: ideal compute time / step time of all ranks. A job's line "
-                                     "links to its Job dashboard.", "percentunit",
-                                     query(f'{C.job_mfu_ratio}{{window="5m"}}', JOB))))
+        .add(to_job(timeseries_panel("MFU per job", f"Model FLOPs utilisation of each job over {p.rate_window}: "
+                                     "ideal compute time / step time of all ranks' steps with known FLOPs "
+                                     "(aggregator). A job's line links to its Job dashboard.", "percentunit",
+                                     query(JOB_MFU, JOB))))
         .add(timeseries_panel("GPU time lost per cause across the cluster", "Step time of all ranks of all jobs "
                               "that is not ideal compute, by cause, in GPU-seconds per second (1 = one GPU's "
                               "worth of time lost).", "short",
                               query(f"sum by (cause) ({lost})", "{{cause}}"), stack=True))
-        .add(to_job(timeseries_panel("Energy per token", "GPU energy per token processed, per job, over the "
-                                     "aggregator's 5 minute window.", "joule",
-                                     query(f'{C.job_energy_per_token_joules}{{window="5m"}}', JOB))))
+        .add(to_job(timeseries_panel("Energy per token", f"GPU energy per token processed, per job, over "
+                                     f"{p.rate_window} (aggregator).", "joule",
+                                     query(JOB_ENERGY_PER_TOKEN, JOB))))
         .add(to_job(timeseries_panel("Job steps per second", "Steps the aggregator finalized per second, per job.",
                                      "short", query(JOB_STEPS, JOB))))
         .row("GPUs")

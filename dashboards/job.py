@@ -29,10 +29,13 @@ from dashboards.recording import (
     GPU_CLOCK,
     GPU_THROTTLE,
     JOB_CAUSE,
+    JOB_ENERGY_PER_TOKEN,
+    JOB_MFU,
     JOB_MFU_GAP,
     JOB_SECONDS,
     JOB_TOKENS,
     RANK_CAUSE,
+    RANK_MFU,
     RANK_MFU_GAP,
 )
 
@@ -89,8 +92,10 @@ def build(p: RuleParams) -> Dashboard:
                               "step (agents).", "s",
                               query(f"{C.job_step_time_seconds}{J}", "job (slowest rank)"),
                               query(f"{C.rank_step_time_seconds}{J}", "rank {{rank}}")))
-        .add(timeseries_panel("MFU", "Model FLOPs utilisation over the aggregator's 1 and 5 minute windows.",
-                              "percentunit", query(f"{C.job_mfu_ratio}{J}", "{{window}}")))
+        .add(timeseries_panel("MFU", f"Model FLOPs utilisation over {p.rate_window}: ideal compute time / step "
+                              "time of the steps with known FLOPs, of all ranks (aggregator) and of each rank "
+                              "(agents).", "percentunit",
+                              query(JOB_MFU + J, "job"), query(RANK_MFU + J, "rank {{rank}}")))
         .add(timeseries_panel("Counter FLOP utilisation minus marker MFU", "What the GPUs' matrix activity "
                               "counters say they did (activity x clock / max clock) minus the MFU the job's declared "
                               "FLOPs give, for the ranks whose GPU reads the counter: above 0 the matrix units did "
@@ -111,9 +116,9 @@ def build(p: RuleParams) -> Dashboard:
                                     "{{phase}}")), w=24)
         .add(timeseries_panel("Tokens per second", "Tokens of all ranks' summarised steps per second.", "short",
                               query(JOB_TOKENS + J, "tokens/s")))
-        .add(timeseries_panel("Tokens per joule", "Tokens per joule of GPU energy, aggregator's 1 and 5 minute "
-                              "windows.", "short",
-                              query(f"1 / {C.job_energy_per_token_joules}{J}", "{{window}}")))
+        .add(timeseries_panel("Tokens per joule", f"Tokens per joule of GPU energy over {p.rate_window} "
+                              "(aggregator).", "short",
+                              query(f"1 / {JOB_ENERGY_PER_TOKEN}{J}", "tokens/J")))
         .row("Stragglers")
         .add(heatmap_panel("Straggler wait per rank", "Share of each rank's time spent waiting for the slowest "
                            "rank at collectives (rank × time).", "short",

@@ -28,11 +28,14 @@ JOB_SECONDS = "training_job:chopper_job_step_seconds:rate"
 JOB_STEPS = "training_job:chopper_job_steps_finalized:rate"
 RANK_CAUSE = "training_job_rank_cause:chopper_job_rank_step_seconds:rate"
 JOB_TOKENS = "training_job:chopper_rank_tokens:rate"
+JOB_MFU = "training_job:chopper_job_mfu:ratio"
+JOB_ENERGY_PER_TOKEN = "training_job:chopper_job_energy_per_token_joules:ratio"
+RANK_MFU = "node_gpu_training_job_rank:chopper_rank_mfu:ratio"
 RANK_MFU_GAP = "node_gpu_training_job_rank:chopper_mfu_counter_gap:ratio"
 JOB_MFU_GAP = "training_job:chopper_mfu_counter_gap:ratio"
 MFU_GAP_DOC = (
     f"`{RANK_MFU_GAP}` and `{JOB_MFU_GAP}` set marker MFU against the hardware's own count. "
-    "`chopper_rank_mfu_ratio` is the model FLOPs a rank declares over its step time and peak; "
+    f"`{RANK_MFU}` is the model FLOPs a rank declares over its step time and peak; "
     "`chopper_gpu_counter_flops_ratio` is what its GPU's matrix activity counter says it did (activity x clock / "
     "max clock), with no markers, where the backend reads such a counter. A rank's GPU is found through the rank "
     "series' `(node, gpu)` labels, the agent's device index as on the GPU series, within one `cluster`. The "
@@ -57,9 +60,20 @@ def records(p: RuleParams) -> list[Record]:
     return [replace(r, expr=keep_cluster(r.expr)) for r in _records(p)]
 
 
+def _ratio(by: str, numerator: str, denominator: str, w: str) -> str:
+    """``Σ rate(numerator) / Σ rate(denominator)`` per ``by``, over the window ``w``.
+
+    Sums, not ``max by``: a pair of agents that claim one node name doubles both sides alike. A
+    denominator that did not grow in the window (no step with FLOPs, no tokens) gives no series
+    rather than NaN or +Inf.
+    """
+    return (f"sum by ({by}) (rate({numerator}[{w}]))\n"
+            f"/ (sum by ({by}) (rate({denominator}[{w}])) > 0)")
+
+
 def _records(p: RuleParams) -> list[Record]:
     w = p.rate_window
-    rank_mfu = f"max by (node, gpu, training_job, rank) (avg_over_time({C.rank_mfu_ratio}[{w}]))"
+    rank = "node, gpu, training_job, rank"
     gpu_flops = f"max by (node, gpu) (avg_over_time({C.gpu_counter_flops_ratio}[{w}]))"
     return [
         Record(GPU_THROTTLE, f"sum by (node, gpu, cause) (rate({C.gpu_throttle_seconds_total}[{w}]))",
@@ -79,9 +93,20 @@ def _records(p: RuleParams) -> list[Record]:
                "a rank's step time by cause (straggler_wait included), seconds per second, 0-1"),
         Record(JOB_TOKENS, f"sum by (training_job) (rate({C.rank_tokens_total}[{w}]))",
                "tokens per second of all ranks of a job, from the agents"),
-        Record(RANK_MFU_GAP, f"{gpu_flops}\n- on (node, gpu) group_right\n{rank_mfu}",
-               "counter-derived FLOP utilisation of a rank's GPU minus the rank's marker MFU, both averaged over "
-               "the window, -1 to 1; only ranks whose GPU reads a matrix activity counter"),
+        Record(JOB_MFU, _ratio("training_job", f'{C.job_step_seconds_total}{{cause="ideal"}}',
+                               C.job_flops_step_seconds_total, w),
+               "model FLOPs utilisation of all ranks of a job over the window: ideal compute time / step time of "
+               "the steps with known FLOPs, 0-1 (aggregator)"),
+        Record(JOB_ENERGY_PER_TOKEN, _ratio("training_job", C.job_energy_joules_total, C.job_tokens_total, w),
+               "GPU energy per token of all ranks of a job over the window, J, over the steps whose energy and "
+               "tokens are both known (aggregator)"),
+        Record(RANK_MFU, _ratio(rank, f'{C.rank_step_seconds_total}{{cause="ideal"}}',
+                                C.rank_flops_step_seconds_total, w),
+               "a rank's marker MFU over the window: ideal compute time / step time of its steps with known "
+               "FLOPs, 0-1 (agents)"),
+        Record(RANK_MFU_GAP, f"{gpu_flops}\n- on (node, gpu) group_right\n{RANK_MFU}",
+               "counter-derived FLOP utilisation of a rank's GPU minus the rank's marker MFU, both over the "
+               "window, -1 to 1; only ranks whose GPU reads a matrix activity counter"),
         Record(JOB_MFU_GAP, f"avg by (training_job) ({RANK_MFU_GAP})",
                "mean over a job's ranks of that gap: what the job's declared FLOPs do not explain, -1 to 1"),
     ]
