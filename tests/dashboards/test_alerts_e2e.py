@@ -5,10 +5,10 @@ is scraped by a real Prometheus that evaluates a fast variant of the rules (seco
 rendered by the same code as ``dashboards/rules/rules.yaml``) and sends alerts to a real
 Alertmanager, which posts them to a webhook served by this test. The DVFS alert must arrive for
 exactly the two GPUs the training ranks drive, labelled ``cause="power"``. The node also simulates
-bursts of uncorrected ECC errors on GPU 1 (``sim_health_events``, 20 and 35 s after the agent's
-first sample): the ECC and health-status alerts must arrive for GPU 1 alone, and the job recorded
-from the agent's buffers (``chopper record --since-buffer``) must show, through ``chopper
-attribute``, rank 1's steps during a burst flagged ``gpu_errors`` and no step of rank 0. Then the agent restarts
+uncorrected ECC errors on GPU 1 (``sim_health_events``, one every 15 s from 20 s after the agent's
+first sample): the ECC and health-status alerts must arrive for GPU 1 alone, the agent must flag
+a step of rank 1 ``gpu_errors`` live and none of rank 0, and the job recorded from the agent's
+buffers (``chopper record --since-buffer``) must show the same through ``chopper attribute``. Then the agent restarts
 with the cap lifted above what the chips draw, on the same ports, while training continues: the
 alert must resolve and stay resolved with the GPUs busy at full clock. That every query of every
 committed dashboard answers is tests/e2e/test_plain_scrape.py, over a plain scrape config.
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from chopper.demo.run import free_port
+from chopper.demo.run import free_port, metric_sum
 from dashboards.params import RuleParams
 from dashboards.recording import GPU_BUSY, GPU_CLOCK
 from dashboards.rulefile import rules_yaml
@@ -41,7 +41,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 FAST = RuleParams(rate_window="4s", dvfs_for="3s")
 CAP = ("--sim-power-cap-w", "300")
-BURSTS = ("--sim-health-events", "1:ecc_uncorrected:20:3,1:ecc_uncorrected:35:3")
+# One uncorrected ECC error on GPU 1 every 15 s from 20 s after the agent's first sample: some land in
+# training steps however late the job starts on a loaded machine.
+BURSTS = ("--sim-health-events", ",".join(f"1:ecc_uncorrected:{t}:1" for t in range(20, 300, 15)))
 HEALTH_ALERTS = ("ChopperGPUEccUncorrected", "ChopperGPUHealthCritical")
 # The lifted cap: above what any simulated MI300X draws busy at full clock (up to 1.2 × its 750 W TDP
 # for its best silicon). At the default cap, the TDP, such a chip throttles for power as real ones do,
@@ -123,6 +125,10 @@ def _assert_flagged_steps(agent: AgentProcess, run: Path) -> None:
         assert out.returncode == 0, out.stderr
         return out.stdout
 
+    # The live flag first: a burst has landed in one of rank 1's steps, so the recording holds one.
+    assert wait_until(lambda: metric_sum(agent.metrics(), "chopper_rank_flagged_steps_total", rank="1",
+                                         flag="gpu_errors") > 0, timeout_s=60), "no live step flagged gpu_errors"
+    assert metric_sum(agent.metrics(), "chopper_rank_flagged_steps_total", rank="0", flag="gpu_errors") == 0
     cli("record", "--agent", agent.target, "--out", str(run), "--duration", "3", "--since-buffer")
     text = cli("attribute", str(run))
     assert re.search(r"GPU errors during \d+ rank-steps \(flag gpu_errors\): ecc_uncorrected; ranks 1$", text,
