@@ -33,8 +33,9 @@ recorded.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
@@ -45,6 +46,7 @@ from chopper.schema import ERROR_KINDS, SAMPLE_COLUMNS, DeviceInfo, ErrorCount, 
 if TYPE_CHECKING:
     import pandas as pd
 
+T = TypeVar("T")
 # Cumulative sample columns; everything after gpu that is not listed here is an interval mean.
 CUMULATIVE_COLUMNS: tuple[str, ...] = (
     "energy_j", "link_tx_bytes", "link_rx_bytes", "pcie_tx_bytes", "pcie_rx_bytes",
@@ -214,24 +216,35 @@ class ReplayBackend:
         self._opened = False
 
 
+def _per_sample(samples: pd.DataFrame, rows: pd.DataFrame, columns: list[str],
+                make: Callable[..., T]) -> list[tuple[T, ...]]:
+    """Per sample row (in ``samples`` order), what ``make`` builds from each of its rows of a per-sample
+    table (links, errors: matched on ``ts_ns`` and ``gpu``), given the row's ``columns``, in table order."""
+    per_sample: list[tuple[T, ...]] = [()] * len(samples)
+    if rows.empty:
+        return per_sample
+    position = {(int(t), int(g)): i for i, (t, g) in enumerate(zip(samples["ts_ns"].tolist(),
+                                                                   samples["gpu"].tolist(), strict=True))}
+    grouped: dict[int, list[T]] = {}
+    for t, g, *values in rows[["ts_ns", "gpu", *columns]].itertuples(index=False):
+        grouped.setdefault(position[(int(t), int(g))], []).append(make(*values))
+    for i, entries in grouped.items():
+        per_sample[i] = tuple(entries)
+    return per_sample
+
+
 def _recorded_links(samples: pd.DataFrame, links: pd.DataFrame
                     ) -> tuple[list[tuple[LinkBytes, ...]], dict[tuple[int, int], tuple[float, float]]]:
     """Per sample row (in ``samples`` order), its links; and per ``(gpu, link)`` the (tx, rx) growth of one cycle.
 
     Args:
         samples: The node's samples, sorted by ``ts_ns`` as ``read_run`` returns them.
-        links: The node's rows of the run's links table.
+        links: The node's rows of the run's links table (``read_run`` sorts them by ``ts_ns``, then link).
     """
-    per_sample: list[tuple[LinkBytes, ...]] = [()] * len(samples)
+    per_sample = _per_sample(samples, links, ["link", "tx_bytes", "rx_bytes"],
+                             lambda k, tx, rx: LinkBytes(int(k), float(tx), float(rx)))
     if links.empty:
         return per_sample, {}
-    position = {(int(t), int(g)): i for i, (t, g) in enumerate(zip(samples["ts_ns"].tolist(),
-                                                                   samples["gpu"].tolist(), strict=True))}
-    grouped: dict[int, list[LinkBytes]] = {}
-    for t, g, k, tx, rx in links[["ts_ns", "gpu", "link", "tx_bytes", "rx_bytes"]].itertuples(index=False):
-        grouped.setdefault(position[(int(t), int(g))], []).append(LinkBytes(int(k), float(tx), float(rx)))
-    for i, row in grouped.items():
-        per_sample[i] = tuple(sorted(row))
     ordered = links.sort_values("ts_ns", kind="stable").groupby(["gpu", "link"])
     first, last = ordered[["tx_bytes", "rx_bytes"]].first(), ordered[["tx_bytes", "rx_bytes"]].last()
     growth = {(int(g), int(k)): (float(v.tx_bytes), float(v.rx_bytes))
@@ -248,18 +261,10 @@ def _recorded_errors(samples: pd.DataFrame, errors: pd.DataFrame
         samples: The node's samples, sorted by ``ts_ns`` as ``read_run`` returns them.
         errors: The node's rows of the run's errors table.
     """
-    per_sample: list[tuple[ErrorCount, ...]] = [()] * len(samples)
-    if errors.empty:
-        return per_sample, {}
-    position = {(int(t), int(g)): i for i, (t, g) in enumerate(zip(samples["ts_ns"].tolist(),
-                                                                   samples["gpu"].tolist(), strict=True))}
-    grouped: dict[int, list[ErrorCount]] = {}
-    for t, g, kind, window, detail, value, chip_wide in errors[
-            ["ts_ns", "gpu", "kind", "window", "detail", "value", "chip_wide"]].itertuples(index=False):
-        grouped.setdefault(position[(int(t), int(g))], []).append(
-            ErrorCount(str(kind), str(window), str(detail), float(value), bool(chip_wide)))
-    for i, row in grouped.items():
-        per_sample[i] = tuple(row)
+    per_sample = _per_sample(
+        samples, errors, ["kind", "window", "detail", "value", "chip_wide"],
+        lambda kind, window, detail, value, chip_wide: ErrorCount(str(kind), str(window), str(detail), float(value),
+                                                                   bool(chip_wide)))
     counters = errors[errors["kind"].map(ERROR_KINDS.get) == "counter"]
     ordered = counters.sort_values("ts_ns", kind="stable").groupby(["gpu", "kind", "window", "detail"])
     span = ordered["value"].last() - ordered["value"].first()
