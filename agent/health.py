@@ -72,6 +72,7 @@ class GpuHealth:
 
 
 def _severity(e: HealthEvent) -> int:
+    """How bad one event is (module docstring): ``HEALTHY``, ``WARNING`` or ``CRITICAL``."""
     if e.kind == "xid":
         if e.detail in APPLICATION_XIDS:
             return HEALTHY
@@ -83,8 +84,8 @@ def _severity(e: HealthEvent) -> int:
 
 
 class HealthTracker:
-    """Latest health counters and their growth, per GPU; not thread-safe (the sampler thread writes,
-    readers take ``snapshot``)."""
+    """Latest health counters and their growth, per GPU. Not thread-safe: the agent calls it under its
+    state lock (the sampler thread updates it, scrapes and step summaries read it)."""
 
     def __init__(self) -> None:
         self._gpus: dict[int, GpuHealth] = {}
