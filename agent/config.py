@@ -80,11 +80,11 @@ class AgentSettings:
     sim_power_cap_w: float = field(
         default=0.0, metadata={"help": "simulated backend: power cap of every GPU, W (0: the model's TDP)"}
     )
-    # Text, not a tuple: the settings loader parses tuples of whole numbers only.
-    sim_health_events: str = field(
-        default="", metadata={"help": "simulated backend: comma-separated health events GPU:KIND:AT_S[:COUNT[:DETAIL]] "
-                              "(GPU a chip, KIND one of chopper.schema.ERROR_KINDS that the model's vendor reports, "
-                              "AT_S seconds after the first sample), e.g. 3:ecc_corrected:20:50 (50 corrected ECC "
+    sim_health_events: tuple[str, ...] = field(
+        default=(), metadata={"help": "simulated backend: health events GPU:KIND:AT_S[:COUNT[:DETAIL]], "
+                              "comma-separated or a YAML list (GPU a chip, KIND one of chopper.schema.ERROR_KINDS "
+                              "that the model's vendor reports, AT_S seconds after the first sample), e.g. "
+                              "3:ecc_corrected:20:50 (50 corrected ECC "
                               "errors over 2 s) or 1:xid:30:1:79 (docs/HEALTH.md)"}
     )
     sim_partition: str = field(
@@ -242,7 +242,7 @@ def _check_simulated_health_and_partitions(s: AgentSettings, bad: Callable[[str,
     except specs.PartitionError as exc:
         raise bad("sim_" + exc.setting, exc.why) from None
     try:
-        sim_health.parse_events(sim_health.split_events(s.sim_health_events), spec.vendor, s.sim_gpus)
+        sim_health.parse_events(s.sim_health_events, spec.vendor, s.sim_gpus)
     except ValueError as exc:
         raise bad("sim_health_events", str(exc)) from None
 

@@ -93,11 +93,6 @@ class ScheduledError:
     detail: str
 
 
-def split_events(text: str) -> tuple[str, ...]:
-    """The entries of a comma-separated ``sim_health_events`` value, blanks dropped."""
-    return tuple(e.strip() for e in text.split(",") if e.strip())
-
-
 def parse_event(entry: str, vendor: str, gpus: int) -> ScheduledError:
     """Parse one ``GPU:KIND:AT_S[:COUNT[:DETAIL]]`` entry for ``gpus`` chips of ``vendor``.
 

@@ -189,10 +189,10 @@ def test_simulated_health_events_and_partitions_from_every_source(tmp_path: Path
                    'sim_health_events: "3:ecc_corrected:20:50, 1:bad_pages:5:2:pending"\n')
     s = load_settings(["--config", str(cfg)], env={})
     assert (s.sim_partition, s.sim_memory_partition) == ("CPX", "NPS4")
-    assert s.sim_health_events == "3:ecc_corrected:20:50, 1:bad_pages:5:2:pending"
+    assert s.sim_health_events == ("3:ecc_corrected:20:50", "1:bad_pages:5:2:pending")
     s = load_settings(["--sim-partition", "3g.40gb"], env={"CHOPPER_AGENT_SIM_MODEL": "H100",
                                                            "CHOPPER_AGENT_SIM_HEALTH_EVENTS": "1:xid:30:1:79"})
-    assert (s.sim_model, s.sim_partition, s.sim_health_events) == ("H100", "3g.40gb", "1:xid:30:1:79")
+    assert (s.sim_model, s.sim_partition, s.sim_health_events) == ("H100", "3g.40gb", ("1:xid:30:1:79",))
     assert load_settings([], env={}).sim_partition == ""
 
 
