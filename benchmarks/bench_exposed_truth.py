@@ -33,7 +33,9 @@ sync). Configurations:
 
 Per configuration the figures also hold the compute that must not move with the rate (median
 no-sync step time, our forward and backward phase medians), the wire time ``bytes × 8 / rate``,
-and for DDP the straggler wait of the rank that waited against the ``SLOW_MS`` lead it got.
+and for DDP the straggler wait of the rank that waited against the job's own stamps of it: how
+much longer it was between ready to synchronise and synchronised (``truth_wait_ms``), the lead
+the ``SLOW_MS`` sleep gave it (``lead_ms``) and how much later the slowed rank finished (``end_skew_ms``).
 Needs root, ``ip`` and ``tc`` (network namespaces); raises naming what is missing otherwise.
 
 Run: ``python benchmarks/bench_exposed_truth.py``; ``run()`` returns the figures as a dict.

@@ -19,15 +19,17 @@ of the rank driving it:
 state        when                                                   busy       matrix  a
 ===========  =====================================================  =========  ======  =====
 compute      inside a phase (forward/backward/optimizer/...)        0.90–0.97  0.70    1.00
-collective   inside a collective, outside any phase                 0.90       0.00    0.30
+collective   inside a collective, outside any phase                 0.99       0.00    0.30
 step         inside a step, outside phases and collectives          0.45       0.08    0.35
 idle         outside any step, or > 2 s since the last marker       0.02       0.00    0.00
 ===========  =====================================================  =========  ======  =====
 
 A collective keeps the engines busy without matrix work: NVML and amd-smi count any running
 kernel as activity, and NCCL/RCCL kernels run (spinning on their peers) for as long as the
-collective lasts, also while a rank waits for a late one. So an exposed collective reads as busy,
-not idle, as on real devices, and its time is not counted as idle and exposed at once.
+collective lasts, also while a rank waits for a late one: NVML's utilisation (the share of the
+sample period in which any kernel ran) reads ~100% then. So an exposed collective reads as busy,
+not idle, as on real devices, and its time is not counted as idle and exposed at once (a lower
+level would cap a long exposed collective by the idle it invents, most on the rank that waited).
 
 A sample's ratios are the time-weighted means over its interval (markers split the interval at
 their timestamps). ``a`` is the activity factor that drives dynamic power. A collective's bytes
@@ -127,7 +129,7 @@ _LEVELS = np.array(
     [
         [0.02, 0.00, 0.01, 0.00],
         [0.45, 0.08, 0.20, 0.35],
-        [0.90, 0.00, 0.35, 0.30],
+        [0.99, 0.00, 0.35, 0.30],
         [0.93, 0.70, 0.55, 1.00],
     ]
 )

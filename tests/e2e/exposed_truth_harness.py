@@ -34,13 +34,18 @@ Method (``run_job``, then ``figures``):
      adds, which is what the truth measures);
    * compute that must not move with the rate: median no-sync step time (truth side) and the
      median forward and backward phase times of synchronised steps (ours);
-   * straggler (slow steps): truth = the median lead the rank had at the gradient all-reduce: the
-     other rank's ``arrival`` minus its own (the job's own hook on the last gradient, stamped on the
-     machine's monotonic clock, which both namespaces share), clamped at 0; ours = its median
-     ``straggler_wait_s``; the slowed rank's should be ~0. What the waiting rank's step time grew
-     by is reported beside it (``step_growth_slow_ms``) but is no measure of the wait: the data the
-     early rank sends while it waits (into the socket buffers and the link) is not sent later, so
-     its step grows by less than it waited;
+   * straggler (slow steps), on the job's own stamps on the machine's monotonic clock, which both
+     namespaces share: ``arrival`` (the hook on the last gradient: ready to synchronise) and
+     ``synced`` (``backward()`` returned: the gradients are synchronised). ``lead`` is the other
+     rank's arrival minus this one's, clamped at 0: how late the other rank came. The truth is
+     how much longer this rank was between ready and synchronised than the rank that was so least
+     (``(synced − arrival) − min over ranks``, clamped at 0), the wait straggler_wait_s claims to
+     be; ours = its median ``straggler_wait_s``; the slowed rank's should be ~0. The truth is the
+     lead less the ``end_skew`` (how much later the other rank was synchronised): on a slow link
+     the early rank sends part of its data while it waits, so the late rank still has that much
+     more to send after it arrives and finishes later; both are reported. What the waiting rank's
+     step time grew by is reported too (``step_growth_slow_ms``) but is no measure of the wait:
+     the data sent early is not sent later, so its step grows by less than it waited;
    * the wire time of the gradients: ``grad_bytes × 8 / rate`` (a 2-rank ring all-reduce sends the
      whole buffer each way once: half in reduce-scatter, half in all-gather).
 
@@ -229,7 +234,7 @@ def _join(job: Job, reports: dict[int, dict[str, Any]], steps: Any) -> list[dict
     attributed = {(int(r["rank"]), int(r["step"])): r for r in steps.to_dict("records")}
     rows = []
     for rank, report in reports.items():
-        for step, block, mode, seconds, evidence, arrival, run_s, runqueue_s in report["steps"]:
+        for step, block, mode, seconds, evidence, arrival, run_s, runqueue_s, synced in report["steps"]:
             row = attributed.get((rank, step))
             if row is None:
                 raise RuntimeError(f"rank {rank} step {step} was timed by the job but has no attributed row "
@@ -238,7 +243,7 @@ def _join(job: Job, reports: dict[int, dict[str, Any]], steps: Any) -> list[dict
             rows.append({
                 "rank": rank, "step": step, "cycle": (step - job.warmup) // len(job.modes), "block": block,
                 "rate_bit_s": job.rate_of(block), "mode": mode,
-                "seconds": seconds, "evidence": evidence, "arrival": arrival,
+                "seconds": seconds, "evidence": evidence, "arrival": arrival, "synced": synced,
                 "run_s": run_s, "runqueue_s": runqueue_s, "blocked_s": seconds - run_s - runqueue_s,
                 "x_s": row["exposed_comm_s"] + row["straggler_wait_s"], "exposed_s": row["exposed_comm_s"],
                 "straggler_s": row["straggler_wait_s"], "step_time_s": row["step_time_s"],
@@ -268,14 +273,27 @@ def _paired_ms(rows: Sequence[dict[str, Any]], key: str, mode: str, baseline: st
     return round(1e3 * statistics.median(diffs), 2) if diffs else None
 
 
-def _lead_ms(rows: Sequence[dict[str, Any]], rank: int, rate: float) -> float | None:
-    """Median over slow steps of how much earlier ``rank`` was ready to synchronise than the other, ms."""
-    ready: dict[int, dict[int, float]] = {}
+def _straggler_truth_ms(rows: Sequence[dict[str, Any]], rank: int, rate: float) -> dict[str, float] | None:
+    """Medians over slow steps of ``rank``'s wait, lead and end skew on the job's stamps, ms (module docstring).
+
+    Returns ``{"wait", "lead", "end_skew"}``, or ``None`` where no slow step has both ranks' stamps.
+    """
+    stamps: dict[int, dict[int, tuple[float, float]]] = {}
     for r in rows:
-        if r["mode"] == "slow" and r["rate_bit_s"] == rate and r["arrival"] is not None:
-            ready.setdefault(r["step"], {})[r["rank"]] = r["arrival"]
-    leads = [max(0.0, by[1 - rank] - by[rank]) for by in ready.values() if len(by) == 2]
-    return round(1e3 * statistics.median(leads), 2) if leads else None
+        if r["mode"] == "slow" and r["rate_bit_s"] == rate and r["arrival"] is not None and r["synced"] is not None:
+            stamps.setdefault(r["step"], {})[r["rank"]] = (r["arrival"], r["synced"])
+    paired = [by for by in stamps.values() if len(by) == 2]
+    if not paired:
+        return None
+    other = 1 - rank
+
+    def median_ms(values: list[float]) -> float:
+        return round(1e3 * statistics.median(values), 2)
+
+    inside = [{k: synced - arrival for k, (arrival, synced) in by.items()} for by in paired]
+    return {"wait": median_ms([max(0.0, ins[rank] - min(ins.values())) for ins in inside]),
+            "lead": median_ms([max(0.0, by[other][0] - by[rank][0]) for by in paired]),
+            "end_skew": median_ms([by[other][1] - by[rank][1] for by in paired])}
 
 
 def within(ours_ms: float, truth_ms: float) -> bool:
@@ -319,10 +337,10 @@ def figures(measured: Measured) -> dict[str, Any]:
             if "slow" in by:
                 fig["step_growth_slow_ms"] = _paired_ms(at, "seconds", "slow", "sync")
                 fig["ours_straggler_ms"] = _median_ms(by["slow"], "straggler_s")
-                lead = _lead_ms(measured.rows, rank, rate)
-                if lead is not None:
-                    fig["truth_wait_ms"] = lead
-                    fig["straggler_within_goal"] = within(fig["ours_straggler_ms"] or 0.0, lead)
+                truth = _straggler_truth_ms(measured.rows, rank, rate)
+                if truth is not None:
+                    fig.update(truth_wait_ms=truth["wait"], lead_ms=truth["lead"], end_skew_ms=truth["end_skew"],
+                               straggler_within_goal=within(fig["ours_straggler_ms"] or 0.0, truth["wait"]))
             per_rank[str(rank)] = fig
         out["rates"][f"{rate / 1e6:g}"] = {"wire_ms": round(1e3 * measured.grad_bytes * 8 / rate, 2),
                                            "ranks": per_rank}

@@ -41,12 +41,13 @@ compute is on that thread, so what synchronisation adds to its off-CPU time is t
 for communication, measured by the scheduler rather than by markers.
 
 Output: the last stdout line is JSON: ``rank``, ``framework``, ``params``, ``grad_bytes``,
-``steps`` (``[step, block, mode, seconds, evidence, arrival, run_s, runqueue_s]`` per step after
-warm-up; ``step`` is the number Chopper's markers carry; ``arrival``, ``ddp``/``fsdp2`` only, is
+``steps`` (``[step, block, mode, seconds, evidence, arrival, run_s, runqueue_s, synced]`` per step
+after warm-up; ``step`` is the number Chopper's markers carry; ``arrival``, ``ddp``/``fsdp2`` only, is
 ``time.perf_counter`` (CLOCK_MONOTONIC, one clock for every process of the machine) when the step's
-last gradient was accumulated, i.e. when this rank was ready to synchronise; ``run_s`` and
-``runqueue_s`` are the training thread's scheduler times over the step), ``hook_errors`` and the
-client's ``stats``.
+last gradient was accumulated, i.e. when this rank was ready to synchronise, and ``synced`` when
+its ``backward()`` returned, which DDP and FSDP2 hold until the gradient collectives are done;
+``run_s`` and ``runqueue_s`` are the training thread's scheduler times over the step),
+``hook_errors`` and the client's ``stats``.
 
 Run by the harness inside a network namespace, with ``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``,
 ``WORLD_SIZE``, ``LOCAL_RANK``, ``GLOO_SOCKET_IFNAME``, ``CHOPPER_AGENT`` and ``CHOPPER_JOB`` set:
@@ -132,7 +133,7 @@ def gate(block: int) -> None:
 
 
 class Recorder:
-    """Per-step records of one rank: ``[step, block, mode, seconds, evidence, arrival, run_s, runqueue_s]``.
+    """Per-step records of one rank: ``[step, block, mode, seconds, evidence, arrival, run_s, runqueue_s, synced]``.
 
     Only steps after warm-up are kept; ``begin`` and ``end`` run on the training thread.
     """
@@ -143,6 +144,7 @@ class Recorder:
         self._t0 = 0.0
         self.evidence: float | int | None = None
         self.arrival: float | None = None
+        self.synced: float | None = None
         self._sched0 = (0.0, 0.0)
 
     def begin(self, step: int, net: Net, slowed: float) -> str:
@@ -151,7 +153,7 @@ class Recorder:
             gate(self.schedule.block(step))
         mode = self.schedule.mode(step)
         net.sleep_s = slowed if mode == "slow" else 0.0
-        self.evidence = self.arrival = None
+        self.evidence = self.arrival = self.synced = None
         self._sched0 = thread_sched_s()
         self._t0 = time.perf_counter()
         return mode
@@ -161,7 +163,7 @@ class Recorder:
         run_s, runqueue_s = (b - a for a, b in zip(self._sched0, thread_sched_s(), strict=True))
         if step >= self.schedule.warmup:
             self.rows.append([step, self.schedule.block(step), self.schedule.mode(step), seconds, self.evidence,
-                              self.arrival, run_s, runqueue_s])
+                              self.arrival, run_s, runqueue_s, self.synced])
 
 
 def grad_sum(net: Net) -> float:
@@ -225,10 +227,12 @@ def train_loop(args: argparse.Namespace, schedule: Schedule, rec: Recorder) -> d
                 assert isinstance(model, nn.parallel.DistributedDataParallel)
                 with model.no_sync() if mode == "nosync" else contextlib.nullcontext():
                     model(x, y)["loss"].backward()
+                rec.synced = time.perf_counter()
                 rec.evidence = grad_sum(net)
             else:
                 fsdp.set_requires_gradient_sync(mode != "nosync")
                 model(x, y)["loss"].backward()
+                rec.synced = time.perf_counter()
                 rec.evidence = counts[0] - before
             optimizer.step()
             optimizer.zero_grad(set_to_none=False)
