@@ -23,7 +23,7 @@ from agent.inspector.feed import InspectorFeed
 from agent.markers import ClosedStep
 from chopper.attribution import phases
 from chopper.attribution.collective_source import Intervals, step_collectives
-from chopper.attribution.model import COUNTERS, FIGURES, RATIOS, ROW_FLAGS, flag_tuples, rank_terms, window_figures
+from chopper.attribution.terms import COUNTERS, FIGURES, RATIOS, ROW_FLAGS, flag_tuples, rank_terms, window_figures
 from chopper.attribution.timeline import GpuTimeline
 from chopper.proto.chopper.v1 import agent_pb2 as pb
 from chopper.schema import DeviceInfo, Sample

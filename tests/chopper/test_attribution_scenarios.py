@@ -6,7 +6,6 @@ These tests do not exercise ``chopper.attribution``; they check the yardstick it
 from __future__ import annotations
 
 import functools
-import time
 from pathlib import Path
 
 import numpy as np
@@ -255,13 +254,11 @@ def test_no_flops_steps_have_unknown_ideal() -> None:
 
 
 @pytest.mark.slow
-def test_big_run_of_a_thousand_ranks_builds_fast() -> None:
-    start = time.perf_counter()
+def test_big_run_of_a_thousand_ranks_builds() -> None:
+    # How fast it builds is benchmarks/bench_attribution.py's to say (CI machines are shared).
     sc = big_run(1000, 100, 10.0)
-    elapsed = time.perf_counter() - start
     assert len(sc.truth) == 100_000 and len(sc.devices) == 1000
     assert len(sc.markers) == 1000 * 100 * 10
-    assert elapsed < 20.0, elapsed
 
 
 # --------------------------------------------------------------------------------------------
