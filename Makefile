@@ -11,9 +11,10 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # Prometheus scrapes the agent in integration tests, headless Chromium renders the HTML report,
 # systemd-analyze verifies the systemd units, promtool checks and unit-tests the alert rules, and a real
 # Alertmanager delivers the rules' alerts in the dashboards' end-to-end test; node and npm run tsc, which
-# checks the dashboards against Grafana's published schema.
+# checks the dashboards against Grafana's published schema; Prometheus remote-writes into a real
+# VictoriaMetrics, which every dashboard query must answer from.
 APT_PACKAGES := prometheus:prometheus chromium:chromium systemd-analyze:systemd promtool:prometheus \
-	prometheus-alertmanager:prometheus-alertmanager node:nodejs npm:npm
+	prometheus-alertmanager:prometheus-alertmanager node:nodejs npm:npm victoria-metrics:victoria-metrics
 # The npm packages of that check (@grafana/schema, typescript), exactly as dashboards/schema/package-lock.json
 # pins them; `npm ci` empties node_modules first, so the stamp inside it goes with a stale install.
 NPM_STAMP := dashboards/schema/node_modules/.installed

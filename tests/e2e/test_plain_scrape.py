@@ -12,57 +12,20 @@ to ``exported_job``.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-import grpc
 import pytest
-import yaml
 
-from chopper.demo.run import free_port
-from chopper.proto.chopper.v1 import agent_pb2 as pb
-from chopper.proto.chopper.v1 import agent_pb2_grpc as pb_grpc
-from dashboards import render
 from dashboards.names import C
-from dashboards.params import RuleParams
 from dashboards.rulefile import rules_yaml
 from tests.dashboards.panel_queries import empty_panel_queries
 from tests.support.daemons import AgentProcess, AggregatorProcess, stop_all
+from tests.support.plain_scrape import AMD, FAST, MAY_BE_EMPTY, NVIDIA, plain_prometheus, reject_one_batch
 from tests.support.polling import wait_until
-from tests.support.prometheus import ServerProcess, prom_query
+from tests.support.prometheus import prom_query
 from tests.support.training import start_training, stop_training
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
-
-CONFIG = render.ROOT / "deploy/prometheus/prometheus.yml"
-FAST = RuleParams(rate_window="4s")
-NVIDIA = ("--sim-model", "H100", "--sim-power-cap-w", "300",
-          "--sim-health-events", "0:xid:1:1:79,1:ecc_corrected:1:3")
-AMD = ("--node", "amd-node", "--sim-model", "MI300X", "--sim-health-events", "0:bad_pages:1:2")
-# The simulated backend reads no memory or voltage-regulator sensor (amdsmi and NVML do).
-MAY_BE_EMPTY = frozenset({C.gpu_memory_temperature_celsius, C.gpu_vr_temperature_celsius})
-
-
-def plain_prometheus(workdir: Path, targets: dict[str, list[str]], rules: Path) -> ServerProcess:
-    """The shipped config with ``targets`` by scrape job, 1 s intervals and ``rules``; nothing else changed."""
-    config = yaml.safe_load(CONFIG.read_text())
-    assert all("honor_labels" not in job for job in config["scrape_configs"]), "the plain config honors labels"
-    assert {job["job_name"] for job in config["scrape_configs"]} == set(targets)
-    config["global"] = {**config["global"], "scrape_interval": "1s", "evaluation_interval": "1s"}
-    config["rule_files"] = [str(rules)]
-    for job in config["scrape_configs"]:
-        job["static_configs"] = [{"targets": targets[job["job_name"]]}]
-    (workdir / "prometheus.yml").write_text(json.dumps(config))  # JSON is YAML
-    address = f"127.0.0.1:{free_port()}"
-    return ServerProcess(workdir, "prometheus", address, f"--config.file={workdir / 'prometheus.yml'}",
-                         f"--storage.tsdb.path={workdir / 'tsdb'}", f"--web.listen-address={address}")
-
-
-def _reject_one_batch(agent: AgentProcess) -> None:
-    """A batch without a job: the agent rejects it, so the rejection counter the health panel reads exists."""
-    with grpc.insecure_channel(agent.target) as channel:
-        reply = pb_grpc.AgentStub(channel).PushMarkers(iter([pb.MarkerBatch(job="", rank=0, gpu=0, seq=1)]), timeout=10)
-    assert reply.accepted == 0
 
 
 def test_every_dashboard_query_answers_over_the_plain_scrape_config(tmp_path: Path) -> None:
@@ -83,7 +46,7 @@ def test_every_dashboard_query_answers_over_the_plain_scrape_config(tmp_path: Pa
                                                   "chopper-aggregator": [agg.metrics_addr]}, rules).start()
         started.append(prom_server)
         prom = prom_server.address
-        _reject_one_batch(nvidia)
+        reject_one_batch(nvidia)
         training = start_training(nvidia.target, ranks=2, duration_s=300)
 
         assert wait_until(lambda: not empty_panel_queries(prom, MAY_BE_EMPTY), timeout_s=120, interval_s=2), (
