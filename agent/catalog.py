@@ -230,10 +230,14 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("chopper_agent_sampler_missed_ticks_total", "counter", "Ticks skipped: the sampler ran late.", NODE),
     MetricSpec("chopper_agent_sampler_lag_seconds", "gauge", "How late the last tick started, s.", NODE),
     MetricSpec("chopper_agent_buffer_items", "gauge", "Items held in a ring buffer.", (*NODE, "buffer")),
-    MetricSpec("chopper_agent_buffer_capacity_items", "gauge", "Capacity of a ring buffer.", (*NODE, "buffer")),
+    MetricSpec("chopper_agent_buffer_capacity_items", "gauge", "Most items a ring buffer holds.", (*NODE, "buffer")),
+    MetricSpec("chopper_agent_buffer_bytes", "gauge", "Memory a ring buffer's items are counted at (encoded), bytes.",
+               (*NODE, "buffer")),
+    MetricSpec("chopper_agent_buffer_capacity_bytes", "gauge",
+               "Memory a ring buffer may take (its *_buffer_mib setting), bytes.", (*NODE, "buffer")),
     MetricSpec(
-        "chopper_agent_buffer_overwritten_total", "counter", "Oldest items overwritten when a buffer was full.",
-        (*NODE, "buffer"),
+        "chopper_agent_buffer_overwritten_total", "counter",
+        "Oldest items dropped when a buffer reached its item or memory bound.", (*NODE, "buffer"),
     ),
     MetricSpec(
         "chopper_agent_markers_rejected_total", "counter", "Markers rejected, by reason (see docs/METRICS.md).",

@@ -42,8 +42,19 @@ class AgentSettings:
     metrics_listen: str = field(
         default="127.0.0.1:9477", metadata={"help": "host:port of Prometheus /metrics (port 0: a free port, logged)"}
     )
-    sample_buffer: int = field(default=600_000, metadata={"help": "samples kept in memory (all GPUs)"})
-    marker_buffer: int = field(default=1_000_000, metadata={"help": "markers kept in memory"})
+    # Ring buffers are bounded by memory (docs/PERFORMANCE.md, agent/buffers.py) and, as before, by items.
+    sample_buffer_mib: float = field(
+        default=10.0, metadata={"help": "memory for buffered samples, MiB (all GPUs; ~190 B a sample)"}
+    )
+    marker_buffer_mib: float = field(default=6.0, metadata={"help": "memory for buffered markers, MiB (~105 B each)"})
+    summary_buffer_mib: float = field(
+        default=6.0, metadata={"help": "memory for buffered step summaries (the delivery resend store), MiB"}
+    )
+    collective_buffer_mib: float = field(
+        default=2.0, metadata={"help": "memory for buffered NCCL/RCCL Inspector collective records, MiB"}
+    )
+    sample_buffer: int = field(default=600_000, metadata={"help": "samples kept in memory at most (all GPUs)"})
+    marker_buffer: int = field(default=1_000_000, metadata={"help": "markers (and Inspector records) kept at most"})
     max_message_bytes: int = field(default=4 * 1024 * 1024, metadata={"help": "largest accepted gRPC message"})
     # Access control (docs/SECURITY.md). Secrets are files, never values: a flag shows in ps.
     token_file: str = field(
@@ -99,7 +110,7 @@ class AgentSettings:
     replay_dir: str = field(default="", metadata={"help": "replay backend: recorded run directory"})
     replay_speed: float = field(default=1.0, metadata={"help": "replay backend: playback speed factor"})
     summary_buffer: int = field(
-        default=100_000, metadata={"help": "step summaries kept in memory (the delivery resend store)"}
+        default=100_000, metadata={"help": "step summaries kept in memory at most (the delivery resend store)"}
     )
     aggregators: str = field(
         default="",
@@ -177,6 +188,9 @@ def _check(s: AgentSettings) -> None:
                            ("summary_buffer", 1000, 100_000_000), ("max_message_bytes", 64 * 1024, MAX_MESSAGE_BYTES)):
         if not low <= getattr(s, key) <= high:
             raise bad(key, f"is out of range; use {low} to {high}")
+    for key in ("sample_buffer_mib", "marker_buffer_mib", "summary_buffer_mib", "collective_buffer_mib"):
+        if not 0.1 <= getattr(s, key) <= 65536:
+            raise bad(key, "is out of range; use 0.1 to 65536 (MiB)")
     if (why := check_job_label(s.job_label)) is not None:
         raise bad("job_label", why)
     try:

@@ -36,10 +36,10 @@ import time
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from agent.backends.base import Backend, MarkerObserver
-from agent.buffers import RingBuffer
+from agent.buffers import ProtoCodec, RingBuffer
 from agent.capture import CaptureManager
 from agent.config import AgentSettings
 from agent.delivery import Forwarder, delivery_tls
@@ -56,7 +56,7 @@ from agent.workload import PciAddressed, build_tracker
 from chopper import __version__
 from chopper.daemon.access import Refusals
 from chopper.proto.chopper.v1 import agent_pb2 as pb
-from chopper.schema import SAMPLE_COLUMNS, DeviceInfo, ErrorCount, MarkerKind, Sample
+from chopper.schema import SAMPLE_COLUMNS, DeviceInfo, ErrorCount, Sample
 
 if TYPE_CHECKING:
     from agent.host import HostSample, HostSampler
@@ -165,11 +165,15 @@ class Agent:
         self.sampler = BackendSampler(backend, self._set_devices, realtime_ns)
         self.devices: list[DeviceInfo] = []
         self._devices_by_gpu: dict[int, DeviceInfo] = {}
-        self.samples: RingBuffer[pb.Sample] = RingBuffer(settings.sample_buffer, notify)
-        self.markers: RingBuffer[pb.MarkerRecord] = RingBuffer(settings.marker_buffer, notify)
-        self.summaries: RingBuffer[pb.StepSummary] = RingBuffer(settings.summary_buffer, notify)
+        self.samples: RingBuffer[pb.Sample] = _proto_ring(pb.Sample, settings.sample_buffer,
+                                                          settings.sample_buffer_mib, notify)
+        self.markers: RingBuffer[pb.MarkerRecord] = _proto_ring(pb.MarkerRecord, settings.marker_buffer,
+                                                                settings.marker_buffer_mib, notify)
+        self.summaries: RingBuffer[pb.StepSummary] = _proto_ring(pb.StepSummary, settings.summary_buffer,
+                                                                 settings.summary_buffer_mib, notify)
         # NCCL/RCCL Inspector records mapped to ranks (docs/INSPECTOR.md), sent to subscribers with the markers.
-        self.collectives: RingBuffer[pb.CollectiveRecord] = RingBuffer(settings.marker_buffer, notify)
+        self.collectives: RingBuffer[pb.CollectiveRecord] = _proto_ring(
+            pb.CollectiveRecord, settings.marker_buffer, settings.collective_buffer_mib, notify)
         self.inspector = InspectorFeed(settings.node, settings.max_ranks)
         self.inspector_watch = (
             DumpDirWatcher(Path(settings.inspector_dir), self._add_inspector_records, poll_s=settings.inspector_poll_s)
@@ -346,11 +350,9 @@ class Agent:
                 with self._state_lock:
                     self._pending.add(result.closed_steps)
         if result.accepted:
-            self.markers.extend(result.accepted)
+            self.markers.extend_encoded(result.encoded_records())
             if self._observer is not None and result.gpu >= 0:
-                for record in result.accepted:
-                    m = record.marker
-                    self._observer.observe_marker(result.gpu, MarkerKind(m.kind), m.name, m.ts_ns, m.bytes)
+                self._observer.observe_markers(result.gpu, result.accepted)
         return result
 
     def _add_inspector_records(self, records: list[InspectorRecord], path: str) -> None:
@@ -464,6 +466,11 @@ class Agent:
             node=self.settings.node, backend=self.backend.name, version=__version__,
             sample_hz=self.settings.sample_hz, devices=[pb.DeviceInfo(**dataclasses.asdict(d)) for d in self.devices],
         )
+
+
+def _proto_ring(cls: Any, items: int, mib: float, notify: Callable[[], None] | None) -> RingBuffer[Any]:
+    """A buffer of ``cls`` messages held encoded, bounded by ``items`` and ``mib`` MiB (agent/buffers.py)."""
+    return RingBuffer(items, notify, max_bytes=int(mib * 2**20), codec=ProtoCodec(cls))
 
 
 def _by_gpu(steps: list[ClosedStep]) -> dict[int, list[ClosedStep]]:

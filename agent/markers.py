@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 from collections import Counter, deque
 from dataclasses import dataclass, field
+from operator import itemgetter
 
 from chopper.identity.device import UNRESOLVED, canonical_uuid, match_uuid
 from chopper.identity.jobname import job_name_problem, marker_name_problem
@@ -85,6 +86,11 @@ _FLAGGED_KINDS: dict[str, tuple[int, ...]] = {
     "bytes": (pb.MARKER_KIND_COLLECTIVE_BEGIN, pb.MARKER_KIND_COLLECTIVE_END),
 }
 _STEP_KINDS = (pb.MARKER_KIND_STEP_BEGIN, pb.MARKER_KIND_STEP_END)
+_IS_COLLECTIVE = itemgetter(0)  # of a ClosedStep interval
+# Kind by wire value: a dict lookup per marker, where MarkerKind(value) is an enum call.
+_KINDS: dict[int, MarkerKind] = {k.value: k for k in MarkerKind}
+# The tag of MarkerRecord.marker (field 5, length-delimited) on the wire.
+_RECORD_MARKER_TAG = bytes(((5 << 3) | 2,))
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,11 +114,11 @@ class ClosedStep:
 
     @property
     def phases(self) -> int:
-        return sum(1 for coll, *_ in self.intervals if not coll)
+        return len(self.intervals) - self.collectives
 
     @property
     def collectives(self) -> int:
-        return sum(1 for coll, *_ in self.intervals if coll)
+        return sum(map(_IS_COLLECTIVE, self.intervals))
 
 
 @dataclass(slots=True)
@@ -154,7 +160,12 @@ class RankState:
 class IngestResult:
     """Outcome of one batch."""
 
-    accepted: list[pb.MarkerRecord] = field(default_factory=list)
+    # The batch's markers as stored (bad fields cleared), in order; ``records``/``encoded_records``
+    # add who sent them.
+    accepted: list[pb.Marker] = field(default_factory=list)
+    job: str = ""
+    node: str = ""
+    rank: int = 0
     rejected: Counter[str] = field(default_factory=Counter)
     errors: list[str] = field(default_factory=list)
     closed_steps: list[ClosedStep] = field(default_factory=list)
@@ -162,6 +173,29 @@ class IngestResult:
     warnings: list[str] = field(default_factory=list)  # device problems, each once per rank, for the log
     dropped_fields: Counter[str] = field(default_factory=Counter)  # fields cleared from accepted markers
     field_problems: list[str] = field(default_factory=list)  # the first few, each naming the fix
+
+    def records(self) -> list[pb.MarkerRecord]:
+        """The accepted markers as the records subscribers get."""
+        return [pb.MarkerRecord(job=self.job, node=self.node, rank=self.rank, gpu=self.gpu, marker=m)
+                for m in self.accepted]
+
+    def encoded_records(self) -> list[bytes]:
+        """``records()`` in wire form, built without a message object per marker.
+
+        A message's encoding is the concatenation of its fields', so each record is the batch's
+        header fields, encoded once, then the marker as field 5: its tag, length and bytes.
+        """
+        prefix = pb.MarkerRecord(job=self.job, node=self.node, rank=self.rank, gpu=self.gpu).SerializeToString()
+        heads: dict[int, bytes] = {}
+        out = []
+        for m in self.accepted:
+            body = m.SerializeToString()
+            n = len(body)
+            head = heads.get(n)
+            if head is None:
+                head = heads[n] = prefix + _RECORD_MARKER_TAG + _varint(n)
+            out.append(head + body)
+        return out
 
     def reject(self, reason: str, message: str, count: int = 1) -> None:
         self.rejected[reason] += count
@@ -210,7 +244,7 @@ class MarkerIngest:
             return result
         state = self.ranks.setdefault((batch.job, batch.rank), RankState())
         state.gpu, state.device_flags, warning = self._device(batch)
-        result.gpu = state.gpu
+        result.gpu, result.job, result.node, result.rank = state.gpu, batch.job, self.node, batch.rank
         if warning != state.device_warning:
             state.device_warning = warning
             if warning:
@@ -233,10 +267,8 @@ class MarkerIngest:
                 continue
             for name in bad:
                 result.drop_field(name, f"job {batch.job!r} rank {batch.rank}: {_field_problem(original, name)}")
-            state.received[MarkerKind(marker.kind)] += 1
-            result.accepted.append(
-                pb.MarkerRecord(job=batch.job, node=self.node, rank=batch.rank, gpu=state.gpu, marker=marker)
-            )
+            state.received[_KINDS[marker.kind]] += 1
+            result.accepted.append(marker)
         return result
 
     def _device(self, batch: pb.MarkerBatch) -> tuple[int, tuple[str, ...], str]:
@@ -301,7 +333,7 @@ class MarkerIngest:
 
     @staticmethod
     def _check_marker(m: pb.Marker, now_ns: int) -> tuple[str, str] | None:
-        if m.kind not in MarkerKind._value2member_map_:
+        if m.kind not in _KINDS:
             return "bad_kind", f"marker kind {m.kind} is unknown; upgrade the agent or the client"
         if m.step < 0:
             return "bad_step", f"step {m.step} is negative; step numbers start at 0"
@@ -312,7 +344,7 @@ class MarkerIngest:
             )
         if m.kind in _STEP_KINDS:
             return None  # a step marker's name names nothing: a bad one is a bad field
-        kind = MarkerKind(m.kind)
+        kind = _KINDS[m.kind]
         if not m.name:
             return "bad_name", f"{kind.label} has no name; name the phase or collective, e.g. 'forward'"
         problem = marker_name_problem(m.name)
@@ -324,7 +356,7 @@ class MarkerIngest:
     def _apply(state: RankState, batch: pb.MarkerBatch, m: pb.Marker, result: IngestResult,
                flags: tuple[str, ...] = ()) -> tuple[str, str] | None:
         """Advance the rank's open-step state machine by one valid marker; ``flags`` go on the step it describes."""
-        kind = MarkerKind(m.kind)
+        kind = _KINDS[m.kind]
         device_clock = m.clock == pb.CLOCK_SOURCE_DEVICE
         open_step = state.open_step
         if kind is MarkerKind.STEP_BEGIN:
@@ -369,7 +401,12 @@ class MarkerIngest:
             return None
         # Pair within the step, as offline: the oldest open begin of the same step and name.
         opened = table.get(m.name)
-        match = None if opened is None else next((i for i, (step, _) in enumerate(opened) if step == m.step), None)
+        if opened is None:
+            match = None
+        elif opened[0][0] == m.step:  # nearly always: begun and ended in order, within the step
+            match = 0
+        else:
+            match = next((i for i, (step, _) in enumerate(opened) if step == m.step), None)
         if opened is None or match is None:
             helper = "phase" if kind is MarkerKind.PHASE_END else "collective"
             return "end_without_begin", (
@@ -407,6 +444,16 @@ def _bad_fields(m: pb.Marker) -> tuple[str, ...]:
     if m.name and m.kind in _STEP_KINDS and marker_name_problem(m.name) is not None:
         bad.append("name")
     return tuple(bad)
+
+
+def _varint(n: int) -> bytes:
+    """``n`` >= 0 as a protobuf varint: 7 bits a byte, low first, the high bit set on all but the last."""
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
 
 
 def _without(m: pb.Marker, fields: tuple[str, ...]) -> pb.Marker:

@@ -240,6 +240,8 @@ class AgentCollector(Collector):
         for name, fill in view.buffers.items():
             fam.add("chopper_agent_buffer_items", (node, name), float(fill.items))
             fam.add("chopper_agent_buffer_capacity_items", (node, name), float(fill.capacity))
+            fam.add("chopper_agent_buffer_bytes", (node, name), float(fill.bytes_held))
+            fam.add("chopper_agent_buffer_capacity_bytes", (node, name), float(fill.max_bytes))
             fam.add("chopper_agent_buffer_overwritten_total", (node, name), float(fill.overwritten_total))
         for reason, count in sorted(view.markers_rejected.items()):
             fam.add("chopper_agent_markers_rejected_total", (node, reason), float(count))

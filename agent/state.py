@@ -28,11 +28,14 @@ if TYPE_CHECKING:
 
 @dataclasses.dataclass(frozen=True)
 class BufferFill:
-    """One ring buffer at one instant: items held, its capacity in items, items overwritten since start."""
+    """One ring buffer at one instant: items held, its capacity in items, items dropped since start,
+    and the memory its items are counted at and may take, bytes (agent/buffers.py)."""
 
     items: int
     capacity: int
     overwritten_total: int
+    bytes_held: int
+    max_bytes: int
 
 
 class AgentView:
@@ -162,7 +165,7 @@ class AgentView:
     def buffers(self) -> dict[str, BufferFill]:
         """Ring buffer name (``samples``, ``markers``, ``step_summaries``, ``collectives``) → its fill."""
         agent = self._agent
-        return {name: BufferFill(len(buf), buf.capacity, buf.overwritten_total)
+        return {name: BufferFill(len(buf), buf.capacity, buf.overwritten_total, buf.bytes_held, buf.max_bytes or 0)
                 for name, buf in (("samples", agent.samples), ("markers", agent.markers),
                                   ("step_summaries", agent.summaries), ("collectives", agent.collectives))}
 

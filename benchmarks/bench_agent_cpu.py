@@ -18,7 +18,7 @@ process's CPU time is agent work only, with no client thread to subtract:
 After a warm-up, the process CPU time (``time.process_time``: user + system of every thread:
 sampler, gRPC workers and gRPC's C-core pollers, the HTTP server, garbage collection) is read at
 the start and the end of a measurement window of ``measure_s`` wall seconds. The backend is
-wrapped so that the CPU time spent *inside* ``sample()`` and ``observe_marker()`` is summed with
+wrapped so that the CPU time spent *inside* ``sample()`` and ``observe_markers()`` is summed with
 ``time.thread_time_ns`` (the calling thread's CPU time, so other threads and time spent waiting
 do not count). Agent CPU = process CPU − backend CPU, reported as a fraction of one core
 (agent CPU s / wall s) and as µs per GPU-sample (agent CPU / (ticks × GPUs)). The sampler
@@ -32,6 +32,7 @@ Run: ``python benchmarks/bench_agent_cpu.py``; ``run()`` returns the figures as 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -40,20 +41,21 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from agent.backends.base import Backend
+from agent.backends.base import Backend, Marker
 from agent.backends.select import create_backend
 from agent.config import load_settings
 from agent.daemon import Agent
 from agent.host import HostSampler
 from agent.metrics import AgentCollector
 from agent.server import TelemetryHub, build_server
-from chopper.schema import DeviceInfo, MarkerKind, Sample
+from chopper.schema import DeviceInfo, Sample
 
 GPUS = 8
 SAMPLE_HZ = 100.0
@@ -70,7 +72,7 @@ class TimedBackend:
         self.name = inner.name
         self.sample_cpu_ns = 0  # only the sampler thread calls sample(): no lock needed
         self.marker_cpu_ns = 0
-        self._lock = threading.Lock()  # observe_marker runs on several gRPC worker threads
+        self._lock = threading.Lock()  # observe_markers runs on several gRPC worker threads
 
     def open(self) -> list[DeviceInfo]:
         return self.inner.open()
@@ -85,12 +87,51 @@ class TimedBackend:
         finally:
             self.sample_cpu_ns += time.thread_time_ns() - t0
 
-    def observe_marker(self, gpu: int, kind: MarkerKind, name: str, ts_ns: int, nbytes: int) -> None:
+    def observe_markers(self, gpu: int, markers: Sequence[Marker]) -> None:
         t0 = time.thread_time_ns()
-        self.inner.observe_marker(gpu, kind, name, ts_ns, nbytes)  # type: ignore[attr-defined]
+        self.inner.observe_markers(gpu, markers)  # type: ignore[attr-defined]
         spent = time.thread_time_ns() - t0
         with self._lock:
             self.marker_cpu_ns += spent
+
+
+@dataclass
+class RunningAgent:
+    """An agent built as ``agent.main`` builds it, in this process (``in_process_agent``)."""
+
+    agent: Agent
+    backend: TimedBackend
+    socket: str
+    metrics_url: str
+
+
+@contextlib.contextmanager
+def in_process_agent(argv: Sequence[str]) -> Iterator[RunningAgent]:
+    """The agent in this process: settings from ``argv`` after a simulated backend, a private
+    socket and quiet logs; the real gRPC server and ``/metrics`` endpoint serving; its backend
+    wrapped in ``TimedBackend``. The caller starts its threads (``agent.start()``) once it has
+    instrumented what it measures; all is stopped on exit."""
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    with tempfile.TemporaryDirectory(prefix="chopper-bench-agent") as tmp:
+        sock = os.path.join(tmp, "agent.sock")
+        settings = load_settings(["--node", "bench", "--backend", "simulated", "--socket-path", sock,
+                                  "--log-level", "warning", *argv], env={})
+        backend = TimedBackend(create_backend("simulated", settings))
+        hub = TelemetryHub()
+        agent = Agent(settings, backend, HostSampler(), notify=hub.notify)  # type: ignore[arg-type]
+        agent.open_backend()
+        server, _ = build_server(agent, hub, settings)
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(AgentCollector(agent.view))
+        httpd, _ = start_http_server(0, addr="127.0.0.1", registry=registry)
+        try:
+            yield RunningAgent(agent, backend, f"unix://{sock}", f"http://127.0.0.1:{httpd.server_address[1]}/metrics")
+        finally:
+            agent.ticker.stop()
+            server.stop(0)
+            agent.stop()
+            httpd.shutdown()
 
 
 def run(measure_s: float = 20.0, warmup_s: float = 3.0) -> dict[str, Any]:
@@ -106,25 +147,8 @@ def run(measure_s: float = 20.0, warmup_s: float = 3.0) -> dict[str, Any]:
         ``backend_us_per_tick``, ``ticks``, ``missed_ticks``, what the load process received,
         ``goal_core_ratio`` and ``meets_goal``.
     """
-    from prometheus_client import CollectorRegistry, start_http_server
-
-    with tempfile.TemporaryDirectory(prefix="chopper-bench-cpu") as tmp:
-        sock = os.path.join(tmp, "agent.sock")
-        settings = load_settings(
-            ["--node", "bench", "--backend", "simulated", "--sim-gpus", str(GPUS), "--sample-hz", str(SAMPLE_HZ),
-             "--socket-path", sock, "--log-level", "warning"],
-            env={},
-        )
-        backend = TimedBackend(create_backend("simulated", settings))
-        hub = TelemetryHub()
-        agent = Agent(settings, backend, HostSampler(), notify=hub.notify)  # type: ignore[arg-type]
-        agent.open_backend()
-        server, _ = build_server(agent, hub, settings)
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(AgentCollector(agent.view))
-        httpd, _ = start_http_server(0, addr="127.0.0.1", registry=registry)
-        metrics_url = f"http://127.0.0.1:{httpd.server_address[1]}/metrics"
-
+    with in_process_agent(["--sim-gpus", str(GPUS), "--sample-hz", str(SAMPLE_HZ)]) as running:
+        agent, backend, sock, metrics_url = running.agent, running.backend, running.socket, running.metrics_url
         # The sampler thread's CPU per tick, measured where the tick runs.
         ticker = agent.ticker
         tick = ticker._on_tick
@@ -140,7 +164,7 @@ def run(measure_s: float = 20.0, warmup_s: float = 3.0) -> dict[str, Any]:
         ticker._on_tick = timed_tick
         agent.start()
         load = subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.bench_agent_cpu", "--load", f"unix://{sock}", metrics_url,
+            [sys.executable, "-m", "benchmarks.bench_agent_cpu", "--load", sock, metrics_url,
              str(warmup_s + measure_s + 1.0)],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -160,10 +184,6 @@ def run(measure_s: float = 20.0, warmup_s: float = 3.0) -> dict[str, Any]:
             if load.poll() is None:
                 load.kill()
                 load.wait()
-            agent.ticker.stop()
-            server.stop(0)
-            agent.stop()
-            httpd.shutdown()
     if load.returncode != 0:
         raise RuntimeError(f"load process failed:\n{err[-2000:]}")
     received = json.loads(out.strip().splitlines()[-1])

@@ -8,9 +8,10 @@ the daemon keeps serving.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
-from chopper.schema import DeviceInfo, MarkerKind, Sample
+from chopper.schema import DeviceInfo, Sample
 
 
 class BackendError(Exception):
@@ -63,11 +64,24 @@ class Backend(Protocol):
         ...
 
 
+class Marker(Protocol):
+    """What an observer reads of a marker (``chopper.v1.Marker``): ns, the wire kind, a name, bytes."""
+
+    @property
+    def ts_ns(self) -> int: ...
+    @property
+    def kind(self) -> int: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def bytes(self) -> int: ...
+
+
 @runtime_checkable
 class MarkerObserver(Protocol):
     """Optional extra of a backend that reacts to training markers (the simulator does)."""
 
-    def observe_marker(self, gpu: int, kind: MarkerKind, name: str, ts_ns: int, nbytes: int) -> None:
-        """Called by the agent for every accepted marker of a rank driving local GPU ``gpu``."""
+    def observe_markers(self, gpu: int, markers: Sequence[Marker]) -> None:
+        """Called by the agent once per batch with its accepted markers, of a rank driving local GPU ``gpu``."""
         ...
 

@@ -98,7 +98,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from agent.backends.base import BackendError
+from agent.backends.base import BackendError, Marker
 from agent.backends.sim_health import AGGREGATE_CORRECTED_MAX, HEALTH_INTERVAL_NS, ChipHealth, parse_events
 from agent.backends.specs import SPECS, partition_layout
 from chopper.schema import NAN, DeviceInfo, ErrorCount, LinkBytes, MarkerKind, Sample
@@ -123,6 +123,8 @@ NVLINKS_PER_GPU = 18
 MAX_XGMI_PEERS = 7
 
 IDLE, STEP, COLLECTIVE, COMPUTE = 0, 1, 2, 3
+# Marker kind by wire value (observe_markers: a dict lookup per marker, not an enum call).
+_KINDS = {k.value: k for k in MarkerKind}
 # Per state: busy, matrix, memory-controller busy, power activity factor a. COMPUTE's busy is
 # replaced per GPU by its drawn level.
 _LEVELS = np.array(
@@ -334,6 +336,16 @@ class SimulatedBackend:
             return
         with self._lock:
             self._state[gpu].pending.append((int(ts_ns), MarkerKind(kind), name, int(nbytes or 0)))
+
+    def observe_markers(self, gpu: int, markers: Sequence[Marker]) -> None:
+        """``observe_marker`` for one batch's markers, in one take of the lock (the agent's per-batch call)."""
+        if not 0 <= gpu < self.gpus:
+            self.ignored_markers += len(markers)
+            return
+        kinds = _KINDS
+        queued = [(m.ts_ns, kinds[m.kind], m.name, m.bytes) for m in markers]
+        with self._lock:
+            self._state[gpu].pending.extend(queued)
 
     def _activity(self, g: int, t0: int, t1: int) -> tuple[list[float], float]:
         """Seconds in each state over ``[t0, t1]`` and link bytes moved, applying due markers."""

@@ -1,6 +1,9 @@
 """A rank named only by its device UUID drives the simulated GPU the agent resolved, not the batch's index."""
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from agent.backends.base import Marker
 from agent.backends.simulated import SimulatedBackend
 from agent.config import load_settings
 from agent.daemon import Agent
@@ -18,9 +21,9 @@ class ObservedBackend(SimulatedBackend):
         super().__init__("n", gpus=4)
         self.observed: list[tuple[int, MarkerKind]] = []
 
-    def observe_marker(self, gpu: int, kind: MarkerKind, name: str, ts_ns: int, nbytes: int) -> None:
-        self.observed.append((gpu, MarkerKind(kind)))
-        super().observe_marker(gpu, kind, name, ts_ns, nbytes)
+    def observe_markers(self, gpu: int, markers: Sequence[Marker]) -> None:
+        self.observed += [(gpu, MarkerKind(m.kind)) for m in markers]
+        super().observe_markers(gpu, markers)
 
 
 def test_markers_of_a_rank_named_by_uuid_load_that_gpu() -> None:

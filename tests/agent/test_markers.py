@@ -38,7 +38,10 @@ def test_full_step_is_accepted_and_closed() -> None:
     ingest = MarkerIngest("n1", gpu_count=8)
     result = ingest.ingest(batch(*full_step(3, 100)), NOW)
     assert len(result.accepted) == 6 and not result.rejected
-    assert result.accepted[0].node == "n1" and result.accepted[0].job == "j"
+    records = result.records()
+    assert records[0].node == "n1" and records[0].job == "j" and records[0].marker == result.accepted[0]
+    # The wire form built from the batch's header is the records' own encoding.
+    assert result.encoded_records() == [r.SerializeToString() for r in records]
     (closed,) = result.closed_steps
     assert (closed.step, closed.begin_ns, closed.end_ns) == (3, NOW + 100, NOW + 130)
     assert (closed.flops, closed.tokens, closed.phases, closed.collectives) == (6e9, 512, 1, 1)
@@ -75,7 +78,7 @@ def test_a_device_uuid_of_this_node_names_the_gpu_in_any_spelling(node: MarkerIn
     for rank, spelling in enumerate((sim5, sim5.lower(), sim5.upper(), sim5[:12])):
         result = node.ingest(batch(*full_step(0, 0), rank=rank, gpu=-1, uuid=spelling), NOW)
         assert (result.gpu, result.closed_steps[0].gpu, result.closed_steps[0].flags) == (5, 5, ())
-        assert {r.gpu for r in result.accepted} == {5} and not result.warnings
+        assert {r.gpu for r in result.records()} == {5} and not result.warnings
 
 
 def test_nvml_and_torch_spellings_of_one_uuid_match() -> None:
@@ -104,7 +107,7 @@ def test_a_uuid_this_node_does_not_have_is_flagged_never_another_gpu(node: Marke
     first = node.ingest(batch(*full_step(0, 0), gpu=5, uuid=other), NOW)
     assert not first.rejected and len(first.accepted) == 6  # training's markers are kept
     assert (first.gpu, first.closed_steps[0].gpu, first.closed_steps[0].flags) == (-1, -1, (UNKNOWN_DEVICE,))
-    assert {r.gpu for r in first.accepted} == {-1}
+    assert {r.gpu for r in first.records()} == {-1}
     (warning,) = first.warnings
     assert f"job 'j' rank 0 drives device {other!r}, which is not a GPU of node 'n1' (8 GPUs" in warning
     assert "set CHOPPER_GPU" in warning and "CUDA_VISIBLE_DEVICES" not in warning.split(";")[0]
@@ -205,7 +208,7 @@ def test_a_bad_field_costs_the_field_never_the_step(hazard: HazardOutcome) -> No
         (0, 0.0, 512, ("bad_flops",)), (1, 0.0, 512, ("bad_flops",)), (2, 0.0, 512, ("bad_flops",)),
         (3, 6e9, 0, ("bad_bytes", "bad_tokens")),
     ]
-    stored = [r.marker for r in result.accepted]
+    stored = list(result.accepted)
     assert all(0 <= m.flops < math.inf and m.tokens >= 0 and m.bytes >= 0 and len(m.name) <= 256 for m in stored)
     assert result.dropped_fields == {"flops": 3, "bytes": 2, "tokens": 1, "name": 1}
     assert "flops=nan; flops must be a finite number >= 0" in result.field_problems[0]
@@ -226,3 +229,13 @@ def test_a_gpu_index_below_minus_one_is_flagged_not_rejected(node: MarkerIngest)
     assert not result.rejected and len(result.accepted) == 6
     assert result.closed_steps[0].gpu == -1 and result.closed_steps[0].flags == (UNKNOWN_DEVICE,)
     assert "names GPU -2" in result.warnings[0]
+
+
+def test_encoded_records_equal_the_records_encoding_at_every_length() -> None:
+    # A marker longer than 127 bytes takes a two-byte length on the wire.
+    ingest = MarkerIngest("n1", gpu_count=8)
+    markers = [marker(pb.MARKER_KIND_STEP_BEGIN, 1, 100)]
+    markers += [marker(pb.MARKER_KIND_PHASE_BEGIN, 1, 101 + i, "p" * n) for i, n in enumerate((1, 60, 120, 250))]
+    result = ingest.ingest(batch(*markers), NOW)
+    assert len(result.accepted) == 5 and max(m.ByteSize() for m in result.accepted) > 127
+    assert result.encoded_records() == [r.SerializeToString() for r in result.records()]

@@ -63,7 +63,10 @@ def test_view_reads_what_the_scrape_exports(agent: Agent) -> None:
         assert fill == BufferFill(
             int(exported[("chopper_agent_buffer_items", (("buffer", name),))]),
             int(exported[("chopper_agent_buffer_capacity_items", (("buffer", name),))]),
-            int(exported[("chopper_agent_buffer_overwritten_total", (("buffer", name),))]))
+            int(exported[("chopper_agent_buffer_overwritten_total", (("buffer", name),))]),
+            int(exported[("chopper_agent_buffer_bytes", (("buffer", name),))]),
+            int(exported[("chopper_agent_buffer_capacity_bytes", (("buffer", name),))]))
+        assert 0 <= fill.bytes_held <= fill.max_bytes and fill.max_bytes > 0
     assert view.buffers["samples"].items == 6 and view.buffers["markers"].items == 2
     assert view.markers_rejected == {"step_never_began": 1}
     assert exported[("chopper_agent_markers_rejected_total", (("reason", "step_never_began"),))] == 1
