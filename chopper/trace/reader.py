@@ -171,6 +171,8 @@ class _Columns:
 
 def _to_int(v: Any, default: int = -1) -> int:
     """An id or index as an int64 (``default`` when it is no whole number within int64)."""
+    if type(v) is int:  # the common case, called per event: first and alone
+        return v if -(2**63) <= v < 2**63 else default
     if isinstance(v, int) and not isinstance(v, bool):
         out = v
     elif isinstance(v, float) and v.is_integer():

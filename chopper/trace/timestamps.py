@@ -47,6 +47,8 @@ def kineto_time_ns(value: Any) -> int | None:
     Returns:
         Nanoseconds, or None.
     """
+    if type(value) is int:  # most traces write whole µs; checked first because the reader calls this per event
+        return value * US_NS if -_MAX_US < value < _MAX_US else None
     if isinstance(value, bool) or not isinstance(value, int | float) or not abs(value) < _MAX_US:  # NaN fails too
         return None
     if isinstance(value, int):
