@@ -357,12 +357,11 @@ class MarkerIngest:
                flags: tuple[str, ...] = ()) -> tuple[str, str] | None:
         """Advance the rank's open-step state machine by one valid marker; ``flags`` go on the step it describes."""
         kind = _KINDS[m.kind]
-        device_clock = m.clock == pb.CLOCK_SOURCE_DEVICE
         open_step = state.open_step
         if kind is MarkerKind.STEP_BEGIN:
             if open_step is not None:
                 state.steps_abandoned += 1
-            state.open_step = _OpenStep(m.step, m.ts_ns, device_clock)
+            state.open_step = _OpenStep(m.step, m.ts_ns, m.clock == pb.CLOCK_SOURCE_DEVICE)
             state.open_phases.clear()
             state.open_collectives.clear()
             state.open_intervals = 0
@@ -382,7 +381,7 @@ class MarkerIngest:
             result.closed_steps.append(
                 ClosedStep(
                     batch.job, batch.rank, state.gpu, m.step, open_step.begin_ns, m.ts_ns, m.flops, m.tokens,
-                    tuple(open_step.intervals), open_step.device_clock and device_clock, tuple(step_flags),
+                    tuple(open_step.intervals), open_step.device_clock and m.clock == pb.CLOCK_SOURCE_DEVICE, tuple(step_flags),
                 )
             )
             return None
@@ -397,7 +396,8 @@ class MarkerIngest:
                 )
             table.setdefault(m.name, deque()).append((m.step, m.ts_ns))
             state.open_intervals += 1
-            _flag_open_step(state, m.step, flags)
+            if flags:
+                _flag_open_step(state, m.step, flags)
             return None
         # Pair within the step, as offline: the oldest open begin of the same step and name.
         opened = table.get(m.name)
@@ -420,13 +420,14 @@ class MarkerIngest:
         state.open_intervals -= 1
         if open_step is not None and open_step.step == m.step and m.ts_ns > open_step.begin_ns:
             open_step.intervals.append((is_collective, max(begin_ns, open_step.begin_ns), m.ts_ns, m.name, m.bytes))
-        _flag_open_step(state, m.step, flags)
+        if flags:
+            _flag_open_step(state, m.step, flags)
         return None
 
 
 def _flag_open_step(state: RankState, step: int, flags: tuple[str, ...]) -> None:
     open_step = state.open_step
-    if flags and open_step is not None and open_step.step == step:
+    if open_step is not None and open_step.step == step:
         open_step.flags.extend(f for f in flags if f not in open_step.flags)
 
 

@@ -18,7 +18,9 @@ Two halves that share only a bounded queue:
      gRPC's request-consumer thread. Each turn it packs the queue head into a ``MarkerBatch`` of at
      most ``max_batch`` markers when the queue holds a full batch or ``flush_interval_s`` has
      passed (device timestamps are resolved here, in order; packing stops at the first event the
-     GPU has not reached). ``seq`` increases from 1 over the client's life, across streams.
+     GPU has not reached); with nothing queued it sleeps a whole flush interval. Markers are
+     written straight into the batch message (no message object per marker), names checked once
+     each. ``seq`` increases from 1 over the client's life, across streams.
      Packing checks each marker against what the wire and the agent take (``chopper.identity.jobname``),
      so that one bad marker never costs its batch: a phase or collective name over 256
      characters, or a step that is not an integer, drops that marker (counted, with its reason);
@@ -103,6 +105,8 @@ _MARKER_BYTES = 64
 # max_message_bytes, which is at least 64 KiB: agent/config.py, chopper/daemon/serving.py), less the
 # batch's header (a job name and a device UUID, at most ~1.3 KiB).
 _BATCH_BYTES = 64 * 1024
+# Phase and collective names _pack has checked and sends as given; a loop uses a handful.
+MAX_NAMES_REMEMBERED = 1024
 # grpc's connectivity poller (behind channel_ready_future) outlives its future by up to 0.2 s and
 # raises in its own thread if the channel closes under it: a channel is closed this long after.
 _POLLER_S = 0.3
@@ -136,6 +140,16 @@ def _integer(value: Any) -> int | None:
     except (TypeError, ValueError, OverflowError):
         return None
     return int(f) if f.is_integer() else None
+
+
+def _int64(value: Any) -> bool:
+    return value.__class__ is int and -_INT64_MAX <= value <= _INT64_MAX
+
+
+def _plain(step: Any, flops: Any, tokens: Any, nbytes: Any) -> bool:
+    """Whether a marker's values go on the wire as they are: int64 ints and a float or int FLOPs."""
+    return (_int64(step) and (flops is None or flops.__class__ is float or _int64(flops))
+            and (tokens is None or _int64(tokens)) and (nbytes is None or _int64(nbytes)))
 
 
 def _number(value: Any) -> float | None:
@@ -353,6 +367,7 @@ class Client:
         self._dropped_invalid = 0
         self._invalid: Counter[str] = Counter()  # the same markers by reason (INVALID_REASONS)
         self._fields_dropped: Counter[str] = Counter()  # flops/tokens/bytes left out, marker sent
+        self._names_ok: set[str] = set()  # names _pack sends as given (_checked_name)
         self._warned_problems: set[str] = set()  # each marker problem is logged once per client
         self._connected = False
         self._last_error = ""
@@ -746,27 +761,37 @@ class Client:
                     return
                 # Only unresolved device events remain: poll for them until shutdown's timeout.
                 time.sleep(0.002)
-            else:
+            elif self._q:  # not a full batch yet: until its flush is due
                 self._stop_event.wait(max(0.001, self._flush_s - (time.monotonic() - last_flush)))
+            else:
+                # Nothing queued: a marker that comes meanwhile waits one flush interval at most.
+                # (Waiting only until the last flush's interval ran out spun at 1 kHz when idle.)
+                self._stop_event.wait(self._flush_s)
 
     def _pack(self, pb2: Any) -> agent_pb2.MarkerBatch | None:
         """Pop up to ``max_batch`` markers (``_BATCH_BYTES`` at most) from the queue head into a ``MarkerBatch``.
 
         Stops at the first device event the GPU has not reached, so markers stay in order. Each
         marker is checked as the module docstring says; one that cannot be sent is dropped and
-        counted by reason, never its batch.
+        counted by reason, never its batch. A marker whose name was sent before and whose values
+        are plain ints and floats within int64 (nearly all) is written straight into the batch;
+        any other goes through ``_marker``'s per-field checks.
         """
         q = self._q
         device = self._device
-        markers: list[Any] = []
+        names_ok = self._names_ok
+        batch = pb2.MarkerBatch()
+        add = batch.markers.add
+        count = 0
         room = _BATCH_BYTES
         try:
-            while q and len(markers) < self._max_batch:
+            while q and count < self._max_batch:
                 kind, ts, step, name, flops, tokens, nbytes = q[0]
                 try:
-                    name = self._wire_name(kind, step, name)
+                    if name not in names_ok or name.__class__ is not str:
+                        name = self._checked_name(kind, step, name)
                     size = _MARKER_BYTES + 4 * len(name)
-                    if markers and size > room:
+                    if count and size > room:
                         break  # the next batch takes it
                     clock = _CPU
                     if device is not None and ts.__class__ is not int:
@@ -782,24 +807,42 @@ class Client:
                     self._drop_for(e)
                     continue
                 q.popleft()
-                try:
-                    markers.append(self._marker(pb2.Marker, kind, ts, step, name, clock, flops, tokens, nbytes))
-                except Exception as e:
-                    self._drop_for(e)
-                    continue
+                if _plain(step, flops, tokens, nbytes):
+                    m = add(ts_ns=ts, kind=kind, step=step, name=name, clock=clock)
+                    if flops is not None:
+                        m.flops = flops
+                    if tokens is not None:
+                        m.tokens = tokens
+                    if nbytes is not None:
+                        m.bytes = nbytes
+                else:
+                    try:
+                        batch.markers.append(self._marker(pb2.Marker, kind, ts, step, name, clock, flops, tokens,
+                                                          nbytes))
+                    except Exception as e:
+                        self._drop_for(e)
+                        continue
+                count += 1
                 room -= size
-            if not markers:
+            if not count:
                 return None
-            batch = pb2.MarkerBatch(
-                job=self.job, rank=self.rank, gpu=self.gpu, seq=self._seq + 1, pid=self.pid,
-                client_dropped_total=self._dropped_total(), markers=markers, device_uuid=self.device_uuid,
-                inspector_enabled=self.inspector_enabled,
-            )
+            batch.job, batch.rank, batch.gpu, batch.pid = self.job, self.rank, self.gpu, self.pid
+            batch.seq = self._seq + 1
+            batch.client_dropped_total = self._dropped_total()
+            batch.device_uuid = self.device_uuid
+            batch.inspector_enabled = self.inspector_enabled
         except Exception as e:  # markers already popped are counted, never lost
-            self._drop_invalid("encode_error", len(markers), f"{type(e).__name__}: {e}")
+            self._drop_invalid("encode_error", count, f"{type(e).__name__}: {e}")
             return None
         self._seq += 1
         return batch
+
+    def _checked_name(self, kind: int, step: Any, name: Any) -> str:
+        """``_wire_name``, remembering names that go as given (``MAX_NAMES_REMEMBERED`` at most)."""
+        wire = self._wire_name(kind, step, name)
+        if wire is name and len(self._names_ok) < MAX_NAMES_REMEMBERED:
+            self._names_ok.add(name)
+        return wire
 
     def _wire_name(self, kind: int, step: Any, name: Any) -> str:
         """The name to send (escaped when unprintable); raises ``_Invalid`` for one over the limit."""

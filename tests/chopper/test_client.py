@@ -347,3 +347,36 @@ def test_a_job_name_the_agent_would_reject_is_replaced_and_said(sock: Path, capl
     (warning,) = [r.getMessage() for r in caplog.records if "identity_replaced" in r.getMessage()]
     assert "URI-encoded, more than 251" in warning and "CHOPPER_JOB" in warning and c.job in warning
     assert c.job.startswith("x" * 200) and job_name_problem(c.job) is None
+
+
+class _CountingEvent(threading.Event):
+    """An Event that counts the waits with a timeout: the sender's wake-ups."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waits = 0
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if timeout is not None:
+            self.waits += 1
+        return super().wait(timeout)
+
+
+def test_an_idle_client_wakes_once_a_flush_interval(sock: Path) -> None:
+    # It once woke every millisecond once the queue was empty: 3% of a core doing nothing.
+    server = start_server(sock, Recorder())
+    try:
+        c = fast_client(sock, flush_interval_s=0.05, start=False, control=False)
+        event = _CountingEvent()
+        c._stop_event = event
+        c.start()
+        with c.step(0):
+            pass
+        wait_until(lambda: c.stats()["sent"] == 2, timeout_s=10)
+        before = event.waits
+        time.sleep(1.0)
+        assert event.waits - before <= 25, event.waits - before  # 20 flush intervals in a second
+        c.shutdown(2.0)
+        assert c.stats()["sent"] == 2
+    finally:
+        server.stop(0)
