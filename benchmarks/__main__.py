@@ -33,6 +33,7 @@ from benchmarks import (
     bench_aggregator,
     bench_attribution,
     bench_exposed_truth,
+    bench_fleet,
     bench_instrument_overhead,
     bench_load_held,
     bench_marker_cost,
@@ -127,6 +128,26 @@ BENCHES = (
         "two real `chopper-aggregator` processes, plaintext and mutual TLS (gRPC's own), pre-serialized batches of "
         f"{bench_tls.SUMMARIES:,} summaries per run over 1 and 8 concurrent streams, {bench_tls.REPEATS} ABBA rounds, "
         "medians; rate to the last ack (`benchmarks/bench_tls.py`).",
+    ),
+    Bench(
+        "fleet", bench_fleet.run,
+        "aggregator replicas, CPU, memory and series for "
+        + " and ".join(f"{sc.gpus:,} GPUs in jobs of {sc.job_ranks:,} at one step per {sc.step_period_s:g} s"
+                       for sc in bench_fleet.SCENARIOS) + ", scaled from a measured slice",
+        lambda r: "; ".join(
+            f"{name}: {s['aggregator_cores']:g} cores, replicas {s['replicas']}, "
+            f"busiest {s['busiest_replica_mib']:,} MiB, "
+            f"{s['streams_per_replica']:,} streams per replica ({s['stream_slots_per_replica']:,} slots), "
+            f"{s['series_per_node']:,} series/node, {s['series_per_job']:,}/job, {s['series_total']:,} in all"
+            for name, s in r["scenarios"].items()),
+        f"each scenario served: busiest replica <= {bench_fleet.TARGET_CORES_PER_REPLICA:g} core (derived) and its "
+        "agents within a replica's stream slots",
+        f"real durable `chopper-aggregator` per scenario, {bench_fleet.SLICE_NODES} simulated agents on streams of "
+        "their own in the scenario's job layout, a batch of 8 ranks' positions per agent per second and the 8 "
+        f"summaries at each step end, {bench_fleet.PACED_S:g} s paced after a {bench_fleet.WARM_STEPS}-step warm-up; "
+        "aggregator CPU (psutil) and RSS growth per stream and rank, /metrics series per job and rank, scrape CPU per "
+        "series; a real agent with 8 simulated GPUs and 8 ranks for series per node; scenarios derived by scaling "
+        "nodes, crc32 job routing over K replicas (`benchmarks/bench_fleet.py` states every assumption).",
     ),
     Bench(
         "load_held", bench_load_held.run,

@@ -46,7 +46,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from pathlib import Path
 from typing import Any
@@ -122,8 +122,13 @@ def deliver_all(address: str, load: list[list[bytes]]) -> float:
             c.close()
 
 
-def deliver_on(channels: list[grpc.Channel], load: list[list[bytes]]) -> float:
+def deliver_on(channels: list[grpc.Channel], load: list[list[bytes]],
+               requests: Callable[[int, list[bytes]], Iterator[bytes]] | None = None) -> float:
     """Send stream ``i``'s batches on ``channels[i % len(channels)]``, all at once; seconds to the last ack.
+
+    ``requests(i, batches)`` is what stream ``i`` writes, e.g. the batches paced on a schedule
+    (``benchmarks/bench_fleet.py``); default: every batch as fast as the stream takes it. Each
+    stream must be acknowledged up to the last number its batches carry.
 
     Raises:
         RuntimeError: A stream failed or was not acknowledged to its last summary.
@@ -134,11 +139,12 @@ def deliver_on(channels: list[grpc.Channel], load: list[list[bytes]]) -> float:
     def one(i: int, batches: list[bytes]) -> None:
         call = channels[i % len(channels)].stream_stream(
             DELIVER, request_serializer=lambda b: b, response_deserializer=apb.DeliveryAck.FromString)
-        expected = apb.SummaryBatch.FromString(batches[-1]).seq[-1]
+        # The last batch that carries numbers (a paced stream may end on one with positions only).
+        expected = next((b.seq[-1] for b in map(apb.SummaryBatch.FromString, reversed(batches)) if b.seq), 0)
         barrier.wait()
         try:
             last = 0
-            for ack in call(iter(batches), timeout=600):
+            for ack in call(iter(batches) if requests is None else requests(i, batches), timeout=600):
                 last = ack.acked_seq
             if last != expected:
                 errors.append(f"stream {i}: acked {last} of {expected}")
