@@ -24,7 +24,7 @@ HTA_VENV := .venv-hta
 HTA_VERSION := 0.5.0
 HTA_STAMP := $(HTA_VENV)/.installed-$(HTA_VERSION)
 
-.PHONY: demo test lint types bench reliability proto dashboards apt-deps clean stack gpu-wheels gpu-check
+.PHONY: demo test lint types bench reliability proto dashboards apt-deps clean stack gpu-wheels gpu-check client-wheel
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -74,8 +74,12 @@ lint: $(STAMP)
 	$(MAKE) -s types
 
 types: $(STAMP)
-	$(BIN)/mypy chopper agent aggregator dashboards benchmarks
+	$(BIN)/mypy chopper agent aggregator dashboards benchmarks packaging
 	$(BIN)/mypy -p deploy.stack
+
+# The thin client's wheel (docs/PACKAGING.md) into build/client-wheel/.
+client-wheel: $(STAMP)
+	$(BIN)/python packaging/client/build_wheel.py
 
 bench: $(STAMP) $(HTA_STAMP)
 	CHOPPER_HTA_PYTHON=$(HTA_VENV)/bin/python $(BIN)/python -m benchmarks --write docs/PERFORMANCE.md

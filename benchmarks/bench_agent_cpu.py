@@ -1,6 +1,7 @@
 """Agent CPU per GPU-sample under a realistic load, excluding the GPU backend's own work.
 
-Goal: 8 GPUs sampled at 100 Hz cost the agent less than 5 % of one core.
+Goals: 8 GPUs sampled at 100 Hz cost the agent at most 2 % of one core, and at the default 10 Hz
+at most 0.5 %.
 
 Method. The agent runs *in this process*, built exactly as ``agent.main`` builds it: settings
 from ``agent.config.load_settings`` (simulated backend, 8 GPUs, 100 Hz, a private socket),
@@ -59,7 +60,10 @@ from chopper.schema import DeviceInfo, Sample
 
 GPUS = 8
 SAMPLE_HZ = 100.0
-GOAL_CORE_RATIO = 0.05
+GOAL_CORE_RATIO = 0.02
+# At the agent's default rate (agent.config), the share it may take.
+DEFAULT_HZ = 10.0
+GOAL_DEFAULT_HZ_CORE_RATIO = 0.005
 MARKER_STEP_S = 0.1
 SCRAPE_INTERVAL_S = 1.0
 
@@ -135,6 +139,13 @@ def in_process_agent(argv: Sequence[str]) -> Iterator[RunningAgent]:
 
 
 def run(measure_s: float = 20.0, warmup_s: float = 3.0) -> dict[str, Any]:
+    """``measure`` at ``SAMPLE_HZ`` and at the default ``DEFAULT_HZ``; both judged, the first's figures on top."""
+    fast = measure(SAMPLE_HZ, GOAL_CORE_RATIO, measure_s, warmup_s)
+    default = measure(DEFAULT_HZ, GOAL_DEFAULT_HZ_CORE_RATIO, measure_s, warmup_s)
+    return {**fast, "at_default_hz": default, "meets_goal": fast["meets_goal"] and default["meets_goal"]}
+
+
+def measure(sample_hz: float, goal: float, measure_s: float = 20.0, warmup_s: float = 3.0) -> dict[str, Any]:
     """Run the agent under load and measure its CPU time without the backend's.
 
     Args:
@@ -147,7 +158,7 @@ def run(measure_s: float = 20.0, warmup_s: float = 3.0) -> dict[str, Any]:
         ``backend_us_per_tick``, ``ticks``, ``missed_ticks``, what the load process received,
         ``goal_core_ratio`` and ``meets_goal``.
     """
-    with in_process_agent(["--sim-gpus", str(GPUS), "--sample-hz", str(SAMPLE_HZ)]) as running:
+    with in_process_agent(["--sim-gpus", str(GPUS), "--sample-hz", str(sample_hz)]) as running:
         agent, backend, sock, metrics_url = running.agent, running.backend, running.socket, running.metrics_url
         # The sampler thread's CPU per tick, measured where the tick runs.
         ticker = agent.ticker
@@ -196,7 +207,7 @@ def run(measure_s: float = 20.0, warmup_s: float = 3.0) -> dict[str, Any]:
     sampler_s = (tc1 - tc0 - (bs1 - bs0)) / 1e9
     return {
         "gpus": GPUS,
-        "sample_hz": SAMPLE_HZ,
+        "sample_hz": sample_hz,
         "measure_s": round(wall, 2),
         "agent_core_ratio": round(ratio, 4),
         "agent_core_pct": round(100 * ratio, 2),
@@ -206,11 +217,11 @@ def run(measure_s: float = 20.0, warmup_s: float = 3.0) -> dict[str, Any]:
         "backend_core_pct": round(100 * backend_s / wall, 2),
         "backend_us_per_tick": round((bs1 - bs0) / 1e3 / ticks, 1) if ticks else float("nan"),
         "ticks": ticks,
-        "expected_ticks": round(wall * SAMPLE_HZ),
+        "expected_ticks": round(wall * sample_hz),
         "missed_ticks": m1 - m0,
         "load": received,
-        "goal_core_ratio": GOAL_CORE_RATIO,
-        "meets_goal": ratio < GOAL_CORE_RATIO,
+        "goal_core_ratio": goal,
+        "meets_goal": ratio <= goal,
     }
 
 
@@ -283,7 +294,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"agent CPU: {result['agent_core_pct']:.2f}% of one core for {GPUS} GPUs at {SAMPLE_HZ:g} Hz, "
         f"{result['us_per_gpu_sample']:.1f} us per GPU-sample excluding the backend "
         f"(backend {result['backend_us_per_tick']:.0f} us per tick, {result['missed_ticks']} missed ticks); "
-        f"goal < {100 * GOAL_CORE_RATIO:g}%: {'met' if result['meets_goal'] else 'MISSED'}"
+        f"at {DEFAULT_HZ:g} Hz {result['at_default_hz']['agent_core_pct']:.2f}%; goals <= {100 * GOAL_CORE_RATIO:g}% "
+        f"and <= {100 * GOAL_DEFAULT_HZ_CORE_RATIO:g}%: {'met' if result['meets_goal'] else 'MISSED'}"
     )
     print(json.dumps(result, sort_keys=True))
     return 0

@@ -111,8 +111,9 @@ def build(p: RuleParams) -> Dashboard:
                               "backward, optimizer and the job's own chopper.phase names; agents): the line that "
                               "rises with the step time is the phase that grew. A phase's time is the union of its "
                               "windows in the step, so nested phases each have a line (docs/METRICS.md).", "s",
-                              query(f"sum by (phase) (rate({C.rank_phase_seconds_total}{J}[{RATE}]))\n"
-                                    f"/ ignoring (phase) group_left sum (rate({C.rank_steps_total}{J}[{RATE}]))",
+                              query(f"sum by (training_job, phase) (rate({C.rank_phase_seconds_total}{J}[{RATE}]))\n"
+                                    f"/ ignoring (phase) group_left\n"
+                                    f"sum by (training_job) (rate({C.rank_steps_total}{J}[{RATE}]))",
                                     "{{phase}}")), w=24)
         .add(timeseries_panel("Tokens per second", "Tokens of all ranks' summarised steps per second.", "short",
                               query(JOB_TOKENS + J, "tokens/s")))
