@@ -381,7 +381,8 @@ class MarkerIngest:
             result.closed_steps.append(
                 ClosedStep(
                     batch.job, batch.rank, state.gpu, m.step, open_step.begin_ns, m.ts_ns, m.flops, m.tokens,
-                    tuple(open_step.intervals), open_step.device_clock and m.clock == pb.CLOCK_SOURCE_DEVICE, tuple(step_flags),
+                    tuple(open_step.intervals), open_step.device_clock and m.clock == pb.CLOCK_SOURCE_DEVICE,
+                    tuple(step_flags),
                 )
             )
             return None

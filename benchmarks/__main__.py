@@ -58,6 +58,9 @@ class Bench:
     method: str
 
 
+# The profile tops under load (py-spy, ``benchmarks/profile_top.py``), written into PERFORMANCE.md.
+PROFILES = Path(__file__).with_name("profiles.md")
+
 BENCHES = (
     Bench(
         "marker_cost", bench_marker_cost.run, "job-side cost per marker",
@@ -294,6 +297,7 @@ def _kept(previous: str) -> tuple[dict[str, str], dict[str, list[str]]]:
     rows: dict[str, str] = {}
     sections: dict[str, list[str]] = {}
     current: list[str] | None = None
+    in_summary = False
     # Files from before per-section dates: their sections were all measured when the header says.
     found = re.search(r"^Measured (.+?) at commit `(\w+)` on ", previous, re.MULTILINE)
     for line in previous.splitlines():
@@ -304,7 +308,8 @@ def _kept(previous: str) -> tuple[dict[str, str], dict[str, list[str]]]:
                 continue
         elif line.startswith("## "):
             current = None
-        elif current is None and line.startswith("| ") and not line.startswith("| benchmark "):
+            in_summary = line == "## Summary"
+        elif in_summary and line.startswith("| ") and not line.startswith("| benchmark "):
             rows[line.split("|")[1].strip()] = line
         if current is not None:
             current.append(line)
@@ -351,6 +356,8 @@ def _markdown(results: list[tuple[Bench, dict[str, Any] | None, str, float]], pr
         else:
             met = "yes" if result.get("meets_goal") else "**no**"
             out.append(f"| {bench.name} | {bench.what} | {bench.figure(result)} | {bench.goal} | {met} |")
+    if PROFILES.exists():  # kept by hand beside the benchmarks: what the profiles showed, before and after
+        out += ["", "## Profiles", "", *PROFILES.read_text().rstrip().splitlines()]
     out += ["", "## Figures", ""]
     for bench in BENCHES:
         if bench.name not in ran:
