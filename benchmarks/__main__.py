@@ -254,7 +254,8 @@ BENCHES = (
         "each of the four reference traces and a synthetic ~150 MB trace (nccl rank 0 repeated, shifted in time and "
         "ids) analyzed by HTA (`.venv-hta`, `CHOPPER_HTA_PYTHON`) and by ours, each in a fresh process: wall time "
         "Popen to wait4 (start-up included; `work_s` excludes imports), peak RSS as the child's VmHWM, medians of "
-        "3 interleaved rounds; figures compared (`benchmarks/bench_trace_vs_hta.py`).",
+        "7 interleaved rounds (the large trace: 3); both tools' children cache bytecode into one temporary prefix; "
+        "figures compared (`benchmarks/bench_trace_vs_hta.py`).",
     ),
 )
 

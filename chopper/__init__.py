@@ -25,23 +25,25 @@ a handler of the training code's, or ``SIG_IGN``, is the training code's choice,
 alone. ``shutdown`` puts the previous disposition back.
 
 This module stays light: it imports neither torch, numpy, pandas nor grpc (grpc and the stubs
-load in the sender thread).
+load in the sender thread). The client itself (``chopper.client``, the identity rules, the device
+clock) loads in ``init`` or on first use of ``chopper.Client`` (PEP 562), so ``import chopper.trace``
+and the other analysis subpackages, which import this package first, do not pay for it.
 """
 from __future__ import annotations
 
 import atexit
 import contextlib
-import logging
 import os
 import signal
 import threading
 import time
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from chopper import _device_clock
-from chopper.client import NOOP, Client, _Collective, _NoOp, _Phase, _Step
-from chopper.identity import process as _identity
+from chopper._noop import NOOP, _NoOp
+
+if TYPE_CHECKING:
+    from chopper.client import Client, _Collective, _Phase, _Step
 
 __all__ = ["Client", "collective", "init", "phase", "shutdown", "stats", "step"]
 
@@ -52,8 +54,6 @@ __version__ = "0.1.0"
 # Longest a stop waits for the flush, s: well inside the grace period before SIGKILL (Kubernetes
 # and Slurm's KillWait 30 s, systemd 90 s).
 SIGTERM_FLUSH_S = 2.0
-
-logger = logging.getLogger("chopper.client")
 
 _client: Client | None = None
 _last: Client | None = None  # the client shut down last, so stats() still reports after shutdown
@@ -94,6 +94,10 @@ def init(
         initialised (call ``init`` after moving the model to the GPU), else CPU time. Called from
         the main thread, ``init`` also makes SIGTERM flush first (module docstring).
     """
+    from chopper import _device_clock
+    from chopper.client import Client
+    from chopper.identity import process as _identity
+
     global _client, _atexit_registered
     env = os.environ
     identity = _identity.resolve(env, job=job, rank=rank, gpu=gpu)
@@ -123,7 +127,7 @@ def step(i: int, flops: float | None = None, tokens: int | None = None) -> _Step
     c = _client
     if c is None:
         return NOOP
-    return _Step(c, i, flops, tokens)
+    return c.step(i, flops, tokens)
 
 
 def phase(name: str) -> _Phase | _NoOp:
@@ -131,7 +135,7 @@ def phase(name: str) -> _Phase | _NoOp:
     c = _client
     if c is None:
         return NOOP
-    return _Phase(c, name)
+    return c.phase(name)
 
 
 def collective(name: str, bytes: int | None = None) -> _Collective | _NoOp:
@@ -139,7 +143,7 @@ def collective(name: str, bytes: int | None = None) -> _Collective | _NoOp:
     c = _client
     if c is None:
         return NOOP
-    return _Collective(c, name, bytes)
+    return c.collective(name, bytes)
 
 
 def stats() -> dict[str, Any]:
@@ -204,9 +208,12 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
         pending = c.stats()["pending"]
         c.shutdown(SIGTERM_FLUSH_S)
         s = c.stats()
-        logger.log(logging.WARNING if s["dropped"] else logging.INFO,
-                   "event=flushed_on_signal signal=SIGTERM pending=%d queued=%d sent=%d dropped=%d seconds=%.3f",
-                   pending, s["queued"], s["sent"], s["dropped"], time.monotonic() - began)
+        import logging  # loaded already: the client imports it
+
+        logging.getLogger("chopper.client").log(
+            logging.WARNING if s["dropped"] else logging.INFO,
+            "event=flushed_on_signal signal=SIGTERM pending=%d queued=%d sent=%d dropped=%d seconds=%.3f",
+            pending, s["queued"], s["sent"], s["dropped"], time.monotonic() - began)
     if previous is None:
         previous = signal.SIG_DFL
     with contextlib.suppress(OSError, ValueError):
@@ -215,6 +222,15 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
         previous(signum, frame)
     else:
         signal.raise_signal(signum)  # the default disposition now: the process ends as SIGTERM ends it
+
+
+def __getattr__(name: str) -> Any:
+    """``chopper.Client``, imported on first use (module docstring)."""
+    if name == "Client":
+        from chopper.client import Client
+
+        return Client
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _forget_in_child() -> None:

@@ -66,6 +66,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from chopper._device_clock import DeviceClock
+from chopper._noop import NOOP, _NoOp  # noqa: F401 - re-exported, chopper.client.NOOP as before
 from chopper.identity.device import UNRESOLVED, canonical_uuid, match_uuid
 from chopper.identity.jobname import (
     MAX_MARKER_NAME_CHARS,
@@ -171,21 +172,6 @@ def _said(field: str, given: object, used: _T, problem: str | None, fix: str, le
         logger.log(level, "event=identity_replaced field=%s given=%r used=%r problem=%r fix=%r",
                    field, shown, used, problem, fix)
     return used
-
-
-class _NoOp:
-    """The context manager returned before ``init``: does nothing, counts nothing."""
-
-    __slots__ = ()
-
-    def __enter__(self) -> _NoOp:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-
-NOOP = _NoOp()
 
 
 class _Step:
