@@ -360,6 +360,9 @@ class Client:
         self._warned = False
         self._stopping = False
         self._stop_event = threading.Event()  # set when shutdown starts: no more waiting to batch
+        # The sender sleeps on _wake while the queue is empty (_idle); the hot path's first marker sets it.
+        self._wake = threading.Event()
+        self._idle = False
         self._abort_event = threading.Event()  # set when shutdown gives up: leave at once
         self._done = threading.Event()  # set when the sender has finished (counters are final)
         self._channel: Any = None
@@ -382,6 +385,9 @@ class Client:
             if len(q) < self._cap:
                 q.append((kind, self._now(), step, name, flops, tokens, nbytes))
                 self._queued += 1
+                if self._idle:  # the sender sleeps on an empty queue: the first marker wakes it
+                    self._idle = False
+                    self._wake.set()
             else:
                 self._dropped_full += 1
         except Exception:
@@ -464,6 +470,7 @@ class Client:
             self._cap = 0
             self._stopping = True
             self._stop_event.set()
+            self._wake.set()  # a sender asleep on an empty queue flushes and ends now
             if self._thread is None:
                 self._abandon()
                 self._done.set()
@@ -750,9 +757,14 @@ class Client:
             elif self._q:  # not a full batch yet: until its flush is due
                 self._stop_event.wait(max(0.001, self._flush_s - (time.monotonic() - last_flush)))
             else:
-                # Nothing queued: a marker that comes meanwhile waits one flush interval at most.
-                # (Waiting only until the last flush's interval ran out spun at 1 kHz when idle.)
-                self._stop_event.wait(self._flush_s)
+                # Nothing queued: sleep until the first marker (or a flush interval, which bounds
+                # a marker that came between the check and the sleep). Waiting only until the last
+                # flush's interval ran out spun at 1 kHz when idle.
+                self._wake.clear()
+                self._idle = True
+                if not self._q and not self._stop_event.is_set():
+                    self._wake.wait(self._flush_s)
+                self._idle = False
 
     def _pack(self, pb2: Any) -> agent_pb2.MarkerBatch | None:
         """Pop up to ``max_batch`` markers (``_BATCH_BYTES`` at most) from the queue head into a ``MarkerBatch``.
