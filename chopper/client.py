@@ -18,7 +18,7 @@ Two halves that share only a bounded queue:
      gRPC's request-consumer thread. Each turn it packs the queue head into a ``MarkerBatch`` of at
      most ``max_batch`` markers when the queue holds a full batch or ``flush_interval_s`` has
      passed (device timestamps are resolved here, in order; packing stops at the first event the
-     GPU has not reached); with nothing queued it sleeps a whole flush interval. Markers are
+     GPU has not reached); with nothing queued it sleeps until the first marker. Markers are
      written straight into the batch message (no message object per marker), names checked once
      each. ``seq`` increases from 1 over the client's life, across streams.
      Packing checks each marker against what the wire and the agent take (``chopper.identity.jobname``),
@@ -786,7 +786,7 @@ class Client:
             while q and count < self._max_batch:
                 kind, ts, step, name, flops, tokens, nbytes = q[0]
                 try:
-                    if name not in names_ok or name.__class__ is not str:
+                    if name.__class__ is not str or name not in names_ok:  # str first: others may not hash
                         name = self._checked_name(kind, step, name)
                     size = _MARKER_BYTES + 4 * len(name)
                     if count and size > room:
