@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.daemon import POSITIONS_MAX_AGE_NS
 from chopper.client import Client
 from chopper.demo.run import metric_sum
 from tests.support.daemons import AgentProcess
@@ -49,6 +50,9 @@ def jobs_with_series(text: str) -> set[str]:
 def summarised(agent: AgentProcess, total: int) -> None:
     assert wait_until(lambda: metric_sum(agent.metrics(), "chopper_agent_step_summaries_total") >= total,
                       timeout_s=30), agent.log()[-2000:]
+    # Where the ranks are is read at most every POSITIONS_MAX_AGE_NS and shared by every scrape:
+    # let the polls above age out, so the next scrape shows the ranks as they are now.
+    time.sleep(POSITIONS_MAX_AGE_NS / 1e9 + 0.05)
 
 
 @pytest.mark.slow
