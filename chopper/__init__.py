@@ -98,7 +98,10 @@ def init(
     from chopper.client import Client
     from chopper.identity import process as _identity
 
-    global _client, _atexit_registered
+    global _client, _atexit_registered, _Step, _Phase, _Collective
+    # Bound here, not imported at the top (module docstring): step/phase/collective construct
+    # them directly, a method call less per marker on the training loop's path.
+    from chopper.client import _Collective, _Phase, _Step
     env = os.environ
     identity = _identity.resolve(env, job=job, rank=rank, gpu=gpu)
     client = Client(
@@ -127,7 +130,7 @@ def step(i: int, flops: float | None = None, tokens: int | None = None) -> _Step
     c = _client
     if c is None:
         return NOOP
-    return c.step(i, flops, tokens)
+    return _Step(c, i, flops, tokens)
 
 
 def phase(name: str) -> _Phase | _NoOp:
@@ -135,7 +138,7 @@ def phase(name: str) -> _Phase | _NoOp:
     c = _client
     if c is None:
         return NOOP
-    return c.phase(name)
+    return _Phase(c, name)
 
 
 def collective(name: str, bytes: int | None = None) -> _Collective | _NoOp:
@@ -143,7 +146,7 @@ def collective(name: str, bytes: int | None = None) -> _Collective | _NoOp:
     c = _client
     if c is None:
         return NOOP
-    return c.collective(name, bytes)
+    return _Collective(c, name, bytes)
 
 
 def stats() -> dict[str, Any]:
