@@ -184,13 +184,12 @@ def _check(s: AgentSettings) -> None:
         raise bad("metrics_listen", "is empty; Prometheus needs an address to scrape")
     # Upper bounds: a buffer past 100 M items is tens of GB on its own; gRPC takes message limits as
     # int32 and the servers accept up to twice max_message_bytes (chopper/daemon/serving.py).
+    mib = [(f"{name}_buffer_mib", 0.1, 65536) for name in ("sample", "marker", "summary", "collective")]
     for key, low, high in (("sample_buffer", 1000, 100_000_000), ("marker_buffer", 1000, 100_000_000),
-                           ("summary_buffer", 1000, 100_000_000), ("max_message_bytes", 64 * 1024, MAX_MESSAGE_BYTES)):
+                           ("summary_buffer", 1000, 100_000_000), ("max_message_bytes", 64 * 1024, MAX_MESSAGE_BYTES),
+                           *mib):
         if not low <= getattr(s, key) <= high:
             raise bad(key, f"is out of range; use {low} to {high}")
-    for key in ("sample_buffer_mib", "marker_buffer_mib", "summary_buffer_mib", "collective_buffer_mib"):
-        if not 0.1 <= getattr(s, key) <= 65536:
-            raise bad(key, "is out of range; use 0.1 to 65536 (MiB)")
     if (why := check_job_label(s.job_label)) is not None:
         raise bad("job_label", why)
     try:

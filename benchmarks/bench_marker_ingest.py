@@ -139,18 +139,17 @@ def run(measure_s: float = 10.0) -> dict[str, Any]:
 
 def _step_markers(pb: Any, step: int, t0_ns: int, step_ns: int) -> list[Any]:
     """One DDP-shaped step's markers, timestamps spread over ``step_ns`` from ``t0_ns``."""
-    k = pb
-    names = [(k.MARKER_KIND_STEP_BEGIN, ""), (k.MARKER_KIND_PHASE_BEGIN, "forward"),
-             (k.MARKER_KIND_PHASE_END, "forward"), (k.MARKER_KIND_PHASE_BEGIN, "backward")]
+    names = [(pb.MARKER_KIND_STEP_BEGIN, ""), (pb.MARKER_KIND_PHASE_BEGIN, "forward"),
+             (pb.MARKER_KIND_PHASE_END, "forward"), (pb.MARKER_KIND_PHASE_BEGIN, "backward")]
     for _ in range(BUCKETS):
-        names += [(k.MARKER_KIND_COLLECTIVE_BEGIN, "all_reduce"), (k.MARKER_KIND_COLLECTIVE_END, "all_reduce")]
-    names += [(k.MARKER_KIND_PHASE_END, "backward"), (k.MARKER_KIND_PHASE_BEGIN, "optimizer"),
-              (k.MARKER_KIND_PHASE_END, "optimizer"), (k.MARKER_KIND_STEP_END, "")]
+        names += [(pb.MARKER_KIND_COLLECTIVE_BEGIN, "all_reduce"), (pb.MARKER_KIND_COLLECTIVE_END, "all_reduce")]
+    names += [(pb.MARKER_KIND_PHASE_END, "backward"), (pb.MARKER_KIND_PHASE_BEGIN, "optimizer"),
+              (pb.MARKER_KIND_PHASE_END, "optimizer"), (pb.MARKER_KIND_STEP_END, "")]
     gap = step_ns // len(names)
     out = []
     for i, (kind, name) in enumerate(names):
         m = pb.Marker(ts_ns=t0_ns + i * gap, kind=kind, step=step, name=name)
-        if kind == k.MARKER_KIND_STEP_END:
+        if kind == pb.MARKER_KIND_STEP_END:
             m.flops, m.tokens = 1e12, 4096
         elif name == "all_reduce":
             m.bytes = 25 << 20
