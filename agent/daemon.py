@@ -33,7 +33,7 @@ import operator
 import struct
 import threading
 import time
-from collections import Counter, OrderedDict, deque
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -44,6 +44,7 @@ from agent.capture import CaptureManager
 from agent.config import AgentSettings
 from agent.delivery import Forwarder, delivery_tls
 from agent.health import HealthTracker
+from agent.history import SampleHistory
 from agent.inspector.feed import InspectorFeed
 from agent.inspector.watch import DumpDirWatcher
 from agent.markers import ClosedStep, IngestResult, MarkerIngest, RankState
@@ -70,6 +71,11 @@ STEP_HISTORY_S = 120.0
 HOST_INTERVAL_NS = 10**9
 # Silent ranks are looked for at most this often.
 RETIRE_INTERVAL_NS = 10**9
+# Closed steps are summarised together at most this often (ns). A summary call costs about 0.5 ms
+# of numpy overhead whatever its size and 25-50 us per step on top (agent.steps), so one call per
+# tick for each step would cost most of a core at 100 Hz and a few hundred steps/s; coalesced, a
+# summary is at most this much later than its covering sample.
+SUMMARY_INTERVAL_NS = 500_000_000
 # Ranks without an open step looked at to make room for a new one (module docstring): the oldest are
 # almost never waiting for a summary, and the bound keeps a refusal O(1) when all are.
 ROOM_SCAN = 64
@@ -199,8 +205,7 @@ class Agent:
         self.ticker = FixedRateTicker(settings.sample_hz, self.tick, realtime_ns=realtime_ns)
         # On-demand captures raise the ticker's rate for their window (docs/CAPTURE.md).
         self.captures = CaptureManager(self.ticker, realtime_ns)
-        self._history_len = max(16, int(STEP_HISTORY_S * settings.sample_hz))
-        self._history: dict[int, deque[Sample]] = {}
+        self._history = SampleHistory(max(16, int(STEP_HISTORY_S * settings.sample_hz)))
         self._pending = SummaryQueue(inspector_wait_ns=int(settings.inspector_wait_s * 1e9))
         self._last_host_ns = 0
         self._ingest = MarkerIngest(settings.node, 0)
@@ -211,6 +216,7 @@ class Agent:
         # The last read of where the ranks are, (agent clock ns, positions), shared by its readers.
         self._positions: tuple[int, list[pb.RankPosition]] = (0, [])
         self._next_retire_ns = 0
+        self._next_summary_ns = 0
         self.ranks_retired: Counter[str] = Counter({"idle": 0, "limit": 0})
         # Who holds each GPU per Slurm or the kubelet, read on its own thread (agent/workload.py).
         self.workloads = build_tracker(
@@ -270,18 +276,21 @@ class Agent:
             except Exception as exc:  # host metrics are a side dish; never let them stop GPU sampling
                 log.warning("event=host_sample_failed error=%r", str(exc))
         with self._state_lock:
+            self._history.extend(samples)
             for s in samples:
                 self.latest[s.gpu] = s
                 if s.errors:
                     self.health.update(s.gpu, s.ts_ns, s.errors)
-                self._history.setdefault(s.gpu, deque(maxlen=self._history_len)).append(s)
-            latest_ns = {gpu: s.ts_ns for gpu, s in self.latest.items()}
-            ready = self._pending.ready(latest_ns, now_ns, self._inspected)
+            ready: list[ClosedStep] = []
+            if now_ns >= self._next_summary_ns:
+                self._next_summary_ns = now_ns + SUMMARY_INTERVAL_NS
+                latest_ns = {gpu: s.ts_ns for gpu, s in self.latest.items()}
+                ready = self._pending.ready(latest_ns, now_ns, self._inspected)
             summaries = []
             for gpu, steps in _by_gpu(ready).items():
                 first = min(s.begin_ns for s in steps)
                 summaries += summarize(
-                    steps, self.settings.node, self._window_samples(gpu, first), self._devices_by_gpu.get(gpu),
+                    steps, self.settings.node, self._history.window(gpu, first), self._devices_by_gpu.get(gpu),
                     self.ticker.period_ns, self.inspector, self.health,
                 )
             # Under the same lock as the pop, so retirement never sees a step in neither place.
@@ -309,19 +318,6 @@ class Agent:
     def _inspected(self, step: ClosedStep) -> bool:
         """Whether the Inspector records that cover ``step``'s end are in (True for a rank without any)."""
         return self.inspector.covers(step.job, step.rank, step.end_ns)
-
-    def _window_samples(self, gpu: int, begin_ns: int) -> list[Sample]:
-        """Samples of ``gpu`` from just before ``begin_ns`` on (caller holds the state lock)."""
-        history = self._history.get(gpu)
-        if not history:
-            return []
-        picked: list[Sample] = []
-        for s in reversed(history):
-            picked.append(s)
-            if s.ts_ns < begin_ns:
-                break
-        picked.reverse()
-        return picked
 
     # -- markers -----------------------------------------------------------------------------
 

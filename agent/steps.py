@@ -19,6 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from agent.health import HealthTracker
+from agent.history import SampleWindow
 from agent.inspector.feed import InspectorFeed
 from agent.markers import ClosedStep
 from chopper.attribution import phases
@@ -26,7 +27,7 @@ from chopper.attribution.collective_source import Intervals, step_collectives
 from chopper.attribution.terms import COUNTERS, FIGURES, RATIOS, ROW_FLAGS, flag_tuples, rank_terms, window_figures
 from chopper.attribution.timeline import GpuTimeline
 from chopper.proto.chopper.v1 import agent_pb2 as pb
-from chopper.schema import DeviceInfo, Sample
+from chopper.schema import DeviceInfo
 
 # The flag of a step that took an Inspector record without event timestamps (placed by its dump time).
 INSPECTOR_UNPLACED = "inspector_unplaced"
@@ -40,13 +41,10 @@ SUMMARY_TERMS = (
 )
 
 
-def _timeline(samples: Sequence[Sample], base_ns: int, period_ns: int) -> GpuTimeline:
-    ts = np.fromiter((s.ts_ns - base_ns for s in samples), dtype=np.float64, count=len(samples))
-
-    def column(name: str) -> np.ndarray:
-        return np.fromiter((getattr(s, name) for s in samples), dtype=np.float64, count=len(samples))
-
-    return GpuTimeline.build(ts, {c: column(c) for c in RATIOS}, {c: column(c) for c in COUNTERS}, period_ns)
+def _timeline(window: SampleWindow, base_ns: int, period_ns: int) -> GpuTimeline:
+    ts = (window.ts_ns - base_ns).astype(np.float64)
+    cols = window.columns
+    return GpuTimeline.build(ts, {c: cols[c] for c in RATIOS}, {c: cols[c] for c in COUNTERS}, period_ns)
 
 
 def _collectives(steps: Sequence[ClosedStep], inspector: InspectorFeed | None) -> tuple[
@@ -82,14 +80,14 @@ def _collectives(steps: Sequence[ClosedStep], inspector: InspectorFeed | None) -
 
 
 def summarize(
-    steps: Sequence[ClosedStep], node: str, samples: Sequence[Sample], device: DeviceInfo | None, period_ns: int,
+    steps: Sequence[ClosedStep], node: str, samples: SampleWindow | None, device: DeviceInfo | None, period_ns: int,
     inspector: InspectorFeed | None = None, health: HealthTracker | None = None,
 ) -> list[pb.StepSummary]:
-    """Summaries of steps that ran on one GPU, from that GPU's samples (time-sorted), for ranks it
+    """Summaries of steps that ran on one GPU, from that GPU's samples (``agent.history``), for ranks it
     covers the Inspector's collectives (``chopper.attribution.collective_source``), and the GPU's
     health counters that moved during each step (flag ``gpu_errors``, ``agent.health``)."""
     n = len(steps)
-    base = min(steps[0].begin_ns, samples[0].ts_ns) if samples else steps[0].begin_ns
+    base = min(steps[0].begin_ns, int(samples.ts_ns[0])) if samples else steps[0].begin_ns
     b = np.array([s.begin_ns - base for s in steps], dtype=np.float64)
     e = np.array([s.end_ns - base for s in steps], dtype=np.float64)
     if samples:

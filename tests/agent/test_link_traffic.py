@@ -43,7 +43,8 @@ def _agent_after_one_step(model: str) -> tuple[Agent, pb.StepSummary]:
     ]
     result = agent.push_markers(pb.MarkerBatch(job="j", rank=0, gpu=1, seq=1, pid=os.getpid(), markers=markers))
     assert not result.rejected, result
-    for i in (1, 2, 3):
+    # Ticks at 10 Hz until the summaries' next turn (agent.daemon.SUMMARY_INTERVAL_NS after the first tick).
+    for i in range(1, 7):
         agent.tick(t0 + i * 100 * MS)
     [summary], _, _ = agent.summaries.read(0, 10)
     return agent, summary

@@ -4,6 +4,7 @@ import math
 
 import pytest
 
+from agent.history import SampleWindow
 from agent.markers import ClosedStep
 from agent.steps import RankFigures, SummaryQueue, summarize
 from chopper.schema import DeviceInfo, Sample
@@ -32,7 +33,7 @@ def samples() -> list[Sample]:
 
 
 def test_summary_is_the_attribution_of_the_step() -> None:
-    (s,) = summarize([step()], "n", samples(), DEVICE, period_ns=S)
+    (s,) = summarize([step()], "n", SampleWindow.of(samples()), DEVICE, period_ns=S)
     assert s.step_time_s == 2.0 and s.tokens == 1000 and (s.phases, s.collectives) == (1, 1)
     # Overlaps: 0.5 s of (1,2], 1 s of (2,3], 0.5 s of (3,4]; busy = (0.5*1 + 1*1 + 0.5*0) / 2.
     assert s.busy_ratio == pytest.approx(0.75) and s.idle_s == pytest.approx(0.5)
@@ -50,7 +51,7 @@ def test_summary_is_the_attribution_of_the_step() -> None:
 
 
 def test_summary_without_samples_or_flops_is_flagged() -> None:
-    (s,) = summarize([step(gpu=-1, flops=0.0, device_clock=False)], "n", [], None, period_ns=S)
+    (s,) = summarize([step(gpu=-1, flops=0.0, device_clock=False)], "n", None, None, period_ns=S)
     assert s.step_time_s == 2.0 and math.isnan(s.energy_j) and math.isnan(s.ideal_s)
     assert set(s.flags) == {"no_flops", "no_gpu", "no_samples", "cpu_clock"}
 
@@ -58,8 +59,8 @@ def test_summary_without_samples_or_flops_is_flagged() -> None:
 def test_rank_figures_count_the_mfu_numerator_and_denominator_over_steps_with_flops() -> None:
     """A step without FLOPs adds its time to compute_unknown and nothing to the MFU denominator, so the
     counters' ratio is the MFU of the steps with FLOPs, as the window gauge says."""
-    (with_flops,) = summarize([step()], "n", samples(), DEVICE, period_ns=S)
-    (without,) = summarize([step(flops=0.0)], "n", samples(), DEVICE, period_ns=S)
+    (with_flops,) = summarize([step()], "n", SampleWindow.of(samples()), DEVICE, period_ns=S)
+    (without,) = summarize([step(flops=0.0)], "n", SampleWindow.of(samples()), DEVICE, period_ns=S)
     figures = RankFigures()
     for s in (with_flops, without, with_flops):
         figures.add(s)
@@ -88,7 +89,7 @@ def test_collective_time_counts_hidden_and_exposed_collectives_once() -> None:
     intervals = ((False, int(1.5 * S), int(2.5 * S), "forward", 0), (True, int(2.0 * S), int(2.8 * S), "all_reduce", 0),
                  (True, int(2.6 * S), int(3.0 * S), "all_reduce", 0))
     closed = ClosedStep("j", 0, 0, 7, int(1.5 * S), int(3.5 * S), 2e14, 1000, intervals, True)
-    (s,) = summarize([closed], "n", samples(), DEVICE, period_ns=S)
+    (s,) = summarize([closed], "n", SampleWindow.of(samples()), DEVICE, period_ns=S)
     assert s.collective_s == pytest.approx(1.0) and s.exposed_comm_s == pytest.approx(0.5)
     figures = RankFigures()
     figures.add(s)
@@ -102,7 +103,7 @@ def test_summary_carries_phase_times_as_unions_per_name() -> None:
     intervals = ((False, int(1.5 * S), int(2.5 * S), "train", 0), (False, int(1.5 * S), int(2.0 * S), "forward", 0),
                  (False, int(2.2 * S), int(2.5 * S), "forward", 0), (True, int(2.5 * S), int(3.0 * S), "all_reduce", 0))
     closed = ClosedStep("j", 0, 0, 7, int(1.5 * S), int(3.5 * S), 2e14, 1000, intervals, True)
-    (s,) = summarize([closed], "n", samples(), DEVICE, period_ns=S)
+    (s,) = summarize([closed], "n", SampleWindow.of(samples()), DEVICE, period_ns=S)
     assert {p.name: p.seconds for p in s.phase_times} == pytest.approx({"forward": 0.8, "train": 1.0})
     assert s.phases == 3 and s.collectives == 1
 
@@ -115,7 +116,7 @@ def test_rank_figures_bound_the_phase_names() -> None:
     for i in range(MAX_PHASE_SERIES + 10):
         spans = ((False, 0, S, f"p{i}", 0), (False, 0, S // 2, "p0", 0))
         closed = ClosedStep("j", 0, -1, i, 0, 2 * S, 0.0, 0, spans, False)
-        (s,) = summarize([closed], "n", [], None, period_ns=S)
+        (s,) = summarize([closed], "n", None, None, period_ns=S)
         figures.add(s)
     phases = figures.snapshot(0).phase_s
     assert len(phases) == MAX_PHASE_SERIES + 1 and phases[OTHER] == pytest.approx(10.0)
@@ -128,7 +129,7 @@ def test_rank_figures_memory_does_not_grow_with_steps_between_scrapes() -> None:
 
     from agent.steps import MFU_WINDOW_NS
 
-    (s,) = summarize([step()], "n", samples(), DEVICE, period_ns=S)
+    (s,) = summarize([step()], "n", SampleWindow.of(samples()), DEVICE, period_ns=S)
     figures = RankFigures()
     period_ns = S // 100
 
