@@ -118,6 +118,13 @@ class RingBuffer(Generic[T]):
             ``(items, new_cursor, missed)`` where ``missed`` counts items between ``cursor`` and
             the oldest item still held (dropped before this reader got them).
         """
+        items, cursor, missed = self.read_held(cursor, limit)
+        if self._codec is not None:  # decoded outside the lock: producers never wait on a reader
+            items = [self._codec.decode(b) for b in items]
+        return items, cursor, missed
+
+    def read_held(self, cursor: int, limit: int) -> tuple[list[Any], int, int]:
+        """``read``, but the items as held: encoded with a codec (a reader that sends them on as they are)."""
         with self._lock:
             first = self._next_seq - len(self._items)
             missed = max(0, first - cursor)
@@ -126,8 +133,6 @@ class RingBuffer(Generic[T]):
             offset = start - first
             # CPython walks a deque from its nearer end, so live readers near the tail stay cheap.
             items = [self._items[offset + i] for i in range(count)]
-        if self._codec is not None:  # decoded outside the lock: producers never wait on a reader
-            items = [self._codec.decode(b) for b in items]
         return items, start + count, missed
 
     def first_seq_at_or_after(self, key: Callable[[T], int], since: int) -> int:

@@ -4,7 +4,7 @@ A step is summarised from its GPU's samples over the step's window (``agent.step
 keeps ``STEP_HISTORY_S`` of them. Kept as ``Sample`` objects that is about 560 B a sample: 54 MB
 for 8 GPUs at 100 Hz over 120 s, most of the agent's heap. Here each GPU has a fixed ring of rows
 instead: an int64 timestamp column and one float64 column per quantity the model integrates
-(``chopper.attribution.terms.RATIOS`` and ``COUNTERS``), 8 B a value, about 13 MB for the same
+(``chopper.attribution.terms.RATIOS`` and ``COUNTERS``), 8 B a value, about 9 MB for the same
 8 GPUs. The rings are filled with NaN when a GPU first reports, so their pages are resident from
 then on and the agent's memory does not creep up while they fill.
 

@@ -23,38 +23,26 @@ import itertools
 import operator
 import struct
 
+from agent.wire import WIRE_64BIT, WIRE_LENGTH, WIRE_VARINT, key, varint
 from chopper.proto.chopper.v1 import agent_pb2 as pb
 from chopper.schema import LinkBytes, Sample
 
 _FIELDS = pb.Sample.DESCRIPTOR.fields_by_name
 _DOUBLES = tuple(f.name for f in pb.Sample.DESCRIPTOR.fields if f.type == f.TYPE_DOUBLE)
-_WIRE_64BIT, _WIRE_LENGTH = 1, 2
-
-
-# Cached: within a tick every GPU's sample has the same few timestamps, GPU indices and names.
-@functools.lru_cache(maxsize=256)
-def _varint(value: int) -> bytes:
-    value &= (1 << 64) - 1
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 def _tag(name: str, wire_type: int) -> bytes:
-    return _varint(_FIELDS[name].number << 3 | wire_type)
+    return key(_FIELDS[name].number, wire_type)
 
 
-_DOUBLE_TAGS = tuple(_tag(name, _WIRE_64BIT) for name in _DOUBLES)
+_DOUBLE_TAGS = tuple(_tag(name, WIRE_64BIT) for name in _DOUBLES)
 _DOUBLES_STRUCT = struct.Struct("<" + "".join(f"{len(t)}sd" for t in _DOUBLE_TAGS))
 _double_values = operator.attrgetter(*_DOUBLES)
-_TS, _GPU = _tag("ts_ns", 0), _tag("gpu", 0)
-_NODE, _JOB = _tag("node", _WIRE_LENGTH), _tag("job", _WIRE_LENGTH)
+_TS, _GPU = _tag("ts_ns", WIRE_VARINT), _tag("gpu", WIRE_VARINT)
+_NODE, _JOB = _tag("node", WIRE_LENGTH), _tag("job", WIRE_LENGTH)
 # One Sample.links entry: the field's key, length 20, then LinkBytes' link (field 1, a one-byte
 # varint below 128), tx_bytes (field 2) and rx_bytes (field 3), doubles.
-_LINK_HEAD = _tag("links", _WIRE_LENGTH) + b"\x14"
+_LINK_HEAD = _tag("links", WIRE_LENGTH) + b"\x14"
 _LINK_ENTRY = struct.Struct(f"<{len(_LINK_HEAD)}sBbBdBd")
 
 
@@ -63,7 +51,7 @@ def _text(tag: bytes, text: str) -> bytes:
     if not text:
         return b""
     raw = text.encode()
-    return tag + _varint(len(raw)) + raw
+    return tag + varint(len(raw)) + raw
 
 
 def _links(links: tuple[LinkBytes, ...]) -> bytes:
@@ -77,7 +65,7 @@ def _links(links: tuple[LinkBytes, ...]) -> bytes:
 
 def sample_wire(s: Sample, job: str) -> bytes:
     """The wire bytes of ``s`` as a ``chopper.v1.Sample``, with ``job`` (the GPU's scheduler jobs)."""
-    parts = [_TS + _varint(s.ts_ns), _text(_NODE, s.node), _GPU + _varint(s.gpu), _text(_JOB, job),
+    parts = [_TS + varint(s.ts_ns), _text(_NODE, s.node), _GPU + varint(s.gpu), _text(_JOB, job),
              _DOUBLES_STRUCT.pack(*itertools.chain.from_iterable(zip(_DOUBLE_TAGS, _double_values(s), strict=True)))]
     if s.links:  # most backends read no per-link counter: no entries at all
         parts.append(_links(s.links))

@@ -27,6 +27,7 @@ from agent.capture import CaptureBusy, CaptureError, CaptureInvalid, CaptureNotF
 from agent.config import AgentSettings
 from agent.daemon import Agent
 from agent.unix_socket import prepare_socket_path, serve_socket
+from agent.wire import length_delimited
 from chopper.daemon.grpc_decode import checked_service
 from chopper.daemon.serving import SecureServer, server_tls
 from chopper.proto.chopper.v1 import agent_pb2 as pb
@@ -42,6 +43,8 @@ UNREAD_REQUESTS = frozenset({"GetInfo"})
 # Long-lived trainer and subscriber streams each hold a worker thread.
 MAX_WORKERS = 256
 READ_LIMIT = 4096
+# TelemetryBatch's repeated fields by name, their field numbers (Subscribe frames them itself).
+_BATCH_FIELDS = {f.name: f.number for f in pb.TelemetryBatch.DESCRIPTOR.fields}
 IDLE_WAIT_S = 0.5
 # Each streamed message costs gRPC far more than its items do: coalesce ticks into batches this
 # far apart (adds at most this much latency).
@@ -151,7 +154,8 @@ class AgentServicer:
     def GetInfo(self, request: Any, context: grpc.ServicerContext) -> pb.AgentInfo:
         return self.agent.info()
 
-    def Subscribe(self, request: Any, context: grpc.ServicerContext) -> Iterator[pb.TelemetryBatch]:
+    def Subscribe(self, request: Any, context: grpc.ServicerContext) -> Iterator[bytes]:
+        """Batches of what the buffers hold from the request's cursors on, as ``TelemetryBatch`` wire bytes."""
         agent = self.agent
         since = request.since_ns
         streams = [
@@ -177,19 +181,23 @@ class AgentServicer:
         try:
             while context.is_active():
                 generation = self.hub.generation
-                batch = pb.TelemetryBatch()
+                # The buffers hold their items encoded: framed into the batch's wire form as they are
+                # (agent.wire), never decoded and encoded again for each subscriber.
+                framed = []
                 backlog = False
                 for i, (field, buf, _) in enumerate(streams):
-                    items, cursors[i], missed = buf.read(cursors[i], READ_LIMIT)
+                    items, cursors[i], missed = buf.read_held(cursors[i], READ_LIMIT)
                     missed_total += missed
                     backlog |= len(items) == READ_LIMIT
-                    getattr(batch, field).extend(items)
+                    if items:
+                        framed.append(length_delimited(_BATCH_FIELDS[field], items))
+                head = pb.TelemetryBatch()
                 if time.monotonic() >= positions_due:
                     positions_due = time.monotonic() + POSITIONS_INTERVAL_S
-                    batch.positions.extend(agent.rank_positions())
-                if batch.samples or batch.markers or batch.step_summaries or batch.collectives or batch.positions:
-                    batch.missed_total = missed_total
-                    yield batch
+                    head.positions.extend(agent.rank_positions())
+                if framed or head.positions:
+                    head.missed_total = missed_total
+                    yield head.SerializeToString() + b"".join(framed)
                     if not backlog:  # catching up on a replay goes full speed
                         time.sleep(BATCH_INTERVAL_S)
                 else:

@@ -17,9 +17,8 @@ Two halves that share only a bounded queue:
   2. Start ONE client-streaming ``PushMarkers`` call whose request iterator is a generator run by
      gRPC's request-consumer thread. Each turn it packs the queue head into a ``MarkerBatch`` of at
      most ``max_batch`` markers when the queue holds a full batch or ``flush_interval_s`` has
-     passed since the last batch or, after a pause, since the first marker (device timestamps are
-     resolved here, in order; packing stops at the first event the GPU has not reached); with
-     nothing queued it sleeps until the first marker. Markers are
+     passed (device timestamps are resolved here, in order; packing stops at the first event the
+     GPU has not reached); with nothing queued it sleeps until the first marker. Markers are
      written straight into the batch message (no message object per marker), names checked once
      each. ``seq`` increases from 1 over the client's life, across streams.
      Packing checks each marker against what the wire and the agent take (``chopper.identity.jobname``),
@@ -766,10 +765,6 @@ class Client:
                 if not self._q and not self._stop_event.is_set():
                     self._wake.wait(self._flush_s)
                 self._idle = False
-                # The first marker after a pause waits for the ones that follow it, up to a flush
-                # interval: sent at once, each marker of a slow loop would be a message of its own
-                # (the agent's gRPC server costs ~100 us of CPU a message whatever its size).
-                last_flush = time.monotonic()
 
     def _pack(self, pb2: Any) -> agent_pb2.MarkerBatch | None:
         """Pop up to ``max_batch`` markers (``_BATCH_BYTES`` at most) from the queue head into a ``MarkerBatch``.

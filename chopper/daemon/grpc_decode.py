@@ -7,7 +7,8 @@ the servicer's method counts it (``garbled(method)``) and aborts the call with
 ``INVALID_ARGUMENT`` and ``message is not a <full name> (<error>)``, plus the fix for that method
 where one is given; gRPC's own failure would be a generic internal error. For a client stream
 the check runs on each message as the servicer reads it, so the messages before a garbled one
-are taken in. The servicer's methods only ever see decoded messages.
+are taken in. The servicer's methods only ever see decoded messages. A response may be the message or
+its wire bytes (a servicer that frames items it holds encoded, ``agent.wire``).
 """
 from __future__ import annotations
 
@@ -76,8 +77,19 @@ def checked_service(service: ServiceDescriptor, servicer: object, garbled: Calla
             deserializer = decoder(request_type.FromString)
         kind = _HANDLER_KINDS[(method.client_streaming, method.server_streaming)]
         handlers[method.name] = kind(behaviour, request_deserializer=deserializer,
-                                     response_serializer=response_type.SerializeToString)
+                                     response_serializer=_serializer(response_type))
     return grpc.method_handlers_generic_handler(service.full_name, handlers)
+
+
+def _serializer(response_type: Any) -> Callable[[Any], bytes]:
+    """Serialises a response message; a response that is already ``bytes`` (a servicer that framed
+    the message's wire form itself, ``agent.wire``) goes as it is."""
+    serialize = response_type.SerializeToString
+
+    def serialized(response: Any) -> bytes:
+        return response if response.__class__ is bytes else serialize(response)
+
+    return serialized
 
 
 def _checked(method: MethodDescriptor, behaviour: Behaviour, garbled: Callable[[str], None], fix: str) -> Behaviour:
