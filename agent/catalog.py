@@ -422,7 +422,9 @@ def markdown() -> str:
            "summarised first). At most `max_ranks` are tracked, so they bound every per-rank series and all the",
            "agent's per-rank state. A new rank when that many are tracked makes room (reason `limit`): the rank",
            "silent longest without an open step and without a summary pending goes, else the one silent longest",
-           "if it has been silent `rank_idle_s` (a trainer that died inside a step); else the new rank's batch is",
+           "without an open step (its pending summaries are still made and sent to subscribers, but feed no",
+           "series), else the one silent longest if it has been silent `rank_idle_s` (a trainer that died inside",
+           "a step); else the new rank's batch is",
            "refused, its markers rejected as `too_many_ranks`, and the live ranks keep their state. A rank that",
            "sends again starts from zero, as after an agent restart; Prometheus' `rate()` and `increase()` handle",
            "the reset (docs/CONFIG.md)."]

@@ -16,9 +16,13 @@ whatever a client sends. A batch of a new ``(job, rank)`` when that many are tra
 
 1. the rank silent longest that has no step open and no summary pending goes (reason ``limit``),
    looking at the ``ROOM_SCAN`` oldest such ranks at most;
-2. else the rank silent longest, step open or not, goes if it has been silent ``rank_idle_s``
+2. else the rank silent longest that has no step open goes, its summaries pending or not: those
+   are still made, counted and sent to subscribers, but no longer feed its (forgotten) series.
+   Summaries are made every ``SUMMARY_INTERVAL_NS``, so waiting for them would refuse a rank that
+   comes within half a second of another's last step;
+3. else the rank silent longest, step open or not, goes if it has been silent ``rank_idle_s``
    (a trainer that died inside a step);
-3. else the batch is refused before it is read: its markers are rejected as ``too_many_ranks``
+4. else the batch is refused before it is read: its markers are rejected as ``too_many_ranks``
    (counted, and answered to the trainer), and the ranks that are live keep their state.
 
 So a flood of made-up ranks displaces finished ranks and its own, never a rank inside a step
@@ -307,9 +311,12 @@ class Agent:
                     steps, self.settings.node, self._history.window(gpu, first), self._devices_by_gpu.get(gpu),
                     self.ticker.period_ns, self.inspector, self.health,
                 )
-            # Under the same lock as the pop, so retirement never sees a step in neither place.
+            # Under the same lock as the pop, so retirement never sees a step in neither place. A rank
+            # forgotten to make room (module docstring) while its summaries waited gets no series back.
             for summary in summaries:
-                self._rank_figures.setdefault((summary.job, summary.rank), RankFigures()).add(summary)
+                key = (summary.job, summary.rank)
+                if key in self._activity:
+                    self._rank_figures.setdefault(key, RankFigures()).add(summary)
         if samples:
             jobs = self.workloads.jobs() if self.workloads is not None else {}
             self.samples.extend_encoded([sample_wire(s, jobs.get(s.gpu, "")) for s in samples])
@@ -395,10 +402,10 @@ class Agent:
         """Forget one rank for a new one, per the module docstring; False when none may go (marker lock held)."""
         activity = self._activity
         with self._state_lock:
-            key = next((k for k in itertools.islice(activity.closed, ROOM_SCAN) if not self._pending.waiting(k)), None)
+            key = next((k for k in itertools.islice(activity.closed, ROOM_SCAN) if not self._pending.waiting(k)),
+                       next(iter(activity.closed), None))
             oldest = activity.oldest()
-            if key is None and oldest is not None and oldest[1] < now_ns - int(self.settings.rank_idle_s * 1e9) \
-                    and not self._pending.waiting(oldest[0]):
+            if key is None and oldest is not None and oldest[1] < now_ns - int(self.settings.rank_idle_s * 1e9):
                 key = oldest[0]
             if key is None:
                 return False

@@ -31,14 +31,28 @@ def test_a_rank_silent_inside_a_step_for_rank_idle_s_makes_room() -> None:
     assert node.tracked() == {("live", 0), ("new", 0)} and node.agent.ranks_retired["limit"] == 1
 
 
-def test_a_rank_waiting_for_its_summary_is_not_forgotten_for_room() -> None:
-    node = SimulatedNode("--max-ranks", "1")
-    node.send("done", 0, (BEGIN, 0))
-    node.at(0.5)
-    node.send("done", 0, (END, 0))  # closed, its summary waits for a sample after its end
-    node.send("new", 0, (BEGIN, 0))
-    assert node.tracked() == {("done", 0)} and node.agent.rejected["too_many_ranks"] == 1
+def test_a_rank_waiting_for_its_summary_makes_room_after_those_that_are_not_and_its_summary_still_comes() -> None:
+    node = SimulatedNode("--max-ranks", "2")
+    node.send("waiting", 0, (BEGIN, 0), (END, 0))
+    node.send("summarised", 0, (BEGIN, 0), (END, 0))
     node.at(1)
-    node.agent.tick(node.now)  # summarised: now it may go
+    node.agent.tick(node.now)
+    assert node.agent.summaries_total == 2
+    node.at(1.05)
+    # Its step ends at 3 s on its clock: no sample covers it until then.
+    node.send("waiting", 0, (BEGIN, 1), (END, 1), stamped_s=3)
+    node.at(1.1)
+    node.send("summarised", 0, (BEGIN, 1), (END, 1))
+    node.at(1.6)
+    node.agent.tick(node.now)
+    assert node.agent.summaries_total == 3
     node.send("new", 0, (BEGIN, 0))
-    assert node.tracked() == {("new", 0)} and len(node.agent.summaries.read(0, 10)[0]) == 1
+    assert node.tracked() == {("waiting", 0), ("new", 0)}, "silent longest, but its summary is pending"
+    node.send("newer", 0, (BEGIN, 0))
+    assert node.tracked() == {("new", 0), ("newer", 0)}
+    assert node.agent.rejected.total() == 0 and node.agent.ranks_retired["limit"] == 2
+    node.at(3.5)
+    node.agent.tick(node.now)
+    # The forgotten rank's last step is summarised and sent on, but makes it no series again.
+    assert [(s.job, s.step) for s in node.agent.summaries.read(0, 10)[0]][3:] == [("waiting", 1)]
+    assert ("waiting", 0) not in node.agent.rank_figures_now()

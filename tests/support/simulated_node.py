@@ -20,12 +20,14 @@ class SimulatedNode:
         self.agent.open_backend()
         self.seq: dict[tuple[str, int], int] = {}
 
-    def send(self, job: str, rank: int, *markers: tuple[pb.MarkerKind, int]) -> None:
-        """Push one batch of ``(kind, step)`` markers, stamped now, from rank ``rank`` (on GPU ``rank``) of ``job``."""
+    def send(self, job: str, rank: int, *markers: tuple[pb.MarkerKind, int], stamped_s: float | None = None) -> None:
+        """Push one batch of ``(kind, step)`` markers from rank ``rank`` (on GPU ``rank``) of ``job``, stamped now
+        or ``stamped_s`` seconds after the start (a trainer whose clock runs ahead of the agent's)."""
         seq = self.seq[(job, rank)] = self.seq.get((job, rank), 0) + 1
+        ts_ns = self.now if stamped_s is None else T0 + int(stamped_s * NS)
         self.agent.push_markers(pb.MarkerBatch(
             job=job, rank=rank, gpu=rank, seq=seq, pid=100 + rank,
-            markers=[pb.Marker(kind=k, ts_ns=self.now, step=step) for k, step in markers]))
+            markers=[pb.Marker(kind=k, ts_ns=ts_ns, step=step) for k, step in markers]))
 
     def at(self, seconds: float) -> None:
         """Move the clock to ``seconds`` after the start."""
