@@ -6,6 +6,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol, TypeVar
 
 from chopper.daemon import logs
+from chopper.daemon.malloc import cap_arenas
 from chopper.daemon.settings import ConfigError
 from chopper.daemon.stopsignals import StopSignals
 
@@ -41,6 +42,7 @@ def run_daemon(prog: str, argv: Sequence[str] | None, load: Callable[[Sequence[s
     except SystemExit as exc:  # argparse ends --help, --version (0) and an unknown flag (2) this way
         return int(exc.code or 0)
     logs.configure(settings.log_level)
+    cap_arenas()  # before serve() starts the threads (chopper.daemon.malloc)
     # Installed before anything serves, so that a stop during start-up is a clean stop once started;
     # restored on return, for callers that run main() in process.
     with StopSignals.for_daemon(reload=lambda: recheck(settings)) as stop:
