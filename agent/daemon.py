@@ -85,8 +85,9 @@ SUMMARY_INTERVAL_NS = 500_000_000
 # wake-ups a second runs several times slower than in a batch. Nothing reads samples sooner than
 # this: subscribers get a batch every 0.25 s at most (agent.server), summaries come every 0.5 s.
 FILE_INTERVAL_NS = 100_000_000
-# Ranks without an open step looked at to make room for a new one (module docstring): the oldest are
-# almost never waiting for a summary, and the bound keeps a refusal O(1) when all are.
+# Ranks without an open step looked at for one with no summary pending, to make room for a new rank
+# (module docstring): the oldest almost never wait, and the bound keeps the search O(1) when all do
+# (the oldest of them then goes).
 ROOM_SCAN = 64
 RankKey = tuple[str, int]
 # Where the ranks are is read again once the last read is this old (ns): readers ask about once a second.
@@ -312,7 +313,8 @@ class Agent:
                     self.ticker.period_ns, self.inspector, self.health,
                 )
             # Under the same lock as the pop, so retirement never sees a step in neither place. A rank
-            # forgotten to make room (module docstring) while its summaries waited gets no series back.
+            # forgotten to make room (module docstring) while its summaries waited gets no series back;
+            # reading _activity without the marker lock is safe here, as ranks are forgotten under both.
             for summary in summaries:
                 key = (summary.job, summary.rank)
                 if key in self._activity:
