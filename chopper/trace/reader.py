@@ -13,6 +13,7 @@ import json
 import re
 import zlib
 from array import array
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -31,7 +32,7 @@ from chopper.trace.frames import (
     Columns,
 )
 from chopper.trace.nesting import NestingGuard, Readable, TooDeep
-from chopper.trace.timestamps import MAX_NS, hta_rounds, kineto_time_ns
+from chopper.trace.timestamps import MAX_NS, US_NS, hta_rounds, kineto_time_ns
 from chopper.trace.toplevel import HeadError, split_head
 
 if TYPE_CHECKING:
@@ -51,6 +52,10 @@ FLOW_CATS = frozenset({"fwdbwd", "ac2g"})
 FLOW_PHASES = frozenset({"s", "f", "t"})
 
 _TAIL_BYTES = 1 << 16
+# Events read between moves of the frames' rows into their typed arrays (_Columns.flush).
+_FLUSH_EVERY = 1 << 14
+_I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
+_MAX_US = MAX_NS // US_NS  # whole µs within the bound of kineto_time_ns
 _RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
 
 
@@ -143,27 +148,46 @@ class _Interner:
 
     def __init__(self) -> None:
         self.codes: dict[str, int] = {}
-        self.values: list[str] = []
 
-    def code(self, s: Any) -> int:
-        s = "" if s is None else str(s)
-        c = self.codes.get(s)
-        if c is None:
-            c = len(self.values)
-            self.codes[s] = c
-            self.values.append(s)
-        return c
+    def encode(self, values: Iterable[Any]) -> list[int]:
+        """The code of each value (None as "", another non-str as its ``str``), new ones numbered as first seen."""
+        codes = self.codes
+        # setdefault reads len(codes) before it inserts: a new string gets the next code.
+        return [codes.setdefault(v if v.__class__ is str else _text(v), len(codes)) for v in values]
 
     def vocab(self) -> np.ndarray:
         """The strings by code; decoding indexes it, so a column shares one str object per name."""
-        return np.array(self.values, dtype=object)
+        return np.array(list(self.codes), dtype=object)
+
+
+def _text(value: Any) -> str:
+    return "" if value is None else str(value)
 
 
 class _Columns:
-    """Typed column buffers for one frame."""
+    """Typed column buffers for one frame, filled a chunk of rows at a time.
 
-    def __init__(self, spec: dict[str, str]) -> None:
+    The event loop appends one tuple per event to ``rows`` (one call where a column each would
+    cost seven); ``flush`` moves them into the typed arrays, text columns through their interner,
+    so at most ``_FLUSH_EVERY`` events' rows are held as Python objects.
+
+    Args:
+        spec: Column name → ``array`` type code, in the order of a row's values.
+        text: Column name → the interner of a text column (its type code is ``"i"``).
+    """
+
+    def __init__(self, spec: dict[str, str], text: dict[str, _Interner]) -> None:
         self.cols = {name: array(tc) for name, tc in spec.items()}
+        self.text = text
+        self.rows: list[tuple[Any, ...]] = []
+
+    def flush(self) -> None:
+        if not self.rows:
+            return
+        for (name, col), values in zip(self.cols.items(), zip(*self.rows, strict=True), strict=True):
+            interner = self.text.get(name)
+            col.extend(values if interner is None else interner.encode(values))
+        self.rows.clear()
 
     def __len__(self) -> int:
         return len(next(iter(self.cols.values())))
@@ -341,12 +365,18 @@ def _read_stream(path: Path) -> tuple[dict[str, Any], dict[str, Any], dict[str, 
     """One pass over the file: head keys, events, tail keys (see :func:`read_trace`)."""
     names = _Interner()
     cats = _Interner()
-    k = _Columns({"name": "i", "cat": "i", "ts": "q", "dur": "q", "device": "q", "stream": "q", "correlation": "q"})
-    s = _Columns({"name": "i", "cat": "i", "ts": "q", "dur": "q", "device": "q", "stream": "q", "correlation": "q"})
-    r = _Columns({"name": "i", "ts": "q", "dur": "q", "pid": "q", "tid": "q", "correlation": "q"})
-    c = _Columns({"name": "i", "cat": "i", "ts": "q", "dur": "q", "pid": "q", "tid": "q", "external_id": "q"})
-    g = _Columns({"name": "i", "ts": "q", "dur": "q", "device": "q", "stream": "q"})
-    f = _Columns({"id": "q", "cat": "i", "phase": "i", "ts": "q", "pid": "q", "tid": "q"})
+    coded = {"name": names, "cat": cats}
+    k = _Columns({"name": "i", "cat": "i", "ts": "q", "dur": "q", "device": "q", "stream": "q", "correlation": "q"},
+                 coded)
+    s = _Columns({"name": "i", "cat": "i", "ts": "q", "dur": "q", "device": "q", "stream": "q", "correlation": "q"},
+                 coded)
+    r = _Columns({"name": "i", "ts": "q", "dur": "q", "pid": "q", "tid": "q", "correlation": "q"}, coded)
+    c = _Columns({"name": "i", "cat": "i", "ts": "q", "dur": "q", "pid": "q", "tid": "q", "external_id": "q"}, coded)
+    g = _Columns({"name": "i", "ts": "q", "dur": "q", "device": "q", "stream": "q"}, coded)
+    f = _Columns({"id": "q", "cat": "i", "phase": "i", "ts": "q", "pid": "q", "tid": "q"}, {"cat": cats, "phase": cats})
+    frames = (k, s, r, c, g, f)
+    kernel_row, sync_row, runtime_row, cpu_op_row = k.rows.append, s.rows.append, r.rows.append, c.rows.append
+    annotation_row, flow_row = g.rows.append, f.rows.append
     fractional = False
     cpu_stream_events = 0
     kernels_without_corr = 0
@@ -357,75 +387,69 @@ def _read_stream(path: Path) -> tuple[dict[str, Any], dict[str, Any], dict[str, 
         # The event parser sees the document from the '[' of traceEvents on, behind the key
         # it opens: the head keys are never parsed again.
         fh = _TailKeeper(_Resumed(b'{"traceEvents":[' + rest, guarded))
-        for e in ijson.items(fh, "traceEvents.item", use_float=True):
+        # Per event, ids and whole-µs times take an inline test for an int within bounds; anything
+        # else goes through _to_int and kineto_time_ns, whose first lines are the same test.
+        for n, e in enumerate(ijson.items(fh, "traceEvents.item", use_float=True)):
+            if not n % _FLUSH_EVERY:
+                for frame in frames:
+                    frame.flush()
             if not isinstance(e, dict):
                 continue
             cat = e.get("cat")
             ts = e.get("ts")
-            fractional = fractional or hta_rounds(ts)
             ph = e.get("ph")
+            if ts.__class__ is int and -_MAX_US < ts < _MAX_US:
+                ts_ns: int | None = ts * US_NS
+            else:
+                fractional = fractional or hta_rounds(ts)
+                ts_ns = kineto_time_ns(ts)
             # Only string categories and phases route events (anything else is not Kineto's).
             if ts is None or not isinstance(cat, str) or not isinstance(ph, str):
                 continue
-            ts_ns = kineto_time_ns(ts)
             if ph == "X":
-                dur_ns = kineto_time_ns(e.get("dur", 0) or 0)
+                dur = e.get("dur", 0) or 0
+                dur_ns = dur * US_NS if dur.__class__ is int and 0 <= dur < _MAX_US else kineto_time_ns(dur)
                 if ts_ns is None or dur_ns is None or dur_ns < 0:
                     bad_times += 1
                     continue
                 args = e.get("args")
                 if not isinstance(args, dict):
                     args = {}
-                if cat not in KERNEL_CATS and cat not in SYNC_CATS and cat != "Trace" and \
-                        _on_a_stream(args.get("stream")):
-                    cpu_stream_events += 1
                 if cat in KERNEL_CATS or cat in SYNC_CATS:
-                    cols = k.cols if cat in KERNEL_CATS else s.cols
-                    corr = _to_int(args.get("correlation"))
+                    corr = args.get("correlation")
+                    corr = corr if corr.__class__ is int and _I64_MIN <= corr <= _I64_MAX else _to_int(corr)
                     if corr < 0 and cat in KERNEL_CATS:
                         kernels_without_corr += 1
-                    cols["name"].append(names.code(e.get("name")))
-                    cols["cat"].append(cats.code(cat))
-                    cols["ts"].append(ts_ns)
-                    cols["dur"].append(dur_ns)
-                    cols["device"].append(_to_int(args.get("device", e.get("pid"))))
-                    cols["stream"].append(_to_int(args.get("stream", e.get("tid"))))
-                    cols["correlation"].append(corr)
+                    (kernel_row if cat in KERNEL_CATS else sync_row)((
+                        e.get("name"), cat, ts_ns, dur_ns, _to_int(args.get("device", e.get("pid"))),
+                        _to_int(args.get("stream", e.get("tid"))), corr))
+                    continue
+                if "stream" in args and cat != "Trace" and _on_a_stream(args["stream"]):
+                    cpu_stream_events += 1
+                if cat in CPU_OP_CATS:
+                    pid, tid, ext = e.get("pid"), e.get("tid"), args.get("External id")
+                    cpu_op_row((
+                        e.get("name"), cat, ts_ns, dur_ns,
+                        pid if pid.__class__ is int and _I64_MIN <= pid <= _I64_MAX else _to_int(pid),
+                        tid if tid.__class__ is int and _I64_MIN <= tid <= _I64_MAX else _to_int(tid),
+                        ext if ext.__class__ is int and _I64_MIN <= ext <= _I64_MAX else _to_int(ext)))
                 elif cat in RUNTIME_CATS:
-                    cols = r.cols
-                    cols["name"].append(names.code(e.get("name")))
-                    cols["ts"].append(ts_ns)
-                    cols["dur"].append(dur_ns)
-                    cols["pid"].append(_to_int(e.get("pid")))
-                    cols["tid"].append(_to_int(e.get("tid")))
-                    cols["correlation"].append(_to_int(args.get("correlation")))
-                elif cat in CPU_OP_CATS:
-                    cols = c.cols
-                    cols["name"].append(names.code(e.get("name")))
-                    cols["cat"].append(cats.code(cat))
-                    cols["ts"].append(ts_ns)
-                    cols["dur"].append(dur_ns)
-                    cols["pid"].append(_to_int(e.get("pid")))
-                    cols["tid"].append(_to_int(e.get("tid")))
-                    cols["external_id"].append(_to_int(args.get("External id")))
+                    pid, tid, corr = e.get("pid"), e.get("tid"), args.get("correlation")
+                    runtime_row((
+                        e.get("name"), ts_ns, dur_ns,
+                        pid if pid.__class__ is int and _I64_MIN <= pid <= _I64_MAX else _to_int(pid),
+                        tid if tid.__class__ is int and _I64_MIN <= tid <= _I64_MAX else _to_int(tid),
+                        corr if corr.__class__ is int and _I64_MIN <= corr <= _I64_MAX else _to_int(corr)))
                 elif cat in GPU_ANNOTATION_CATS:
-                    cols = g.cols
-                    cols["name"].append(names.code(e.get("name")))
-                    cols["ts"].append(ts_ns)
-                    cols["dur"].append(dur_ns)
-                    cols["device"].append(_to_int(args.get("device", e.get("pid"))))
-                    cols["stream"].append(_to_int(args.get("stream", e.get("tid"))))
+                    annotation_row((e.get("name"), ts_ns, dur_ns, _to_int(args.get("device", e.get("pid"))),
+                                    _to_int(args.get("stream", e.get("tid")))))
             elif ph in FLOW_PHASES and cat in FLOW_CATS:
                 if ts_ns is None:
                     bad_times += 1
                     continue
-                cols = f.cols
-                cols["id"].append(_to_int(e.get("id")))
-                cols["cat"].append(cats.code(cat))
-                cols["phase"].append(cats.code(ph))
-                cols["ts"].append(ts_ns)
-                cols["pid"].append(_to_int(e.get("pid")))
-                cols["tid"].append(_to_int(e.get("tid")))
+                flow_row((_to_int(e.get("id")), cat, ph, ts_ns, _to_int(e.get("pid")), _to_int(e.get("tid"))))
+        for frame in frames:
+            frame.flush()
         tail = fh.tail
     parsed = {
         "names": names, "cats": cats, "kernels": k, "syncs": s, "runtime": r, "cpu_ops": c,

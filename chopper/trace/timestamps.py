@@ -47,14 +47,17 @@ def kineto_time_ns(value: Any) -> int | None:
     Returns:
         Nanoseconds, or None.
     """
-    if type(value) is int:  # most traces write whole µs; checked first because the reader calls this per event
+    # The two exact types first and alone: the reader calls this per event.
+    if type(value) is int:  # whole µs, as most traces write ts
         return value * US_NS if -_MAX_US < value < _MAX_US else None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not abs(value) < _MAX_US:  # NaN fails too
+    if type(value) is float:  # ns as decimals, as newer Kineto writes every time
+        if not -_MAX_US < value < _MAX_US:  # NaN fails too
+            return None
+        whole = math.floor(value)
+        return whole * US_NS + round((value - whole) * US_NS)
+    if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    if isinstance(value, int):
-        return value * US_NS
-    whole = math.floor(value)
-    return whole * US_NS + round((value - whole) * US_NS)
+    return kineto_time_ns(int(value) if isinstance(value, int) else float(value))  # a subclass, as its base type
 
 
 def hta_rounds(ts: Any) -> bool:
