@@ -49,7 +49,7 @@ from agent.health import HealthTracker
 from agent.history import SampleHistory
 from agent.inspector.feed import InspectorFeed
 from agent.inspector.watch import DumpDirWatcher
-from agent.markers import ClosedStep, IngestResult, MarkerIngest, RankState
+from agent.markers import ClosedStep, IngestResult, MarkerIngest, RankState, marker_count
 from agent.podresources import device_ids
 from agent.positions import position
 from agent.sample_wire import sample_wire
@@ -424,7 +424,7 @@ class Agent:
         result.reject("too_many_ranks", (
             f"job {batch.job[:40]!r} rank {batch.rank}: the agent tracks max_ranks={self.settings.max_ranks} ranks, "
             "each inside a step and active within rank_idle_s, so this new rank is refused; raise max_ranks if this "
-            "node runs that many ranks at once"), max(1, len(batch.markers)))
+            "node runs that many ranks at once"), max(1, marker_count(batch)))
         return result
 
     def _forget(self, key: RankKey) -> None:

@@ -13,7 +13,8 @@ all-reduces, optimizer (``MARKERS_PER_STEP`` markers a step). A load process (``
 this module, on the other core) pushes them over real gRPC ``PushMarkers`` streams, one per rank,
 in batches of ``batch`` markers; each step's timestamps are the load's wall clock, so steps close,
 wait for their covering samples and are summarised as in production. Batches are encoded in the
-load process; the agent decodes, validates, stores and summarises them.
+load process, in the column form ``chopper.Client`` sends (``MarkerColumns``); the agent decodes,
+validates, stores and summarises them.
 
 Modes: ``flood`` (as fast as the agent takes them: throughput), ``paced`` (``PACED_RATE``
 markers/s in all: the cost of an ordinary rate). The agent's CPU time (``time.process_time``:
@@ -44,6 +45,7 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 
 from benchmarks.bench_agent_cpu import in_process_agent
 from chopper.demo.run import metric_sum
+from tests.support.markers import marker_columns
 
 GPUS = 8
 RANKS = 8
@@ -148,7 +150,7 @@ def _step_markers(pb: Any, step: int, t0_ns: int, step_ns: int) -> list[Any]:
     gap = step_ns // len(names)
     out = []
     for i, (kind, name) in enumerate(names):
-        m = pb.Marker(ts_ns=t0_ns + i * gap, kind=kind, step=step, name=name)
+        m = pb.Marker(ts_ns=t0_ns + i * gap, kind=kind, step=step, name=name, clock=pb.CLOCK_SOURCE_CPU)
         if kind == pb.MARKER_KIND_STEP_END:
             m.flops, m.tokens = 1e12, 4096
         elif name == "all_reduce":
@@ -169,7 +171,7 @@ def _rank_batches(pb: Any, rank: int, batch: int, rate: float, duration_s: float
     for step in range(int(duration_s * rate / MARKERS_PER_STEP) + 1):
         markers += _step_markers(pb, step, start_ns + step * step_ns, step_ns)
     return [pb.MarkerBatch(job="bench-ingest", rank=rank, gpu=rank % GPUS, seq=1 + i // batch,
-                           markers=markers[i:i + batch], pid=os.getpid()).SerializeToString()
+                           columns=marker_columns(markers[i:i + batch]), pid=os.getpid()).SerializeToString()
             for i in range(0, len(markers), batch)]
 
 

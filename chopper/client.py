@@ -18,9 +18,11 @@ Two halves that share only a bounded queue:
      gRPC's request-consumer thread. Each turn it packs the queue head into a ``MarkerBatch`` of at
      most ``max_batch`` markers when the queue holds a full batch or ``flush_interval_s`` has
      passed (device timestamps are resolved here, in order; packing stops at the first event the
-     GPU has not reached); with nothing queued it sleeps until the first marker. Markers are
-     written straight into the batch message (no message object per marker), names checked once
-     each. ``seq`` increases from 1 over the client's life, across streams.
+     GPU has not reached); with nothing queued it sleeps until the first marker. A batch goes in
+     column form (``MarkerColumns``: one call per column, no message per marker) when every name
+     in it was checked before and protobuf takes every value; otherwise each marker is written
+     into the batch as a ``Marker`` and checked alone. ``seq`` increases from 1 over the client's
+     life, across streams.
      Packing checks each marker against what the wire and the agent take (``chopper.identity.jobname``),
      so that one bad marker never costs its batch: a phase or collective name over 256
      characters, or a step that is not an integer, drops that marker (counted, with its reason);
@@ -56,6 +58,7 @@ of a unix socket path are percent-encoded, which gRPC decodes back. So every bat
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import operator
 import os
@@ -94,7 +97,7 @@ _COLL_END = int(MarkerKind.COLLECTIVE_END)
 _CPU = int(ClockSource.CPU)
 _DEVICE = int(ClockSource.DEVICE)
 
-# A queued marker: (kind, ts_ns or device event, step, name, flops, tokens, bytes).
+# A queued marker: (kind, ts_ns or device event, step, name, flops, tokens, bytes); 0 where not given.
 Item = tuple[int, Any, int, str, Any, Any, Any]
 
 _T = TypeVar("_T")
@@ -102,6 +105,10 @@ _INT64_MAX = 2**63 - 1
 # Encoded bytes of a marker besides its name (seven scalar fields with their tags), rounded up;
 # a name counts 4 bytes a character, the most UTF-8 takes.
 _MARKER_BYTES = 64
+# The most one marker adds to the columns of a MarkerColumns: varints of ts_ns, step, tokens and
+# bytes (10 bytes each at most), a double of flops, a kind and a name index (1 and 2: at most
+# MAX_NAMES_REMEMBERED names); its name, once per batch, counts as above.
+_COLUMN_MARKER_BYTES = 52
 # Most marker bytes in one batch: under the smallest message an agent accepts (twice its
 # max_message_bytes, which is at least 64 KiB: agent/config.py, chopper/daemon/serving.py), less the
 # batch's header (a job name and a device UUID, at most ~1.3 KiB).
@@ -149,8 +156,7 @@ def _int64(value: Any) -> bool:
 
 def _plain(step: Any, flops: Any, tokens: Any, nbytes: Any) -> bool:
     """Whether a marker's values go on the wire as they are: int64 ints and a float or int FLOPs."""
-    return (_int64(step) and (flops is None or flops.__class__ is float or _int64(flops))
-            and (tokens is None or _int64(tokens)) and (nbytes is None or _int64(nbytes)))
+    return _int64(step) and (flops.__class__ is float or _int64(flops)) and _int64(tokens) and _int64(nbytes)
 
 
 def _number(value: Any) -> float | None:
@@ -182,13 +188,14 @@ class _Step:
     def __init__(self, client: Client, i: int, flops: float | None, tokens: int | None) -> None:
         self._c = client
         self._i = i
-        self._flops = flops
-        self._tokens = tokens
+        # 0 for "not given": the wire has no other absent value, and a column of numbers packs in one call.
+        self._flops = 0 if flops is None else flops
+        self._tokens = 0 if tokens is None else tokens
 
     def __enter__(self) -> _Step:
         c = self._c
         c._step = self._i
-        c._put(_STEP_BEGIN, self._i, "", None, None, None)
+        c._put(_STEP_BEGIN, self._i, "", 0, 0, 0)
         captures = c._captures
         if captures.active:  # two attribute reads when no capture is asked for
             captures.step_begin(self._i)
@@ -200,7 +207,7 @@ class _Step:
         captures = c._captures
         if captures.active:
             captures.step_end()
-        c._put(_STEP_END, self._i, "", self._flops, self._tokens, None)
+        c._put(_STEP_END, self._i, "", self._flops, self._tokens, 0)
 
 
 class _Phase:
@@ -214,11 +221,11 @@ class _Phase:
         self._step = client._step
 
     def __enter__(self) -> _Phase:
-        self._c._put(_PHASE_BEGIN, self._step, self._name, None, None, None)
+        self._c._put(_PHASE_BEGIN, self._step, self._name, 0, 0, 0)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._c._put(_PHASE_END, self._step, self._name, None, None, None)
+        self._c._put(_PHASE_END, self._step, self._name, 0, 0, 0)
 
 
 class _Collective:
@@ -229,15 +236,15 @@ class _Collective:
     def __init__(self, client: Client, name: str, nbytes: int | None) -> None:
         self._c = client
         self._name = name
-        self._bytes = nbytes
+        self._bytes = 0 if nbytes is None else nbytes
         self._step = client._step
 
     def __enter__(self) -> _Collective:
-        self._c._put(_COLL_BEGIN, self._step, self._name, None, None, self._bytes)
+        self._c._put(_COLL_BEGIN, self._step, self._name, 0, 0, self._bytes)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._c._put(_COLL_END, self._step, self._name, None, None, self._bytes)
+        self._c._put(_COLL_END, self._step, self._name, 0, 0, self._bytes)
 
 
 class _Stream:
@@ -353,7 +360,7 @@ class Client:
         self._dropped_invalid = 0
         self._invalid: Counter[str] = Counter()  # the same markers by reason (INVALID_REASONS)
         self._fields_dropped: Counter[str] = Counter()  # flops/tokens/bytes left out, marker sent
-        self._names_ok: set[str] = set()  # names _pack sends as given (_checked_name)
+        self._names_ok: set[str] = {""}  # names _pack sends as given (_checked_name); a step has ""
         self._warned_problems: set[str] = set()  # each marker problem is logged once per client
         self._connected = False
         self._last_error = ""
@@ -742,7 +749,7 @@ class Client:
                 ):
                     batch = self._pack(pb2)
                     if batch is not None:
-                        stream.inflight = len(batch.markers)
+                        stream.inflight = len(batch.markers) + len(batch.columns.ts_ns)
                         last_flush = now
             if batch is not None:
                 yield batch
@@ -769,6 +776,83 @@ class Client:
     def _pack(self, pb2: Any) -> agent_pb2.MarkerBatch | None:
         """Pop up to ``max_batch`` markers (``_BATCH_BYTES`` at most) from the queue head into a ``MarkerBatch``.
 
+        In column form (``_pack_columns``) when it can, else as one ``Marker`` each (``_pack_markers``);
+        None when no marker could be sent.
+        """
+        batch = pb2.MarkerBatch()
+        count = 0 if self._device is not None else self._pack_columns(batch.columns)
+        if not count:
+            batch.ClearField("columns")
+            count = self._pack_markers(batch, pb2)
+        if not count:
+            return None
+        try:
+            batch.job, batch.rank, batch.gpu, batch.pid = self.job, self.rank, self.gpu, self.pid
+            batch.seq = self._seq + 1
+            batch.client_dropped_total = self._dropped_total()
+            batch.device_uuid = self.device_uuid
+            batch.inspector_enabled = self.inspector_enabled
+        except Exception as e:  # markers already popped are counted, never lost
+            self._drop_invalid("encode_error", count, f"{type(e).__name__}: {e}")
+            return None
+        self._seq += 1
+        return batch
+
+    def _pack_columns(self, columns: Any) -> int:
+        """Pop the queue head into ``columns`` (a ``MarkerColumns``), one call per column; how many went.
+
+        Algorithm:
+            1. Take up to ``max_batch`` markers off the head (not yet popped) and split them into
+               columns (``zip``, in C).
+            2. Go on only if every distinct name was checked before (``_names_ok``); a new name
+               goes through ``_pack_markers``, which checks and remembers it, so the next batch
+               is columns again.
+            3. Keep as many markers as ``_BATCH_BYTES`` holds at ``_COLUMN_MARKER_BYTES`` each
+               beside the batch's names.
+            4. Extend each column at once: protobuf checks the values as it takes them, and one
+               it refuses (a step beyond int64, FLOPs that are no number) leaves the markers to
+               ``_pack_markers``, which drops or fixes that one alone. ``flops``, ``tokens`` and
+               ``bytes`` are left empty where all are 0, ``clock`` always (every stamp is the CPU's:
+               with a device clock this is not called).
+            5. Only then pop them.
+
+        Returns 0, with ``columns`` empty and nothing popped, when step 2 or 4 refused the batch.
+        """
+        q = self._q
+        count = min(len(q), self._max_batch)
+        try:
+            kinds, stamps, steps, names, flops, tokens, nbytes = zip(*itertools.islice(q, count), strict=True)
+            distinct = dict.fromkeys(names)
+            if not self._names_ok.issuperset(distinct):
+                return 0
+            fit = (_BATCH_BYTES - 4 * sum(map(len, distinct))) // _COLUMN_MARKER_BYTES
+            if fit < count:
+                count = fit
+                kinds, stamps, steps, names, flops, tokens, nbytes = (
+                    c[:count] for c in (kinds, stamps, steps, names, flops, tokens, nbytes))
+                distinct = dict.fromkeys(names)
+            if count <= 0:
+                return 0
+            index = {name: i for i, name in enumerate(distinct)}
+            columns.ts_ns.extend(stamps)
+            columns.kind.extend(kinds)
+            columns.step.extend(steps)
+            columns.name.extend(map(index.__getitem__, names))
+            columns.names.extend(distinct)
+            for column, values in ((columns.flops, flops), (columns.tokens, tokens), (columns.bytes, nbytes)):
+                if any(values):
+                    column.extend(values)
+        except Exception:  # unhashable names, values protobuf refuses: each is dealt with alone
+            columns.Clear()
+            return 0
+        popleft = q.popleft
+        for _ in range(count):
+            popleft()
+        return count
+
+    def _pack_markers(self, batch: Any, pb2: Any) -> int:
+        """Pop the queue head into ``batch.markers``, one ``Marker`` each; how many went.
+
         Stops at the first device event the GPU has not reached, so markers stay in order. Each
         marker is checked as the module docstring says; one that cannot be sent is dropped and
         counted by reason, never its batch. A marker whose name was sent before and whose values
@@ -778,7 +862,6 @@ class Client:
         q = self._q
         device = self._device
         names_ok = self._names_ok
-        batch = pb2.MarkerBatch()
         add = batch.markers.add
         count = 0
         room = _BATCH_BYTES
@@ -807,11 +890,11 @@ class Client:
                 q.popleft()
                 if _plain(step, flops, tokens, nbytes):
                     m = add(ts_ns=ts, kind=kind, step=step, name=name, clock=clock)
-                    if flops is not None:
+                    if flops:
                         m.flops = flops
-                    if tokens is not None:
+                    if tokens:
                         m.tokens = tokens
-                    if nbytes is not None:
+                    if nbytes:
                         m.bytes = nbytes
                 else:
                     try:
@@ -822,18 +905,10 @@ class Client:
                         continue
                 count += 1
                 room -= size
-            if not count:
-                return None
-            batch.job, batch.rank, batch.gpu, batch.pid = self.job, self.rank, self.gpu, self.pid
-            batch.seq = self._seq + 1
-            batch.client_dropped_total = self._dropped_total()
-            batch.device_uuid = self.device_uuid
-            batch.inspector_enabled = self.inspector_enabled
         except Exception as e:  # markers already popped are counted, never lost
             self._drop_invalid("encode_error", count, f"{type(e).__name__}: {e}")
-            return None
-        self._seq += 1
-        return batch
+            return 0
+        return count
 
     def _checked_name(self, kind: int, step: Any, name: Any) -> str:
         """``_wire_name``, remembering names that go as given (``MAX_NAMES_REMEMBERED`` at most)."""

@@ -9,6 +9,7 @@ from agent.backends.simulated import SimulatedBackend
 from agent.markers import UNKNOWN_DEVICE, MarkerIngest
 from chopper.proto.chopper.v1 import agent_pb2 as pb
 from tests.support.hazards import HazardOutcome
+from tests.support.markers import marker_columns
 
 NOW = 1_800_000_000 * 10**9
 
@@ -239,3 +240,35 @@ def test_encoded_records_equal_the_records_encoding_at_every_length() -> None:
     result = ingest.ingest(batch(*markers), NOW)
     assert len(result.accepted) == 5 and max(m.ByteSize() for m in result.accepted) > 127
     assert result.encoded_records() == [r.SerializeToString() for r in result.records()]
+
+
+def test_a_batch_in_columns_is_ingested_as_the_same_markers_as_messages() -> None:
+    steps = full_step(3, 100) + full_step(4, 200)
+    as_messages = MarkerIngest("n1", 8).ingest(batch(*steps), NOW)
+    sparse = batch()
+    sparse.columns.CopyFrom(marker_columns(steps))
+    assert not sparse.columns.clock  # empty: every marker's clock is the CPU's
+    full = batch()
+    full.columns.CopyFrom(sparse.columns)
+    full.columns.clock.extend(m.clock for m in steps)
+    for form in (full, sparse):
+        result = MarkerIngest("n1", 8).ingest(form, NOW)
+        assert result.accepted == as_messages.accepted and result.closed_steps == as_messages.closed_steps
+        assert result.encoded_records() == as_messages.encoded_records()
+    both = batch(*steps[:6])  # messages first, then columns: one batch's order
+    both.columns.CopyFrom(marker_columns(steps[6:]))
+    assert MarkerIngest("n1", 8).ingest(both, NOW).accepted == as_messages.accepted
+
+
+@pytest.mark.parametrize("garble", [
+    lambda c: c.step.pop(),  # a column shorter than ts_ns
+    lambda c: c.flops.pop(),  # an optional column neither full nor empty
+    lambda c: c.name.__setitem__(0, 9),  # a name index beyond the names
+])
+def test_columns_that_do_not_line_up_reject_the_batch_with_the_fix(garble: object) -> None:
+    b = batch()
+    b.columns.CopyFrom(marker_columns(full_step(3, 100)))
+    garble(b.columns)  # type: ignore[operator]
+    result = MarkerIngest("n1", 8).ingest(b, NOW)
+    assert result.rejected == {"bad_columns": 6} and not result.accepted
+    assert "send every column with one entry per marker" in result.errors[0]

@@ -203,7 +203,7 @@ def test_batches_fit_the_smallest_message_an_agent_takes(sock: Path, hazard: Haz
     finally:
         server.stop(None)
     s = c.stats()
-    sizes = [b.ByteSize() for b in rec.batches]
+    sizes = [b.ByteSize() for b in rec.wire]
     assert s["sent"] == len(rec.markers()) == 4096 and s["dropped"] == 0 and s["last_error"] == ""
     assert max(sizes) <= _BATCH_BYTES + 2048 < SMALLEST_AGENT_MESSAGE
     hazard.outcome = (f"{s['sent']} of {s['queued']} markers received in {len(sizes)} batches of at most "
@@ -238,3 +238,33 @@ def test_every_batch_says_whether_the_inspector_plugin_is_on(sock: Path, monkeyp
     finally:
         server.stop(None)
     assert rec.batches and {b.inspector_enabled for b in rec.batches} == {sent}
+
+
+def test_plain_markers_go_in_columns_and_arrive_as_the_markers_they_were(sock: Path) -> None:
+    rec = Recorder()
+    server = start_server(sock, rec)
+    try:
+        c = fast_client(sock, max_batch=64, control=False)
+        for i in range(8):
+            with c.step(i, flops=1.5e12, tokens=4096):
+                with c.phase("forward"):
+                    pass
+                with c.collective("all_reduce", bytes=1 << 20):
+                    pass
+            if i == 0:
+                assert rec.wait_for(lambda got: len(got) == 6)
+        assert rec.wait_for(lambda got: len(got) == 48)
+        with c.phase("x" * 300):  # over the name limit: dropped alone, from a batch of messages
+            pass
+        c.shutdown(FLUSH_S)
+    finally:
+        server.stop(None)
+    s = c.stats()
+    assert s["sent"] == 48 and s["dropped_invalid_by_reason"] == {"bad_name": 2}
+    # A new name goes as messages once (its check), then every batch is columns.
+    assert rec.wire[0].markers and any(b.columns.ts_ns and not b.markers for b in rec.wire)
+    got = [(m.kind, m.step, m.name, m.flops, m.tokens, m.bytes, m.clock) for m in rec.markers()]
+    assert got[:6] == [(1, 0, "", 0.0, 0, 0, 1), (3, 0, "forward", 0.0, 0, 0, 1), (4, 0, "forward", 0.0, 0, 0, 1),
+                       (5, 0, "all_reduce", 0.0, 0, 1 << 20, 1), (6, 0, "all_reduce", 0.0, 0, 1 << 20, 1),
+                       (2, 0, "", 1.5e12, 4096, 0, 1)]
+    assert got == [(kind, i, *rest) for i in range(8) for kind, _, *rest in got[:6]]

@@ -35,6 +35,7 @@ from chopper.attribution.store_reader import read_step_store
 from chopper.daemon.grpc_decode import Garbled, decoder
 from chopper.proto.chopper.v1 import agent_pb2 as pb
 from chopper.proto.chopper.v1 import aggregator_pb2 as apb
+from tests.support.markers import marker_columns
 from tests.support.strategies import fuzz, length_delimited, wire
 
 NS = 1_000_000_000
@@ -42,7 +43,7 @@ NOW = 1_700_000_000 * NS
 # Every request type either server decodes.
 REQUESTS = (pb.MarkerBatch, pb.GetInfoRequest, pb.SubscribeRequest, pb.ControlHello, pb.CaptureRequest,
             pb.CaptureResult, apb.SummaryBatch, apb.QueryStepsRequest)
-HEADER_REASONS = {"bad_job", "bad_rank", "bad_gpu", "batch_too_large"}
+HEADER_REASONS = {"bad_job", "bad_rank", "bad_gpu", "batch_too_large", "bad_columns"}
 
 
 @pytest.mark.slow
@@ -85,14 +86,36 @@ _plausible_batch = st.builds(
 )
 
 
+def _in_columns(batch: pb.MarkerBatch) -> pb.MarkerBatch:
+    out = pb.MarkerBatch()
+    out.CopyFrom(batch)
+    out.ClearField("markers")
+    out.columns.CopyFrom(marker_columns(list(batch.markers)))
+    return out
+
+
+# Columns as chopper.Client sends them, and columns free to disagree in length or name index.
+_column_batch = _plausible_batch.map(_in_columns)
+_small = st.lists(st.integers(-1, 5), max_size=5)
+_garbled_columns = st.builds(
+    pb.MarkerBatch, job=st.just("j"), rank=st.just(0), gpu=st.just(0),
+    columns=st.builds(pb.MarkerColumns, ts_ns=st.lists(st.integers(NOW - 10**9, NOW + 10**9), max_size=5),
+                      kind=st.lists(st.integers(0, 7), max_size=5), step=_small,
+                      name=st.lists(st.integers(0, 3), max_size=5), names=st.lists(st.sampled_from(["", "forward"]),
+                                                                                   max_size=3),
+                      flops=st.lists(st.floats(), max_size=5), tokens=_small, bytes=_small,
+                      clock=st.lists(st.integers(0, 3), max_size=5)),
+)
+
+
 def _check_ingest(ingest: MarkerIngest, batch: pb.MarkerBatch) -> None:
     result = ingest.ingest(batch, NOW)
     rejected = sum(result.rejected.values())
     assert set(result.rejected) <= set(REJECTION_REASONS)
     if set(result.rejected) & HEADER_REASONS:
-        assert (len(result.accepted), rejected) == (0, max(1, len(batch.markers)))
+        assert (len(result.accepted), rejected) == (0, max(1, markers.marker_count(batch)))
     else:
-        assert len(result.accepted) + rejected == len(batch.markers)
+        assert len(result.accepted) + rejected == markers.marker_count(batch)
     assert bool(result.errors) == bool(rejected)
     assert len(result.errors) <= markers.MAX_ERRORS_REPORTED and all(result.errors)
     for closed in result.closed_steps:
@@ -105,7 +128,8 @@ def _check_ingest(ingest: MarkerIngest, batch: pb.MarkerBatch) -> None:
 
 @pytest.mark.slow
 @fuzz(300, timeout_s=120)
-@given(st.lists(st.one_of(_plausible_batch, wire(pb.MarkerBatch, _plausible_batch)), min_size=1, max_size=6))
+@given(st.lists(st.one_of(_plausible_batch, _column_batch, _garbled_columns, wire(pb.MarkerBatch, _plausible_batch)),
+                min_size=1, max_size=6))
 def test_marker_ingest_accounts_for_every_marker(batches: list[pb.MarkerBatch | bytes]) -> None:
     ingest = MarkerIngest("n1", gpu_count=2)
     for item in batches:

@@ -10,14 +10,28 @@ from typing import Any
 
 import grpc
 
+from agent.markers import batch_markers
 from chopper.proto.chopper.v1 import agent_pb2, agent_pb2_grpc
+
+
+def as_messages(batch: agent_pb2.MarkerBatch) -> agent_pb2.MarkerBatch:
+    """``batch`` with the markers of its ``columns`` as ``Marker`` messages, the agent's way, so tests read one form."""
+    if not batch.columns.ts_ns:
+        return batch
+    copy = agent_pb2.MarkerBatch()
+    copy.CopyFrom(batch)
+    copy.ClearField("columns")
+    del copy.markers[:]
+    copy.markers.extend(batch_markers(batch))
+    return copy
 
 
 class Recorder(agent_pb2_grpc.AgentServicer):
     """A minimal agent: keeps every batch it receives, answers with the count when a stream ends."""
 
     def __init__(self) -> None:
-        self.batches: list[agent_pb2.MarkerBatch] = []
+        self.batches: list[agent_pb2.MarkerBatch] = []  # as_messages of each
+        self.wire: list[agent_pb2.MarkerBatch] = []  # each batch as sent
         self.cond = threading.Condition()
         self.streams = 0
 
@@ -25,9 +39,11 @@ class Recorder(agent_pb2_grpc.AgentServicer):
         with self.cond:
             self.streams += 1
         n = 0
-        for batch in request_iterator:
+        for received in request_iterator:
+            batch = as_messages(received)
             with self.cond:
                 self.batches.append(batch)
+                self.wire.append(received)
                 self.cond.notify_all()
             n += len(batch.markers)
         return agent_pb2.PushMarkersResponse(accepted=n)

@@ -24,3 +24,18 @@ def steps_batch(first: int, count: int, t0: int, job: str = "j") -> pb.MarkerBat
             pb.Marker(kind=END, step=step, ts_ns=t + 35_000_000, flops=1e12, tokens=256),
         ]
     return pb.MarkerBatch(job=job, rank=1, gpu=1, seq=1, pid=os.getpid(), markers=markers)
+
+
+def marker_columns(markers: list[pb.Marker]) -> pb.MarkerColumns:
+    """``markers`` in column form as ``chopper.Client`` sends them: a column of all zeros left empty."""
+    names = list(dict.fromkeys(m.name for m in markers))
+    index = {name: i for i, name in enumerate(names)}
+    columns = pb.MarkerColumns(ts_ns=[m.ts_ns for m in markers], kind=[m.kind for m in markers],
+                               step=[m.step for m in markers], name=[index[m.name] for m in markers], names=names)
+    for field in ("flops", "tokens", "bytes"):
+        values = [getattr(m, field) for m in markers]
+        if any(values):
+            getattr(columns, field).extend(values)
+    if any(m.clock != pb.CLOCK_SOURCE_CPU for m in markers):  # an empty clock column means CPU
+        columns.clock.extend(m.clock for m in markers)
+    return columns

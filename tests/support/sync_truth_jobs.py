@@ -57,6 +57,7 @@ import torch.multiprocessing as mp
 from torch import nn
 
 import chopper
+from agent.markers import batch_markers
 from chopper.attribution.exposed_comm import exposed_seconds
 from chopper.attribution.markers import paired_intervals
 from chopper.demo.run import free_port
@@ -76,9 +77,10 @@ class Recorder(agent_pb2_grpc.AgentServicer):
     def PushMarkers(self, request_iterator: Iterator[agent_pb2.MarkerBatch], context: grpc.ServicerContext):
         n = 0
         for batch in request_iterator:
+            markers = batch_markers(batch)
             with self.lock:
-                self.rows += [(batch.rank, m) for m in batch.markers]
-            n += len(batch.markers)
+                self.rows += [(batch.rank, m) for m in markers]
+            n += len(markers)
         return agent_pb2.PushMarkersResponse(accepted=n)
 
 

@@ -64,8 +64,30 @@ class Marker(_message.Message):
     clock: ClockSource
     def __init__(self, ts_ns: _Optional[int] = ..., kind: _Optional[_Union[MarkerKind, str]] = ..., step: _Optional[int] = ..., name: _Optional[str] = ..., flops: _Optional[float] = ..., tokens: _Optional[int] = ..., bytes: _Optional[int] = ..., clock: _Optional[_Union[ClockSource, str]] = ...) -> None: ...
 
+class MarkerColumns(_message.Message):
+    __slots__ = ("ts_ns", "kind", "step", "name", "names", "flops", "tokens", "bytes", "clock")
+    TS_NS_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    NAMES_FIELD_NUMBER: _ClassVar[int]
+    FLOPS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    CLOCK_FIELD_NUMBER: _ClassVar[int]
+    ts_ns: _containers.RepeatedScalarFieldContainer[int]
+    kind: _containers.RepeatedScalarFieldContainer[MarkerKind]
+    step: _containers.RepeatedScalarFieldContainer[int]
+    name: _containers.RepeatedScalarFieldContainer[int]
+    names: _containers.RepeatedScalarFieldContainer[str]
+    flops: _containers.RepeatedScalarFieldContainer[float]
+    tokens: _containers.RepeatedScalarFieldContainer[int]
+    bytes: _containers.RepeatedScalarFieldContainer[int]
+    clock: _containers.RepeatedScalarFieldContainer[ClockSource]
+    def __init__(self, ts_ns: _Optional[_Iterable[int]] = ..., kind: _Optional[_Iterable[_Union[MarkerKind, str]]] = ..., step: _Optional[_Iterable[int]] = ..., name: _Optional[_Iterable[int]] = ..., names: _Optional[_Iterable[str]] = ..., flops: _Optional[_Iterable[float]] = ..., tokens: _Optional[_Iterable[int]] = ..., bytes: _Optional[_Iterable[int]] = ..., clock: _Optional[_Iterable[_Union[ClockSource, str]]] = ...) -> None: ...
+
 class MarkerBatch(_message.Message):
-    __slots__ = ("job", "rank", "gpu", "seq", "markers", "client_dropped_total", "pid", "device_uuid", "inspector_enabled")
+    __slots__ = ("job", "rank", "gpu", "seq", "markers", "client_dropped_total", "pid", "device_uuid", "inspector_enabled", "columns")
     JOB_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     GPU_FIELD_NUMBER: _ClassVar[int]
@@ -75,6 +97,7 @@ class MarkerBatch(_message.Message):
     PID_FIELD_NUMBER: _ClassVar[int]
     DEVICE_UUID_FIELD_NUMBER: _ClassVar[int]
     INSPECTOR_ENABLED_FIELD_NUMBER: _ClassVar[int]
+    COLUMNS_FIELD_NUMBER: _ClassVar[int]
     job: str
     rank: int
     gpu: int
@@ -84,7 +107,8 @@ class MarkerBatch(_message.Message):
     pid: int
     device_uuid: str
     inspector_enabled: bool
-    def __init__(self, job: _Optional[str] = ..., rank: _Optional[int] = ..., gpu: _Optional[int] = ..., seq: _Optional[int] = ..., markers: _Optional[_Iterable[_Union[Marker, _Mapping]]] = ..., client_dropped_total: _Optional[int] = ..., pid: _Optional[int] = ..., device_uuid: _Optional[str] = ..., inspector_enabled: _Optional[bool] = ...) -> None: ...
+    columns: MarkerColumns
+    def __init__(self, job: _Optional[str] = ..., rank: _Optional[int] = ..., gpu: _Optional[int] = ..., seq: _Optional[int] = ..., markers: _Optional[_Iterable[_Union[Marker, _Mapping]]] = ..., client_dropped_total: _Optional[int] = ..., pid: _Optional[int] = ..., device_uuid: _Optional[str] = ..., inspector_enabled: _Optional[bool] = ..., columns: _Optional[_Union[MarkerColumns, _Mapping]] = ...) -> None: ...
 
 class PushMarkersResponse(_message.Message):
     __slots__ = ("accepted", "rejected", "errors")
