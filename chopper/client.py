@@ -823,7 +823,8 @@ class Client:
         try:
             kinds, stamps, steps, names, flops, tokens, nbytes = zip(*itertools.islice(q, count), strict=True)
             distinct = dict.fromkeys(names)
-            if not self._names_ok.issuperset(distinct):
+            # str exactly: an enum member equal to a checked name may be sent as another text (str(member)).
+            if not self._names_ok.issuperset(distinct) or any(name.__class__ is not str for name in distinct):
                 return 0
             fit = (_BATCH_BYTES - 4 * sum(map(len, distinct))) // _COLUMN_MARKER_BYTES
             if fit < count:

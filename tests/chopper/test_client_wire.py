@@ -6,6 +6,7 @@ costs only the smallest unit that holds it: a field, a marker, never a batch or 
 """
 from __future__ import annotations
 
+import enum
 import logging
 import os
 import tempfile
@@ -16,8 +17,9 @@ from pathlib import Path
 import grpc
 import pytest
 
+from agent.markers import batch_markers
 from chopper.client import _BATCH_BYTES, Client
-from chopper.proto.chopper.v1 import agent_pb2_grpc
+from chopper.proto.chopper.v1 import agent_pb2, agent_pb2_grpc
 from tests.support.client_under_test import FLUSH_S, fast_client, invariant_holds
 from tests.support.hazards import HazardOutcome
 from tests.support.marker_recorder import Recorder, short_socket_path, start_server
@@ -268,3 +270,22 @@ def test_plain_markers_go_in_columns_and_arrive_as_the_markers_they_were(sock: P
                        (5, 0, "all_reduce", 0.0, 0, 1 << 20, 1), (6, 0, "all_reduce", 0.0, 0, 1 << 20, 1),
                        (2, 0, "", 1.5e12, 4096, 0, 1)]
     assert got == [(kind, i, *rest) for i in range(8) for kind, _, *rest in got[:6]]
+
+
+def test_a_name_that_only_equals_a_checked_one_goes_as_its_own_text() -> None:
+    class Phase(str, enum.Enum):  # noqa: UP042 - as training code writes it: str() is not its value
+        FORWARD = "forward"
+
+    c = Client("j", 0, 0, "unix:///nonexistent.sock", start=False, control=False)
+    with c.phase("forward"):
+        pass
+    first = c._pack(agent_pb2)
+    with c.phase(Phase.FORWARD):  # equal to "forward", but its text is str(member)
+        pass
+    second = c._pack(agent_pb2)
+    with c.phase("forward"):
+        pass
+    third = c._pack(agent_pb2)
+    assert first is not None and second is not None and third is not None
+    assert [m.name for m in batch_markers(second)] == [str(Phase.FORWARD)] * 2 and second.markers
+    assert [m.name for m in batch_markers(third)] == ["forward"] * 2 and third.columns.ts_ns
