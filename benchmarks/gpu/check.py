@@ -14,7 +14,8 @@ One run, a few minutes, nothing changed on the device (``provenance.NOT_CHANGED`
    up for ``--warmup`` seconds.
 4. Start recording the agent (``chopper.runs.record.record`` from now on) and following its live step
    summaries, train for ``--duration`` seconds timed by the loop's own device events, flush the
-   markers, wait a few sample periods so that samples cover the last step, stop both.
+   markers, wait a few sample periods so that samples cover the last step, stop the recording,
+   and stop following once a live summary of every trained step is in (``LIVE_WAIT_S`` at most).
 5. Attribute the recorded run (``chopper.attribution``), compute the figures (``figures``), check
    that the rank's GPU is the one torch trained on (by UUID), write ``PROVENANCE.md`` and
    ``check.json`` into the run directory and print the figures.
@@ -58,6 +59,9 @@ SIM_MODEL = "H200"  # the dry run simulates the GPU this check is first meant fo
 AGENT_START_S = 60.0
 # Sample periods waited after the last step, so that a sample after its end reaches the recording.
 SETTLE_PERIODS = 3
+# Longest wait for the last steps' live summaries, s: the agent summarises every 0.5 s and batches
+# Subscribe 0.25 s apart (agent/daemon.py, agent/server.py), with room for a loaded machine.
+LIVE_WAIT_S = 10.0
 
 
 class CheckFailed(Exception):
@@ -181,6 +185,13 @@ class LiveSummaries:
         except grpc.RpcError as exc:
             if exc.code() != grpc.StatusCode.CANCELLED:  # cancelled is how stop() ends it
                 raise
+
+    def wait_for(self, count: int, timeout_s: float) -> bool:
+        """Whether ``count`` summaries arrived within ``timeout_s`` (the stream keeps running)."""
+        deadline = time.monotonic() + timeout_s
+        while len(self.summaries) < count and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return len(self.summaries) >= count
 
     def stop(self) -> dict[str, Any]:
         """End the stream; the summaries' count, timestamp sources and MFU (Σ ideal / Σ step time)."""
@@ -344,6 +355,7 @@ def _train_and_record(args: argparse.Namespace, backend: str, device: Any, torch
     time.sleep(SETTLE_PERIODS / info.sample_hz)
     stop.set()
     stats = recording.join(30.0)
+    live.wait_for(loop.steps, LIVE_WAIT_S)
     live_figures = live.stop()
     if agent.exit_code() is not None:
         raise CheckFailed(f"the agent exited with {agent.exit_code()} during the run; its log ends:\n"
