@@ -49,7 +49,7 @@ from agent.health import HealthTracker
 from agent.history import SampleHistory
 from agent.inspector.feed import InspectorFeed
 from agent.inspector.watch import DumpDirWatcher
-from agent.markers import ClosedStep, IngestResult, MarkerIngest, RankState, marker_count
+from agent.markers import ClosedStep, IngestResult, MarkerIngest, RankState
 from agent.podresources import device_ids
 from agent.positions import position
 from agent.sample_wire import sample_wire
@@ -60,7 +60,7 @@ from agent.workload import PciAddressed, build_tracker
 from chopper import __version__
 from chopper.daemon.access import Refusals
 from chopper.proto.chopper.v1 import agent_pb2 as pb
-from chopper.schema import DeviceInfo, ErrorCount, Sample
+from chopper.schema import DeviceInfo, ErrorCount, Sample, marker_count
 
 if TYPE_CHECKING:
     from agent.host import HostSample, HostSampler

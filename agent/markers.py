@@ -41,7 +41,7 @@ from operator import itemgetter
 from chopper.identity.device import UNRESOLVED, canonical_uuid, match_uuid
 from chopper.identity.jobname import job_name_problem, marker_name_problem
 from chopper.proto.chopper.v1 import agent_pb2 as pb
-from chopper.schema import MAX_MARKERS_PER_BATCH, MarkerKind
+from chopper.schema import MAX_MARKERS_PER_BATCH, MarkerKind, marker_count
 
 # Phases and collectives begun and not yet ended, per rank: real loops hold a handful, so this
 # only bounds the agent's memory against a client that begins and never ends.
@@ -430,11 +430,6 @@ class MarkerIngest:
         if flags:
             _flag_open_step(state, m.step, flags)
         return None
-
-
-def marker_count(batch: pb.MarkerBatch) -> int:
-    """Markers a batch holds, in both forms."""
-    return len(batch.markers) + len(batch.columns.ts_ns)
 
 
 def batch_markers(batch: pb.MarkerBatch) -> Sequence[pb.Marker]:

@@ -80,7 +80,7 @@ from chopper.identity.jobname import (
 )
 from chopper.identity.launcher import MAX_INDEX
 from chopper.profiler import CaptureControl
-from chopper.schema import MAX_MARKERS_PER_BATCH, PID_METADATA, UNREAD_METADATA, ClockSource, MarkerKind
+from chopper.schema import MAX_MARKERS_PER_BATCH, PID_METADATA, UNREAD_METADATA, ClockSource, MarkerKind, marker_count
 
 if TYPE_CHECKING:
     from chopper.proto.chopper.v1 import agent_pb2
@@ -749,7 +749,7 @@ class Client:
                 ):
                     batch = self._pack(pb2)
                     if batch is not None:
-                        stream.inflight = len(batch.markers) + len(batch.columns.ts_ns)
+                        stream.inflight = marker_count(batch)
                         last_flush = now
             if batch is not None:
                 yield batch

@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass, fields
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 NAN = math.nan
 
@@ -25,6 +25,11 @@ PID_METADATA = "chopper-pid"
 # Trailing metadata of a call refused before the server read any of its messages: a client that
 # wrote batches on such a stream counts them dropped, not sent.
 UNREAD_METADATA = "chopper-unread"
+
+
+def marker_count(batch: Any) -> int:
+    """Markers a ``MarkerBatch`` holds, as messages and as columns (docs/DATA_MODEL.md)."""
+    return len(batch.markers) + len(batch.columns.ts_ns)
 
 
 class MarkerKind(enum.IntEnum):

@@ -32,7 +32,7 @@ from chopper.trace.frames import (
     Columns,
 )
 from chopper.trace.nesting import NestingGuard, Readable, TooDeep
-from chopper.trace.timestamps import MAX_NS, US_NS, hta_rounds, kineto_time_ns
+from chopper.trace.timestamps import MAX_NS, MAX_US, US_NS, hta_rounds, kineto_time_ns
 from chopper.trace.toplevel import HeadError, split_head
 
 if TYPE_CHECKING:
@@ -55,7 +55,6 @@ _TAIL_BYTES = 1 << 16
 # Events read between moves of the frames' rows into their typed arrays (_Columns.flush).
 _FLUSH_EVERY = 1 << 14
 _I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
-_MAX_US = MAX_NS // US_NS  # whole µs within the bound of kineto_time_ns
 _RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
 
 
@@ -398,7 +397,7 @@ def _read_stream(path: Path) -> tuple[dict[str, Any], dict[str, Any], dict[str, 
             cat = e.get("cat")
             ts = e.get("ts")
             ph = e.get("ph")
-            if ts.__class__ is int and -_MAX_US < ts < _MAX_US:
+            if ts.__class__ is int and -MAX_US < ts < MAX_US:
                 ts_ns: int | None = ts * US_NS
             else:
                 fractional = fractional or hta_rounds(ts)
@@ -408,7 +407,7 @@ def _read_stream(path: Path) -> tuple[dict[str, Any], dict[str, Any], dict[str, 
                 continue
             if ph == "X":
                 dur = e.get("dur", 0) or 0
-                dur_ns = dur * US_NS if dur.__class__ is int and 0 <= dur < _MAX_US else kineto_time_ns(dur)
+                dur_ns = dur * US_NS if dur.__class__ is int and 0 <= dur < MAX_US else kineto_time_ns(dur)
                 if ts_ns is None or dur_ns is None or dur_ns < 0:
                     bad_times += 1
                     continue

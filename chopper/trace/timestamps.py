@@ -26,7 +26,7 @@ import numpy as np
 US_NS = 1000  # ns per µs
 # Times and durations beyond ±2**62 ns (146 years) are garbage; the bound also keeps ts + dur in int64.
 MAX_NS = 2**62
-_MAX_US = MAX_NS / US_NS
+MAX_US = MAX_NS / US_NS  # the same bound in µs, the unit Kineto writes
 
 
 def kineto_time_ns(value: Any) -> int | None:
@@ -49,9 +49,9 @@ def kineto_time_ns(value: Any) -> int | None:
     """
     # The two exact types first and alone: the reader calls this per event.
     if type(value) is int:  # whole µs, as most traces write ts
-        return value * US_NS if -_MAX_US < value < _MAX_US else None
+        return value * US_NS if -MAX_US < value < MAX_US else None
     if type(value) is float:  # ns as decimals, as newer Kineto writes every time
-        if not -_MAX_US < value < _MAX_US:  # NaN fails too
+        if not -MAX_US < value < MAX_US:  # NaN fails too
             return None
         whole = math.floor(value)
         return whole * US_NS + round((value - whole) * US_NS)
@@ -99,4 +99,4 @@ def hta_interval(start_ns: np.ndarray, end_ns: np.ndarray, rounding: bool) -> tu
     return start, end
 
 
-__all__ = ["MAX_NS", "US_NS", "ceil_us", "hta_interval", "hta_rounds", "kineto_time_ns"]
+__all__ = ["MAX_NS", "MAX_US", "US_NS", "ceil_us", "hta_interval", "hta_rounds", "kineto_time_ns"]

@@ -35,6 +35,7 @@ from chopper.attribution.store_reader import read_step_store
 from chopper.daemon.grpc_decode import Garbled, decoder
 from chopper.proto.chopper.v1 import agent_pb2 as pb
 from chopper.proto.chopper.v1 import aggregator_pb2 as apb
+from chopper.schema import marker_count
 from tests.support.markers import marker_columns
 from tests.support.strategies import fuzz, length_delimited, wire
 
@@ -113,9 +114,9 @@ def _check_ingest(ingest: MarkerIngest, batch: pb.MarkerBatch) -> None:
     rejected = sum(result.rejected.values())
     assert set(result.rejected) <= set(REJECTION_REASONS)
     if set(result.rejected) & HEADER_REASONS:
-        assert (len(result.accepted), rejected) == (0, max(1, markers.marker_count(batch)))
+        assert (len(result.accepted), rejected) == (0, max(1, marker_count(batch)))
     else:
-        assert len(result.accepted) + rejected == markers.marker_count(batch)
+        assert len(result.accepted) + rejected == marker_count(batch)
     assert bool(result.errors) == bool(rejected)
     assert len(result.errors) <= markers.MAX_ERRORS_REPORTED and all(result.errors)
     for closed in result.closed_steps:
