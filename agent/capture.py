@@ -75,7 +75,8 @@ class Listener:
     rank: int
     pid: int
     order: int
-    commands: queue.Queue[pb.ControlCommand] = field(default_factory=queue.Queue)
+    # None: the stream ended (agent.server's Control).
+    commands: queue.Queue[pb.ControlCommand | None] = field(default_factory=queue.Queue)
 
 
 @dataclass(eq=False)

@@ -249,12 +249,14 @@ METRICS: tuple[MetricSpec, ...] = (
         "field.", (*NODE, "field"),
     ),
     MetricSpec(
-        "chopper_agent_messages_undecodable_total", "counter", "gRPC messages that were not valid protobuf.",
+        "chopper_agent_messages_undecodable_total", "counter",
+        "gRPC messages (and marker socket datagrams, as PushMarkers) that were not valid protobuf.",
         (*NODE, "method"),
     ),
     MetricSpec(
         "chopper_agent_rpc_refused_total", "counter",
-        "RPCs refused by the access checks, by RPC and reason (see docs/METRICS.md, docs/SECURITY.md).",
+        "RPCs refused by the access checks, by RPC and reason; the marker socket's refused connections and datagrams "
+        "count as PushMarkers (see docs/METRICS.md, docs/SECURITY.md).",
         (*NODE, "rpc", "reason"),
     ),
     MetricSpec("chopper_agent_token_file_reloads_total", "counter",
@@ -270,7 +272,8 @@ METRICS: tuple[MetricSpec, ...] = (
                (*NODE, "files", "reason")),
     MetricSpec("chopper_agent_socket_recreated_total", "counter",
                "Times the trainers' unix socket was served again after its file was removed.", NODE),
-    MetricSpec("chopper_agent_marker_streams", "gauge", "Open PushMarkers streams from trainers.", NODE),
+    MetricSpec("chopper_agent_marker_streams", "gauge",
+               "Open marker streams from trainers: PushMarkers calls and marker socket connections.", NODE),
     MetricSpec("chopper_agent_subscribers", "gauge", "Open Subscribe streams from consumers.", NODE),
     MetricSpec("chopper_agent_step_summaries_total", "counter", "Step summaries computed.", NODE),
     MetricSpec("chopper_agent_ranks", "gauge", "(job, rank)s the agent tracks: each has chopper_rank_* series.",

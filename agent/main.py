@@ -20,6 +20,8 @@ from agent.capture import log_access
 from agent.config import AgentSettings, ConfigError, check_access, load_settings
 from agent.daemon import Agent
 from agent.host import HostSampler
+from agent.marker_socket import MarkerSocket
+from agent.marker_streams import MarkerStreams
 from agent.metrics import AgentCollector
 from agent.server import TelemetryHub, build_server
 from agent.unix_socket import SocketInUse, SocketKeeper, remove_socket
@@ -73,12 +75,22 @@ def _serve(settings: AgentSettings, stop: StopSignals) -> int:
         print(f"chopper-agent: {exc}", file=sys.stderr)
         agent.stop()
         return 2
+    markers = MarkerStreams(agent)
     try:
-        server, grpc_bound = build_server(agent, hub, settings)
+        server, grpc_bound = build_server(agent, hub, settings, markers)
     except (SocketInUse, ConfigError, OSError, RuntimeError) as exc:
         print(f"chopper-agent: cannot serve gRPC: {exc}", file=sys.stderr)
         httpd.shutdown()
         agent.stop()
+        return 2
+    try:
+        marker_socket = MarkerSocket(markers, settings).start()
+    except (SocketInUse, ConfigError, OSError) as exc:
+        print(f"chopper-agent: cannot serve the marker socket: {exc}", file=sys.stderr)
+        server.stop(0)
+        httpd.shutdown()
+        agent.stop()
+        remove_socket(settings.socket_path)
         return 2
     agent.start()
     if int(settings.socket_mode, 8) & 0o006:
@@ -86,8 +98,8 @@ def _serve(settings: AgentSettings, stop: StopSignals) -> int:
                     "any job and subscribe; use 0660 with socket_group for the trainers'", settings.socket_path,
                     settings.socket_mode)
     log.info(
-        "event=started node=%s backend=%s gpus=%d socket=%s grpc=%s metrics=http://%s/metrics sample_hz=%g",
-        settings.node, backend.name, len(agent.devices), settings.socket_path, grpc_bound or "-",
+        "event=started node=%s backend=%s gpus=%d socket=%s markers=%s grpc=%s metrics=http://%s/metrics sample_hz=%g",
+        settings.node, backend.name, len(agent.devices), settings.socket_path, marker_socket.path, grpc_bound or "-",
         metrics_addr, settings.sample_hz,
     )
     log_access(settings)
@@ -105,6 +117,7 @@ def _serve(settings: AgentSettings, stop: StopSignals) -> int:
     log.info("event=stopping signal=%s", stop.received or "-")
     supervision.stop()
     keeper.stop()
+    marker_socket.stop()
     server.stop(grace=2.0).wait(5.0)
     agent.stop()
     httpd.shutdown()

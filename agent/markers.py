@@ -53,6 +53,10 @@ MAX_ERRORS_REPORTED = 8
 UNKNOWN_DEVICE = "unknown_device"
 # Sender processes remembered per (job, rank) for gap detection and client drop counts.
 MAX_SENDERS_PER_RANK = 64
+# Job names checked once and remembered; a flood of new names clears the set, never grows it past this.
+MAX_JOBS_REMEMBERED = 4096
+_DEVICE_FIX = ("list this node's devices in that variable, call chopper.init() after torch.cuda.set_device(), or "
+               "set CHOPPER_GPU; the training log's event=identity line names the variable")
 
 # Every reason a marker can be rejected for: the ``reason`` label of
 # ``chopper_agent_markers_rejected_total``, documented in docs/METRICS.md.
@@ -226,6 +230,7 @@ class MarkerIngest:
         self._canonical: dict[str, int] = {}
         self.device_uuids = device_uuids if device_uuids is not None else {}
         self.ranks: dict[tuple[str, int], RankState] = {}
+        self._jobs_ok: set[str] = set()  # job names that passed job_name_problem
 
     @property
     def device_uuids(self) -> dict[str, int]:
@@ -276,10 +281,11 @@ class MarkerIngest:
 
     def _device(self, batch: pb.MarkerBatch) -> tuple[int, tuple[str, ...], str]:
         """(GPU, flags, warning or "") of a batch whose header passed (module docstring, step 1a)."""
-        who = f"job {batch.job!r} rank {batch.rank}"
-        fix = ("list this node's devices in that variable, call chopper.init() after torch.cuda.set_device(), or set "
-               "CHOPPER_GPU; the training log's event=identity line names the variable")
         uuid = batch.device_uuid
+        if not uuid and -1 <= batch.gpu < self.gpu_count:  # the usual batch: an index the node has
+            return batch.gpu, (), ""
+        who = f"job {batch.job!r} rank {batch.rank}"
+        fix = _DEVICE_FIX
         if uuid.startswith(UNRESOLVED):
             why = uuid.removeprefix(UNRESOLVED)
             return -1, (UNKNOWN_DEVICE,), (
@@ -305,11 +311,16 @@ class MarkerIngest:
         return batch.gpu, (), ""
 
     def _check_header(self, batch: pb.MarkerBatch) -> tuple[str, str] | None:
-        job_problem = job_name_problem(batch.job)
-        if job_problem is not None:
-            return "bad_job", (
-                f"marker batch has job {batch.job[:40]!r}: {job_problem}; pass chopper.init(job=...) or set CHOPPER_JOB"
-            )
+        job = batch.job
+        if job not in self._jobs_ok:  # every batch of a rank names its job: check each name once
+            job_problem = job_name_problem(job)
+            if job_problem is not None:
+                return "bad_job", (
+                    f"marker batch has job {job[:40]!r}: {job_problem}; pass chopper.init(job=...) or set CHOPPER_JOB"
+                )
+            if len(self._jobs_ok) >= MAX_JOBS_REMEMBERED:
+                self._jobs_ok.clear()
+            self._jobs_ok.add(job)
         if batch.rank < 0:
             return "bad_rank", f"marker batch has rank {batch.rank}: ranks are >= 0; pass chopper.init(rank=...)"
         count = marker_count(batch)

@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import logging
 import math
-import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ import grpc
 from agent.capture import CaptureBusy, CaptureError, CaptureInvalid, CaptureNotFound
 from agent.config import AgentSettings
 from agent.daemon import Agent
+from agent.marker_streams import MarkerStreams
 from agent.unix_socket import prepare_socket_path, serve_socket
 from agent.wire import length_delimited
 from chopper.daemon.grpc_decode import checked_service
@@ -52,12 +52,8 @@ IDLE_WAIT_S = 0.5
 # samples are filed every 0.1 s and summaries made every 0.5 s (agent.daemon), so a subscriber
 # sees them at most this much later.
 BATCH_INTERVAL_S = 0.25
-REJECTION_LOG_INTERVAL_S = 10.0
 # How often subscribers of step summaries are sent where the ranks are (docs/HANGS.md), s.
 POSITIONS_INTERVAL_S = 1.0
-# Unknown-device warnings (one per rank) let through per period; the rest are counted in the next line.
-DEVICE_WARNINGS_PER_PERIOD = 20
-DEVICE_WARNING_PERIOD_S = 60.0
 
 
 class TelemetryHub:
@@ -78,81 +74,20 @@ class TelemetryHub:
                 self._cond.wait(timeout)
 
 
-class LogBudget:
-    """Lets ``burst`` log lines through per ``period_s``; those held back are counted for the next one let through.
-
-    Warnings that are once per rank (an unresolved GPU) are once per made-up rank under a flood of
-    them: this keeps the log to a bounded rate while the counters on ``/metrics`` keep the totals.
-    """
-
-    def __init__(self, burst: int, period_s: float, clock: Callable[[], float] = time.monotonic) -> None:
-        self.burst = burst
-        self.period_s = period_s
-        self._clock = clock
-        self._lock = threading.Lock()
-        self._window_start = -math.inf
-        self._used = 0
-        self._held = 0
-
-    def take(self) -> int | None:
-        """None when this line is to be held back; else the number held back since the last line let through."""
-        with self._lock:
-            now = self._clock()
-            if now - self._window_start >= self.period_s:
-                self._window_start, self._used = now, 0
-            if self._used >= self.burst:
-                self._held += 1
-                return None
-            self._used += 1
-            held, self._held = self._held, 0
-            return held
-
-
 class AgentServicer:
     """Implements ``chopper.v1.Agent`` over an ``Agent``."""
 
-    def __init__(self, agent: Agent, hub: TelemetryHub) -> None:
+    def __init__(self, agent: Agent, hub: TelemetryHub, markers: MarkerStreams | None = None) -> None:
         self.agent = agent
         self.hub = hub
-        self._last_rejection_log = 0.0
-        self._last_field_log = 0.0
-        self._device_log = LogBudget(DEVICE_WARNINGS_PER_PERIOD, DEVICE_WARNING_PERIOD_S)
+        self.markers = markers if markers is not None else MarkerStreams(agent)
 
     def PushMarkers(self, requests: Iterator[Any], context: grpc.ServicerContext) -> pb.PushMarkersResponse:
-        agent = self.agent
         response = pb.PushMarkersResponse()
-        agent.count(agent.open_streams, "PushMarkers")
-        try:
+        with self.markers.open():
             for batch in requests:
-                result = agent.push_markers(batch)
-                for warning in result.warnings:  # each once per rank and problem (agent.markers)
-                    held = self._device_log.take()
-                    if held is not None:
-                        log.warning("event=unknown_device problem=%r held_back=%d", warning, held)
-                response.accepted += len(result.accepted)
-                rejected = sum(result.rejected.values())
-                if rejected:
-                    response.rejected += rejected
-                    room = 8 - len(response.errors)
-                    response.errors.extend(result.errors[: max(0, room)])
-                    self._log_rejections(result.errors)
-                if result.field_problems:
-                    self._log_field_problems(result.field_problems)
-        finally:
-            agent.count(agent.open_streams, "PushMarkers", -1)
+                self.markers.take(batch, response)
         return response
-
-    def _log_rejections(self, errors: list[str]) -> None:
-        now = time.monotonic()
-        if errors and now - self._last_rejection_log >= REJECTION_LOG_INTERVAL_S:
-            self._last_rejection_log = now
-            log.warning("event=markers_rejected first=%r", errors[0])
-
-    def _log_field_problems(self, problems: list[str]) -> None:
-        now = time.monotonic()
-        if now - self._last_field_log >= REJECTION_LOG_INTERVAL_S:
-            self._last_field_log = now
-            log.warning("event=marker_fields_dropped first=%r note='the markers were kept'", problems[0])
 
     def GetInfo(self, request: Any, context: grpc.ServicerContext) -> pb.AgentInfo:
         return self.agent.info()
@@ -214,13 +149,16 @@ class AgentServicer:
         agent = self.agent
         listener = agent.captures.attach(request.job, request.rank, request.pid)
         agent.count(agent.open_streams, "Control")
+        # The end of the call (the process went away, or the server stops) wakes the wait with None,
+        # so a stream that gets no command costs no wake-ups: a timed wait here woke one thread per
+        # training process twice a second.
+        ended = not context.add_callback(lambda: listener.commands.put(None))  # False: it ended already
         try:
-            while context.is_active():
-                try:
-                    # The timeout only lets the loop notice a client that went away.
-                    yield listener.commands.get(timeout=IDLE_WAIT_S)
-                except queue.Empty:
-                    continue
+            while not ended and context.is_active():
+                command = listener.commands.get()
+                if command is None:
+                    return
+                yield command
         finally:
             agent.captures.detach(listener)
             agent.count(agent.open_streams, "Control", -1)
@@ -250,18 +188,21 @@ class AgentServicer:
 TOKEN_RPCS = frozenset({"RequestCapture"})
 
 
-def build_server(agent: Agent, hub: TelemetryHub, settings: AgentSettings) -> tuple[SecureServer, str]:
+def build_server(agent: Agent, hub: TelemetryHub, settings: AgentSettings,
+                 markers: MarkerStreams | None = None) -> tuple[SecureServer, str]:
     """A started gRPC server on the unix socket (and TCP when configured, over TLS with ``tls_cert``), with health.
 
     The socket is created reachable by its owner only and only then given ``socket_group`` and
     ``socket_mode`` (``agent.unix_socket.serve_socket``), so no other user can connect in between.
+    ``markers`` takes ``PushMarkers``' batches (one of its own when None; the agent's marker
+    socket shares the one it is given, ``agent.marker_socket``).
 
     Returns:
         The server and the TCP address it bound (``grpc_listen``'s host with the port the socket
         got, so port 0 reads as the port picked), or "" without ``grpc_listen``.
     """
-    handlers = checked_service(AGENT_SERVICE, AgentServicer(agent, hub), partial(agent.count, agent.undecodable),
-                               fixes=GARBLED_FIXES, unread=UNREAD_REQUESTS)
+    handlers = checked_service(AGENT_SERVICE, AgentServicer(agent, hub, markers),
+                               partial(agent.count, agent.undecodable), fixes=GARBLED_FIXES, unread=UNREAD_REQUESTS)
     server = SecureServer(
         [handlers], [SERVICE], agent.refusals, max_workers=MAX_WORKERS,
         max_message_bytes=settings.max_message_bytes, max_send_bytes=64 * 1024 * 1024,

@@ -49,10 +49,11 @@ MAX_SOCKET_PATH_BYTES = UNIX_PATH_MAX_BYTES - SPARE_SUFFIX_BYTES
 _OTHER_PATH = "choose another socket_path (the default is /run/chopper/agent.sock)"
 
 
-def prepare_socket_path(path: Path) -> None:
+def prepare_socket_path(path: Path, kind: int = socket.SOCK_STREAM, max_bytes: int = MAX_SOCKET_PATH_BYTES) -> None:
     """Make ``path`` ready for the agent to bind its socket, or say why it cannot be.
 
-    1. The path must fit a unix socket address (``MAX_SOCKET_PATH_BYTES``).
+    1. The path must fit a unix socket address (``max_bytes``: ``MAX_SOCKET_PATH_BYTES`` leaves room
+       for the spare ``SocketKeeper`` binds beside it). ``kind`` is the socket type to be bound.
     2. Its directory is created if missing, and must be a directory the agent's user can create
        files in.
     3. What is at the path is looked at without following a symbolic link (``lstat``). Nothing:
@@ -67,10 +68,10 @@ def prepare_socket_path(path: Path) -> None:
         SocketInUse: A live process serves the socket.
     """
     size = len(os.fsencode(path))
-    if size > MAX_SOCKET_PATH_BYTES:
+    if size > max_bytes:
         raise SocketPathError(
             f"socket_path: {str(path)[:60]!r}... is {size} bytes; a unix socket path holds at most "
-            f"{MAX_SOCKET_PATH_BYTES} here ({UNIX_PATH_MAX_BYTES} bytes less room for the spare the agent binds beside "
+            f"{max_bytes} here ({UNIX_PATH_MAX_BYTES} bytes less room for the spare the agent binds beside "
             f"it); {_OTHER_PATH}, or a shorter directory")
     _prepare_directory(path.parent)
     try:
@@ -83,7 +84,7 @@ def prepare_socket_path(path: Path) -> None:
         what, fix = _describe(path, st)
         raise SocketPathError(f"socket_path: {path} is {what}, not a socket; the agent replaces only a stale socket "
                               f"and has left it untouched. {fix}")
-    if _listening(path):
+    if _listening(path, kind):
         raise SocketInUse(f"socket_path: {path} is served by another running agent; stop it or choose another path")
     try:
         current = os.lstat(path)
@@ -132,8 +133,8 @@ def _describe(path: Path, st: os.stat_result) -> tuple[str, str]:
     return ("a device file" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else f"a file of mode {mode:o}"), fix
 
 
-def _listening(path: Path) -> bool:
-    """Whether a process accepts connections on the unix socket ``path``.
+def _listening(path: Path, kind: int) -> bool:
+    """Whether a process accepts connections of ``kind`` (a socket type) on the unix socket ``path``.
 
     Only a refused connection means nobody listens. Any other failure (a full backlog, a socket
     this user may not connect to) cannot tell, so it is not taken as stale.
@@ -141,7 +142,7 @@ def _listening(path: Path) -> bool:
     Raises:
         SocketPathError: The connection failed for another reason than a refusal.
     """
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe = socket.socket(socket.AF_UNIX, kind)
     probe.settimeout(PROBE_TIMEOUT_S)
     try:
         probe.connect(str(path))
@@ -167,7 +168,7 @@ def serve_socket(server: SecureServer, sock: Path, settings: AgentSettings) -> N
             ``socket_group``; the server is stopped either way.
     """
     try:
-        with _owner_only():
+        with owner_only():
             _listen_unix(server, sock)
             server.start()
         share_socket(sock, settings)
@@ -185,7 +186,7 @@ def _listen_unix(server: SecureServer, sock: Path) -> None:
 
 
 @contextlib.contextmanager
-def _owner_only() -> Iterator[None]:
+def owner_only() -> Iterator[None]:
     """umask 0177 for the block, so a socket is created reachable by its owner only."""
     saved = os.umask(0o177)
     try:
@@ -274,7 +275,7 @@ class SocketKeeper:
             return False
         try:
             prepare_socket_path(self.path)
-            with _owner_only():
+            with owner_only():
                 self.server.serve_unix_again(str(self.path))
             share_socket(self.path, self.settings)
         except (OSError, RuntimeError, SocketInUse, ConfigError) as exc:

@@ -7,11 +7,13 @@ of a core.
 
 Method. The agent in this process, built as ``agent.main`` builds it
 (``bench_agent_cpu.in_process_agent``: simulated backend with ``GPUS`` GPUs at the default 10 Hz,
-the real gRPC server on a private unix socket, ``/metrics``, default buffers). ``RANKS`` ranks mark steps the way the
+the real gRPC server on a private unix socket and the marker socket beside it, ``/metrics``,
+default buffers). ``RANKS`` ranks mark steps the way the
 one-line DDP integration does: step, forward, backward holding ``BUCKETS`` gradient-bucket
 all-reduces, optimizer (``MARKERS_PER_STEP`` markers a step). A load process (``--load`` mode of
-this module, on the other core) pushes them over real gRPC ``PushMarkers`` streams, one per rank,
-in batches of ``batch`` markers; each step's timestamps are the load's wall clock, so steps close,
+this module, on the other core) pushes them over the agent's marker socket as ``chopper.Client``
+does (``agent.marker_socket``: one connection per rank, one datagram per batch of ``batch``
+markers); each step's timestamps are the load's wall clock, so steps close,
 wait for their covering samples and are summarised as in production. Batches are encoded in the
 load process, in the column form ``chopper.Client`` sends (``MarkerColumns``); the agent decodes,
 validates, stores and summarises them.
@@ -33,11 +35,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 if __package__ in (None, ""):  # run as a script: make the repository importable
@@ -45,6 +47,7 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 
 from benchmarks.bench_agent_cpu import in_process_agent
 from chopper.demo.run import metric_sum
+from chopper.schema import marker_socket_path
 from tests.support.markers import marker_columns
 
 GPUS = 8
@@ -176,8 +179,6 @@ def _rank_batches(pb: Any, rank: int, batch: int, rate: float, duration_s: float
 
 
 def _load(target: str, mode: str, batch: int, duration_s: float) -> dict[str, Any]:
-    import grpc
-
     from chopper.proto.chopper.v1 import agent_pb2 as pb
 
     # Flood: timestamps planned at twice the goal rate, so steps are never stamped in the future of
@@ -190,27 +191,29 @@ def _load(target: str, mode: str, batch: int, duration_s: float) -> dict[str, An
     until = time.monotonic() + duration_s
     sent = [0] * RANKS
 
-    def stream(rank: int) -> Iterator[bytes]:
+    def stream(rank: int) -> None:
+        """One rank's stream, as ``chopper.Client`` sends it: a datagram a batch, then the agent's answer."""
         next_at = time.monotonic()
-        for i, encoded in enumerate(plans[rank]):
-            if time.monotonic() >= until:
-                return
-            sent[rank] = i + 1
-            yield encoded
-            if pace_s:
-                next_at += pace_s
-                time.sleep(max(0.0, next_at - time.monotonic()))
+        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as sock:
+            sock.connect(marker_socket_path(target.removeprefix("unix://")))
+            for i, encoded in enumerate(plans[rank]):
+                if time.monotonic() >= until:
+                    break
+                sock.send(encoded)
+                sent[rank] = i + 1
+                if pace_s:
+                    next_at += pace_s
+                    time.sleep(max(0.0, next_at - time.monotonic()))
+            sock.shutdown(socket.SHUT_WR)
+            sock.settimeout(30)
+            results.append(pb.PushMarkersResponse.FromString(sock.recv(65536)))
 
     results: list[Any] = []
-    with grpc.insecure_channel(target) as channel:
-        push = channel.stream_unary("/chopper.v1.Agent/PushMarkers", request_serializer=lambda b: b,
-                                    response_deserializer=pb.PushMarkersResponse.FromString)
-        threads = [threading.Thread(target=lambda r=r: results.append(push(stream(r))), daemon=True)
-                   for r in range(RANKS)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(duration_s + 30)
+    threads = [threading.Thread(target=stream, args=(r,), daemon=True) for r in range(RANKS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(duration_s + 30)
     return {"batches_sent": sum(sent), "accepted": sum(r.accepted for r in results),
             "rejected": sum(r.rejected for r in results), "errors": [e for r in results for e in r.errors][:3]}
 

@@ -11,18 +11,23 @@ Two halves that share only a bounded queue:
 * **Sender** (one daemon thread, started with the client; grpc and the stubs are imported there,
   so ``import chopper`` stays light). Algorithm:
 
-  1. Open one channel to the agent target (a unix socket normally) and wait until it is READY,
-     ``backoff`` seconds at most. Not ready: warn once per disconnect, double ``backoff`` (capped,
-     50 ms → 2 s by default) and retry. Markers wait in the queue meanwhile; overflow drops.
-  2. Start ONE client-streaming ``PushMarkers`` call whose request iterator is a generator run by
-     gRPC's request-consumer thread. Each turn it packs the queue head into a ``MarkerBatch`` of at
-     most ``max_batch`` markers when the queue holds a full batch or ``flush_interval_s`` has
-     passed (device timestamps are resolved here, in order; packing stops at the first event the
-     GPU has not reached); with nothing queued it sleeps until the first marker. A batch goes in
-     column form (``MarkerColumns``: one call per column, no message per marker) when every name
-     in it was checked before and protobuf takes every value; otherwise each marker is written
-     into the batch as a ``Marker`` and checked alone. ``seq`` increases from 1 over the client's
-     life, across streams.
+  1. For a ``unix:`` target, connect to the agent's marker socket beside it
+     (``chopper.schema.marker_socket_path``, ``agent.marker_socket``): a ``SOCK_SEQPACKET``
+     socket that takes each batch as one datagram, far cheaper for both sides than a gRPC message.
+     Where there is none (a TCP target, an agent without one, or one restarting), open one gRPC
+     channel to the target and wait until it is READY, ``backoff`` seconds at most. Not ready:
+     warn once per disconnect, double ``backoff`` (capped, 50 ms → 2 s by default) and retry.
+     Markers wait in the queue meanwhile; overflow drops.
+  2. Stream batches made by ONE generator: on the marker socket the sender thread sends each batch
+     it yields as a datagram; on gRPC it is the request iterator of ONE client-streaming
+     ``PushMarkers`` call, run by gRPC's request-consumer thread. Each turn it packs the queue head
+     into a ``MarkerBatch`` of at most ``max_batch`` markers when the queue holds a full batch or
+     ``flush_interval_s`` has passed (device timestamps are resolved here, in order; packing stops
+     at the first event the GPU has not reached); with nothing queued it sleeps until the first
+     marker. A batch goes in column form (``MarkerColumns``: one call per column, no message per
+     marker) when every name in it was checked before and protobuf takes every value; otherwise each
+     marker is written into the batch as a ``Marker`` and checked alone. ``seq`` increases from 1
+     over the client's life, across streams.
      Packing checks each marker against what the wire and the agent take (``chopper.identity.jobname``),
      so that one bad marker never costs its batch: a phase or collective name over 256
      characters, or a step that is not an integer, drops that marker (counted, with its reason);
@@ -31,16 +36,20 @@ Two halves that share only a bounded queue:
      the agent refuses (NaN or negative FLOPs) go as they are: the agent drops that field, keeps
      the step and flags it. A batch stops at ``_BATCH_BYTES`` of markers, so no agent setting
      refuses a whole batch for its size.
-  3. gRPC resumes the generator only after a batch's write completed, so that resumption counts
-     the batch as **sent** (handed to the transport). When the stream breaks (agent stopped or
-     restarted), the batch yielded but not yet confirmed is **dropped and counted**: whether it
-     reached the agent cannot be known. Its ``seq`` stays used, so the agent sees the gap.
-     Batches already confirmed are counted as sent even if a dying agent never read them.
+  3. The generator is resumed only after a batch's write completed (gRPC's write, or the kernel
+     taking the datagram), so that resumption counts the batch as **sent** (handed to the
+     transport). When the stream breaks (agent stopped or restarted), the batch yielded but not
+     yet confirmed is **dropped and counted**: whether it reached the agent cannot be known. Its
+     ``seq`` stays used, so the agent sees the gap. Batches already confirmed are counted as sent
+     even if a dying agent never read them. A full socket queue (a slow agent) blocks the sender
+     thread, never the training thread: markers then wait in the bounded queue.
   4. Go back to 1. A stream that confirmed a batch resets ``backoff``. Anything else that fails
      in the sender (a target gRPC cannot parse, an error of ours) is logged once and retried
      after ``backoff``: the thread never dies, and what it held is counted.
   5. ``shutdown(timeout)`` stops accepting markers, lets the generator flush the queue and close
-     the stream, and waits ``timeout`` at most; then it cancels the call and closes the channel.
+     the stream (on the marker socket: shut the write side and read the agent's answer, the
+     ``PushMarkersResponse``), and waits ``timeout`` at most; then it cancels the call (shuts the
+     socket down) and closes the channel.
      Markers still queued when the sender exits are counted as dropped.
 
 ``chopper capture`` is served by ``chopper.profiler.CaptureControl`` (its own control thread);
@@ -62,10 +71,11 @@ import itertools
 import logging
 import operator
 import os
+import socket
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from chopper._device_clock import DeviceClock
@@ -80,7 +90,15 @@ from chopper.identity.jobname import (
 )
 from chopper.identity.launcher import MAX_INDEX
 from chopper.profiler import CaptureControl
-from chopper.schema import MAX_MARKERS_PER_BATCH, PID_METADATA, UNREAD_METADATA, ClockSource, MarkerKind, marker_count
+from chopper.schema import (
+    MAX_MARKERS_PER_BATCH,
+    PID_METADATA,
+    UNREAD_METADATA,
+    ClockSource,
+    MarkerKind,
+    marker_count,
+    marker_socket_path,
+)
 
 if TYPE_CHECKING:
     from chopper.proto.chopper.v1 import agent_pb2
@@ -118,6 +136,11 @@ MAX_NAMES_REMEMBERED = 1024
 # grpc's connectivity poller (behind channel_ready_future) outlives its future by up to 0.2 s and
 # raises in its own thread if the channel closes under it: a channel is closed this long after.
 _POLLER_S = 0.3
+# The marker socket (agent.marker_socket): how long a connect may wait on a full backlog, how long a stopping
+# client waits for the agent's answer, and the most bytes that answer (a PushMarkersResponse) takes.
+_CONNECT_TIMEOUT_S = 1.0
+_ANSWER_TIMEOUT_S = 1.0
+_ANSWER_BYTES = 64 * 1024
 
 # Why the sender dropped a marker it could not send (``Client.stats()["dropped_invalid_by_reason"]``).
 INVALID_REASONS: dict[str, str] = {
@@ -169,6 +192,15 @@ def _number(value: Any) -> float | None:
 def _socket_target(target: str) -> str:
     """``target`` with each surrogate-escaped byte (a path that is not UTF-8) as ``%XX``, which gRPC decodes."""
     return "".join(f"%{ord(c) - 0xDC00:02X}" if "\udc80" <= c <= "\udcff" else c for c in target)
+
+
+def _marker_socket(target: str) -> str:
+    """The agent's marker socket for a ``unix:`` target (``chopper.schema.marker_socket_path``); "" for any other."""
+    for scheme in ("unix://", "unix:"):
+        if target.startswith(scheme):
+            path = target[len(scheme):]
+            return marker_socket_path(path) if path else ""
+    return ""
 
 
 def _said(field: str, given: object, used: _T, problem: str | None, fix: str, level: int = logging.WARNING) -> _T:
@@ -248,13 +280,15 @@ class _Collective:
 
 
 class _Stream:
-    """Book-keeping of one ``PushMarkers`` call, shared by the generator and the sender thread."""
+    """Book-keeping of one marker stream (a ``PushMarkers`` call or a marker socket connection), shared by the
+    batch generator and the sender thread."""
 
-    __slots__ = ("call", "closed", "confirmed", "inflight", "lock", "written")
+    __slots__ = ("call", "closed", "confirmed", "inflight", "lock", "sock", "written")
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.call: Any = None
+        self.call: Any = None  # the PushMarkers call, on gRPC
+        self.sock: socket.socket | None = None  # the connection, on the marker socket
         self.closed = False
         self.inflight = 0  # markers in the batch yielded to gRPC but not yet confirmed written
         self.confirmed = 0  # batches confirmed written on this stream
@@ -328,6 +362,7 @@ class Client:
         self.target = _said("agent", given_target, _socket_target(given_target),
                             "the socket path holds bytes that are not UTF-8",
                             "none needed: gRPC decodes %XX in a unix socket path", level=logging.INFO)
+        self._marker_path = _marker_socket(given_target)
         given_pid = os.getpid() if pid is None else pid
         wire_pid = _integer(given_pid)
         self.pid = _said("pid", given_pid, wire_pid if wire_pid is not None and abs(wire_pid) <= _INT64_MAX
@@ -503,6 +538,8 @@ class Client:
             stream = self._stream
             if stream is not None and stream.call is not None:
                 stream.call.cancel()
+            if stream is not None and stream.sock is not None:
+                stream.sock.shutdown(socket.SHUT_RDWR)  # a send blocked on a full queue returns
         except Exception:
             logger.debug("event=cancel_error", exc_info=True)
 
@@ -608,7 +645,8 @@ class Client:
         while not self._abort_event.is_set():
             if self._stopping and not self._q:
                 return
-            if not self._await_ready(grpc, channel, backoff):
+            sock = self._connect_marker_socket()
+            if sock is None and not self._await_ready(grpc, channel, backoff):
                 self._disconnected(f"agent not ready within {backoff:.3f}s")
                 backoff = min(backoff * 2, self._max_backoff)
                 continue
@@ -618,34 +656,13 @@ class Client:
                     self._check_device(stub, agent_pb2)
             stream = _Stream()
             self._stream = stream
-            done = threading.Event()
-            call = stub.PushMarkers.future(self._requests(stream, agent_pb2), wait_for_ready=False,
-                                           metadata=self._peer_metadata)
-            stream.call = call
-            call.add_done_callback(lambda _f, done=done: done.set())
             self._connected = True
-            while not done.wait(0.1):
-                if self._abort_event.is_set():
-                    call.cancel()
-            self._close_stream()
-            self._connected = False
-            try:
-                response = call.result(timeout=0)
-                if response.rejected:
-                    logger.warning(
-                        "event=markers_rejected target=%r rejected=%d errors=%r",
-                        self.target, response.rejected, list(response.errors)[:3],
-                    )
-                if self._stopping:
-                    return
-            except Exception as e:
-                self._unsend_if_unread(stream, call)
-                code = getattr(e, "code", None)
-                details = getattr(e, "details", None)
-                reason = (
-                    f"{code().name}: {details()}" if callable(code) and callable(details) else repr(e)
-                )
-                self._disconnected(reason)
+            if sock is not None:
+                finished = self._stream_socket(stream, sock, agent_pb2)
+            else:
+                finished = self._stream_grpc(stream, stub, agent_pb2)
+            if finished:
+                return
             if stream.confirmed:
                 # The agent took data, so this was a restart or a hiccup: reconnect at once.
                 backoff = self._initial_backoff
@@ -653,6 +670,82 @@ class Client:
                 # Streams that end before carrying anything must not spin.
                 self._abort_event.wait(backoff)
                 backoff = min(backoff * 2, self._max_backoff)
+
+    def _stream_grpc(self, stream: _Stream, stub: Any, pb2: Any) -> bool:
+        """One ``PushMarkers`` call; True when it ended because the client is stopping and all was sent."""
+        done = threading.Event()
+        call = stub.PushMarkers.future(self._requests(stream, pb2), wait_for_ready=False,
+                                       metadata=self._peer_metadata)
+        stream.call = call
+        call.add_done_callback(lambda _f, done=done: done.set())
+        while not done.wait(0.1):
+            if self._abort_event.is_set():
+                call.cancel()
+        self._close_stream()
+        self._connected = False
+        try:
+            self._log_response(call.result(timeout=0))
+            return self._stopping
+        except Exception as e:
+            self._unsend_if_unread(stream, call)
+            code = getattr(e, "code", None)
+            details = getattr(e, "details", None)
+            self._disconnected(f"{code().name}: {details()}" if callable(code) and callable(details) else repr(e))
+            return False
+
+    def _connect_marker_socket(self) -> socket.socket | None:
+        """A connection to the agent's marker socket; None when there is none to reach (gRPC carries the markers)."""
+        if not self._marker_path:
+            return None
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            sock.settimeout(_CONNECT_TIMEOUT_S)
+            sock.connect(os.fsencode(self._marker_path))
+            sock.settimeout(None)  # a full queue blocks this thread only; shutdown's cancel unblocks it
+        except OSError:  # no such socket (an agent without one, or restarting), or a full backlog
+            sock.close()
+            return None
+        return sock
+
+    def _stream_socket(self, stream: _Stream, sock: socket.socket, pb2: Any) -> bool:
+        """One stream over the marker socket: each batch one datagram, sent from ``_requests``' batches.
+
+        A batch counts as sent when the kernel took the datagram (the generator is resumed only then);
+        one whose send failed was not queued, and ``_close_stream`` counts it as dropped. At the end
+        of a stopping client's queue the write side is shut down and the agent's answer read.
+
+        Returns:
+            True when the stream ended because the client is stopping and all was sent.
+        """
+        stream.sock = sock
+        batches = self._requests(stream, pb2)
+        try:
+            for batch in batches:
+                sock.send(batch.SerializeToString(), socket.MSG_NOSIGNAL)
+            self._close_stream()
+            if not self._stopping or self._q:
+                return False  # aborted
+            sock.shutdown(socket.SHUT_WR)
+            sock.settimeout(_ANSWER_TIMEOUT_S)
+            response = pb2.PushMarkersResponse()
+            response.ParseFromString(sock.recv(_ANSWER_BYTES))
+            self._log_response(response)
+            return True
+        except OSError as e:
+            if not self._stopping or self._q:
+                self._disconnected(f"marker socket: {e.strerror or e}")
+            return self._stopping and not self._q
+        finally:
+            batches.close()
+            self._close_stream()
+            self._connected = False
+            sock.close()
+
+    def _log_response(self, response: Any) -> None:
+        """Warn about markers the agent rejected, as its stream's ``PushMarkersResponse`` says."""
+        if response.rejected:
+            logger.warning("event=markers_rejected target=%r rejected=%d errors=%r",
+                           self.target, response.rejected, list(response.errors)[:3])
 
     def _unsend_if_unread(self, stream: _Stream, call: Any) -> None:
         """A stream the agent refused before reading it: what was written on it is dropped, not sent.
@@ -711,7 +804,7 @@ class Client:
         finally:
             future.cancel()
 
-    def _requests(self, stream: _Stream, pb2: Any) -> Iterator[agent_pb2.MarkerBatch]:
+    def _requests(self, stream: _Stream, pb2: Any) -> Generator[agent_pb2.MarkerBatch, None, None]:
         """Request iterator of one stream; runs on gRPC's request-consumer thread.
 
         An error of ours ends the stream cleanly (logged once) instead of as gRPC's "Exception

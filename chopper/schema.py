@@ -27,6 +27,15 @@ PID_METADATA = "chopper-pid"
 UNREAD_METADATA = "chopper-unread"
 
 
+# The marker socket beside the agent's unix socket (agent.marker_socket): its path is the socket's plus this.
+MARKER_SOCKET_SUFFIX = ".markers"
+
+
+def marker_socket_path(socket_path: str) -> str:
+    """Where the agent serving the unix socket ``socket_path`` takes marker batches as datagrams."""
+    return socket_path + MARKER_SOCKET_SUFFIX
+
+
 def marker_count(batch: Any) -> int:
     """Markers a ``MarkerBatch`` holds, as messages and as columns (docs/DATA_MODEL.md)."""
     return len(batch.markers) + len(batch.columns.ts_ns)

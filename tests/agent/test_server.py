@@ -123,7 +123,7 @@ def test_metrics_exposition(running: RunningAgent) -> None:
 
 
 def test_log_budget_lets_a_burst_through_per_period_and_counts_the_rest() -> None:
-    from agent.server import LogBudget
+    from agent.marker_streams import LogBudget
 
     now = [0.0]
     budget = LogBudget(burst=3, period_s=60.0, clock=lambda: now[0])

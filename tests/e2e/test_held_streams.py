@@ -23,7 +23,7 @@ import chopper
 from chopper.demo.run import metric_sum
 from chopper.proto.chopper.v1 import agent_pb2 as pb
 from chopper.proto.chopper.v1 import agent_pb2_grpc
-from chopper.schema import PID_METADATA
+from chopper.schema import PID_METADATA, marker_socket_path
 from tests.support.daemons import AgentProcess
 from tests.support.hazards import HazardOutcome
 from tests.support.polling import wait_until
@@ -136,6 +136,17 @@ def test_a_refused_trainer_counts_its_markers_dropped_and_the_agent_counts_the_r
             return (metric_sum(text, "chopper_agent_marker_streams")
                     + metric_sum(text, "chopper_agent_rpc_refused_total", rpc="PushMarkers")) >= 2 * HELD
         assert wait_until(settled, timeout_s=60), agent.metrics()
+        # The marker socket does not share gRPC's worker threads, so its trainers are still served.
+        served = chopper.Client("served", 0, 0, agent.target)
+        for i in range(STEPS):
+            with served.step(i):
+                pass
+        served.shutdown(timeout=5.0)
+        assert served.stats()["sent"] == 2 * STEPS and served.stats()["dropped"] == 0, served.stats()
+        assert wait_until(lambda: metric_sum(agent.metrics(), "chopper_rank_markers_received_total",
+                                             training_job="served") == 2 * STEPS, timeout_s=10)
+        # A trainer that finds no marker socket (an agent of an earlier version) streams over gRPC.
+        os.unlink(marker_socket_path(str(agent.socket)))
         before = metric_sum(agent.metrics(), "chopper_agent_rpc_refused_total", rpc="PushMarkers",
                             reason="too_many_streams")
         client = chopper.Client("refused", 0, 0, agent.target)
@@ -156,7 +167,8 @@ def test_a_refused_trainer_counts_its_markers_dropped_and_the_agent_counts_the_r
         hazard.outcome = (f"holders: {codes.get('HELD', 0)} held, {codes.get('RESOURCE_EXHAUSTED', 0)} refused; the "
                           f"trainer's {stats['queued']} markers: {stats['sent']} counted sent, {stats['dropped']} "
                           f"dropped, {received:g} reached the agent; the agent counted its {refusals:g} attempts as "
-                          "PushMarkers too_many_streams refusals; GetInfo answered")
+                          "PushMarkers too_many_streams refusals; GetInfo answered; a trainer on the marker socket "
+                          f"meanwhile delivered {served.stats()['sent']} of {served.stats()['queued']} markers")
     finally:
         for holder in holders:
             holder.kill()

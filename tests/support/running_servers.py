@@ -14,6 +14,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from agent.backends.simulated import SimulatedBackend
 from agent.config import load_settings
 from agent.daemon import Agent
+from agent.marker_socket import MarkerSocket
+from agent.marker_streams import MarkerStreams
 from agent.metrics import AgentCollector
 from agent.server import TelemetryHub
 from agent.server import build_server as build_agent_server
@@ -43,11 +45,12 @@ def _samples(registry: CollectorRegistry) -> Samples:
 class RunningAgent:
     """An agent of node "n1" with 2 simulated GPUs at 50 Hz, serving ``tmp/a.sock`` with a 64 KiB message limit.
 
+    With ``marker_socket`` it serves ``tmp/a.sock.markers`` as well (``agent.marker_socket``).
     ``overrides`` are more command-line flags, by their names with ``_`` for ``-``
     (``token_file="/path"`` is ``--token-file /path``).
     """
 
-    def __init__(self, tmp: Path, **overrides: str) -> None:
+    def __init__(self, tmp: Path, marker_socket: bool = False, **overrides: str) -> None:
         argv = ["--node", "n1", "--backend", "simulated", "--sim-gpus", "2", "--sample-hz", "50",
                 "--socket-path", str(tmp / "a.sock"), "--max-message-bytes", "65536"]
         for key, value in overrides.items():
@@ -56,7 +59,10 @@ class RunningAgent:
         self.hub = TelemetryHub()
         self.agent = Agent(self.settings, SimulatedBackend(self.settings.node, gpus=2), notify=self.hub.notify)
         self.agent.open_backend()
-        self.server, _ = build_agent_server(self.agent, self.hub, self.settings)
+        self.markers = MarkerStreams(self.agent)
+        self.server, _ = build_agent_server(self.agent, self.hub, self.settings, self.markers)
+        # agent.main serves it too; a test that asks for it gets it.
+        self.marker_socket = MarkerSocket(self.markers, self.settings).start() if marker_socket else None
         self.agent.start()
         self.target = f"unix://{self.settings.socket_path}"
         self.channel = grpc.insecure_channel(self.target)
@@ -70,6 +76,8 @@ class RunningAgent:
 
     def stop(self) -> None:
         self.channel.close()
+        if self.marker_socket is not None:
+            self.marker_socket.stop()
         self.server.stop(0)
         self.agent.stop()
 
