@@ -104,6 +104,10 @@ class MarkerSocket:
         try:
             with owner_only():
                 self._listener.bind(str(self.path))
+        except BaseException:
+            self._listener.close()  # the path is not ours: leave whatever is there
+            raise
+        try:
             share_socket(self.path, settings)
             self._listener.listen(BACKLOG)
         except BaseException:
