@@ -722,7 +722,6 @@ class Client:
         try:
             for batch in batches:
                 sock.send(batch.SerializeToString(), socket.MSG_NOSIGNAL)
-            self._close_stream()
             if not self._stopping or self._q:
                 return False  # aborted
             sock.shutdown(socket.SHUT_WR)
