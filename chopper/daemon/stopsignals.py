@@ -17,7 +17,11 @@ manager or an operator may send:
   process in that state cannot be trusted to stop cleanly.
 
 Apart from the stop signals, a signal that already has a handler (a C library's, a profiler's, a
-test runner's SIGALRM) or is ignored (Python ignores SIGPIPE and SIGXFSZ) is left as it is.
+test runner's SIGALRM) or is ignored (Python ignores SIGPIPE and SIGXFSZ) is left as it is. SIGHUP
+with a ``reload`` is the exception to the second: a daemon started under ``nohup`` (or by anything
+else that ignores SIGHUP for its children) inherits SIGHUP ignored, and the reload an operator
+sends would then do nothing without a word. A reload never ends the process, so taking SIGHUP over
+keeps what ``nohup`` asked for.
 
 Linux hands a signal sent to a process to any one of its threads that does not block it. CPython's
 C-level handler only notes it; the Python handler runs later, in the main thread, when that thread
@@ -157,8 +161,10 @@ class StopSignals:
             self._previous[sig] = signal.signal(sig, self._stop)
         queued = (*((RELOAD,) if reload is not None or ignored else ()), *ignored)
         for sig in queued:
-            # Only what would otherwise kill: another handler (or SIG_IGN) is someone's choice.
-            if signal.getsignal(sig) == signal.SIG_DFL:
+            # Only what would otherwise kill: another handler (or SIG_IGN) is someone's choice, but an
+            # inherited SIG_IGN of SIGHUP is nohup's, which a reload honours too (module docstring).
+            current = signal.getsignal(sig)
+            if current == signal.SIG_DFL or (current == signal.SIG_IGN and sig == RELOAD and reload is not None):
                 self._previous[sig] = signal.signal(sig, self._queue)
         if faults:
             self._enable_faulthandler()

@@ -64,3 +64,36 @@ def test_a_stop_handler_under_the_event_lock_does_not_deadlock(hazard: HazardOut
     done = subprocess.run([sys.executable, "-c", _HANDLER_UNDER_THE_LOCK], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.strip() == "SIGTERM", done.stderr
     hazard.outcome = f"stopped on SIGTERM in {time.monotonic() - started:.1f} s (a threading.Event deadlocks here)"
+
+
+# A daemon started under nohup: SIGHUP is ignored when it starts, and must still reload it.
+_RELOAD_UNDER_NOHUP = """
+import os, signal
+from chopper.daemon.stopsignals import StopSignals
+assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+done = []
+with StopSignals.for_daemon(reload=lambda: done.append(1) or "re-checked") as stop:
+    os.kill(os.getpid(), signal.SIGHUP)
+    stop._take(5.0)
+    stop.act()
+    print(len(done))
+print(signal.getsignal(signal.SIGHUP) == signal.SIG_IGN)
+"""
+
+
+def test_sighup_ignored_by_nohup_still_reloads_and_is_ignored_again_after() -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", _RELOAD_UNDER_NOHUP], capture_output=True, text=True, timeout=60,
+        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN),  # what nohup does before exec
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["1", "True"], out.stdout + out.stderr
+
+
+def test_sighup_ignored_without_a_reload_stays_ignored() -> None:
+    before = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        with StopSignals(signals=(), ignored=(int(signal.SIGUSR2),)):
+            assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, before)
