@@ -27,17 +27,24 @@ Each check refuses the smallest unit that holds the problem, with a counted, nam
 4. Detect lost batches from gaps in the per-sender ``seq`` and remember each sender's
    cumulative client-side drop count.
 
+Markers are handled as rows (``agent.marker_wire``), never as a message each. Nearly every batch
+passes step 2 whole: that is checked once per batch on its columns (``_passes_whole``: the set
+of kinds, the extremes of steps, timestamps and payloads, each distinct name once), and then only
+step 3 runs per marker. A batch that fails it goes through step 2 marker by marker, which finds
+the culprits and gives each its message.
+
 Plain data in, plain data out: no I/O, no locks (the caller serialises calls).
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections import Counter, deque
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
 
+from agent.marker_wire import MarkerRow, marker_message, message_row, record_bytes
 from chopper.identity.device import UNRESOLVED, canonical_uuid, match_uuid
 from chopper.identity.jobname import job_name_problem, marker_name_problem
 from chopper.proto.chopper.v1 import agent_pb2 as pb
@@ -96,8 +103,12 @@ _STEP_KINDS = (pb.MARKER_KIND_STEP_BEGIN, pb.MARKER_KIND_STEP_END)
 _IS_COLLECTIVE = itemgetter(0)  # of a ClosedStep interval
 # Kind by wire value: a dict lookup per marker, where MarkerKind(value) is an enum call.
 _KINDS: dict[int, MarkerKind] = {k.value: k for k in MarkerKind}
-# The tag of MarkerRecord.marker (field 5, length-delimited) on the wire.
-_RECORD_MARKER_TAG = bytes(((5 << 3) | 2,))
+_KIND_VALUES = frozenset(_KINDS)
+# Names of phases and collectives remembered as checked, like job names.
+MAX_NAMES_REMEMBERED = 4096
+# A row's fields by name, for the per-marker checks of step 2.
+_ROW_FIELDS = {"flops": 4, "tokens": 5, "bytes": 6, "name": 3}
+_CLEARED = {"flops": 0.0, "tokens": 0, "bytes": 0, "name": ""}
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,9 +178,9 @@ class RankState:
 class IngestResult:
     """Outcome of one batch."""
 
-    # The batch's markers as stored (bad fields cleared), in order; ``records``/``encoded_records``
-    # add who sent them.
-    accepted: list[pb.Marker] = field(default_factory=list)
+    # The batch's markers as stored (bad fields cleared), in order, as rows (agent.marker_wire);
+    # ``records``/``encoded_records`` add who sent them.
+    accepted: list[MarkerRow] = field(default_factory=list)
     job: str = ""
     node: str = ""
     rank: int = 0
@@ -181,28 +192,18 @@ class IngestResult:
     dropped_fields: Counter[str] = field(default_factory=Counter)  # fields cleared from accepted markers
     field_problems: list[str] = field(default_factory=list)  # the first few, each naming the fix
 
+    def markers(self) -> list[pb.Marker]:
+        """The accepted markers as messages."""
+        return [marker_message(row) for row in self.accepted]
+
     def records(self) -> list[pb.MarkerRecord]:
         """The accepted markers as the records subscribers get."""
         return [pb.MarkerRecord(job=self.job, node=self.node, rank=self.rank, gpu=self.gpu, marker=m)
-                for m in self.accepted]
+                for m in self.markers()]
 
     def encoded_records(self) -> list[bytes]:
-        """``records()`` in wire form, built without a message object per marker.
-
-        A message's encoding is the concatenation of its fields', so each record is the batch's
-        header fields, encoded once, then the marker as field 5: its tag, length and bytes.
-        """
-        prefix = pb.MarkerRecord(job=self.job, node=self.node, rank=self.rank, gpu=self.gpu).SerializeToString()
-        heads: dict[int, bytes] = {}
-        out = []
-        for m in self.accepted:
-            body = m.SerializeToString()
-            n = len(body)
-            head = heads.get(n)
-            if head is None:
-                head = heads[n] = prefix + _RECORD_MARKER_TAG + _varint(n)
-            out.append(head + body)
-        return out
+        """``records()`` in wire form, built without a message object per marker (``agent.marker_wire``)."""
+        return record_bytes(_record_prefix(self.job, self.node, self.rank, self.gpu), self.accepted)
 
     def reject(self, reason: str, message: str, count: int = 1) -> None:
         self.rejected[reason] += count
@@ -231,6 +232,7 @@ class MarkerIngest:
         self.device_uuids = device_uuids if device_uuids is not None else {}
         self.ranks: dict[tuple[str, int], RankState] = {}
         self._jobs_ok: set[str] = set()  # job names that passed job_name_problem
+        self._names_ok: set[str] = set()  # phase and collective names that passed marker_name_problem
 
     @property
     def device_uuids(self) -> dict[str, int]:
@@ -258,26 +260,76 @@ class MarkerIngest:
             if warning:
                 result.warnings.append(warning)
         self._track_sender(state, batch)
-        for original in batch_markers(batch):
-            marker = original
-            bad: tuple[str, ...] = ()
-            error = self._check_marker(marker, now_ns)
+        rows = batch_rows(batch)
+        if self._passes_whole(rows, now_ns):
+            self._apply_all(state, batch, rows, result)
+        else:
+            self._check_each(state, batch, rows, now_ns, result)
+        return result
+
+    def _passes_whole(self, rows: list[MarkerRow], now_ns: int) -> bool:
+        """Whether no marker of ``rows`` fails step 2 (``_check_marker``) or has a bad field (``_bad_fields``).
+
+        The same conditions, over whole columns: a few calls in C per batch instead of a few
+        comparisons in Python per marker. NaN fails ``min(...) >= 0`` when it comes first and
+        makes the sum NaN otherwise; a sum that overflows to infinity sends the batch to the
+        per-marker checks, which then pass it.
+        """
+        if not rows:
+            return True
+        ts, kinds, steps, names, flops, tokens, nbytes, _ = zip(*rows, strict=True)
+        if not (_KIND_VALUES.issuperset(kinds) and min(steps) >= 0 and min(tokens) >= 0 and min(nbytes) >= 0
+                and now_ns - MAX_CLOCK_SKEW_NS <= min(ts) and max(ts) <= now_ns + MAX_CLOCK_SKEW_NS
+                and min(flops) >= 0.0 and sum(flops) < math.inf):
+            return False
+        for kind, name in set(zip(kinds, names, strict=True)):
+            if not name:
+                if kind in _STEP_KINDS:
+                    continue  # a step's marker needs no name
+                return False
+            if name not in self._names_ok:
+                if marker_name_problem(name) is not None:
+                    return False
+                if len(self._names_ok) >= MAX_NAMES_REMEMBERED:
+                    self._names_ok.clear()
+                self._names_ok.add(name)
+        return True
+
+    def _apply_all(self, state: RankState, batch: pb.MarkerBatch, rows: list[MarkerRow], result: IngestResult) -> None:
+        """Step 3 for rows that passed step 2 whole."""
+        apply = self._apply
+        accepted = result.accepted
+        for row in rows:
+            error = apply(state, batch, row, result)
             if error is None:
-                bad = _bad_fields(marker)
+                accepted.append(row)
+            else:
+                reason, message = error
+                result.reject(reason, f"job {batch.job!r} rank {batch.rank}: {message}")
+        state.received.update({_KINDS[kind]: n for kind, n in Counter(row[1] for row in accepted).items()})
+
+    def _check_each(self, state: RankState, batch: pb.MarkerBatch, rows: list[MarkerRow], now_ns: int,
+                    result: IngestResult) -> None:
+        """Steps 2 and 3 marker by marker: each bad marker rejected, each bad field dropped, with its message."""
+        for original in rows:
+            row = original
+            bad: tuple[str, ...] = ()
+            error = self._check_marker(row, now_ns)
+            if error is None:
+                bad = _bad_fields(row)
                 flags: tuple[str, ...] = ()
                 if bad:
-                    marker = _without(marker, bad)
-                    flags = tuple(FIELD_FLAGS[f] for f in bad if f in FIELD_FLAGS and marker.kind in _FLAGGED_KINDS[f])
-                error = self._apply(state, batch, marker, result, flags)
+                    row = _without(row, bad)
+                    flags = tuple(FIELD_FLAGS[f] for f in bad if f in FIELD_FLAGS and row[1] in _FLAGGED_KINDS[f])
+                error = self._apply(state, batch, row, result, flags)
             if error is not None:
                 reason, message = error
                 result.reject(reason, f"job {batch.job!r} rank {batch.rank}: {message}")
                 continue
             for name in bad:
                 result.drop_field(name, f"job {batch.job!r} rank {batch.rank}: {_field_problem(original, name)}")
-            state.received[_KINDS[marker.kind]] += 1
-            result.accepted.append(marker)
-        return result
+            state.received[_KINDS[row[1]]] += 1
+            result.accepted.append(row)
 
     def _device(self, batch: pb.MarkerBatch) -> tuple[int, tuple[str, ...], str]:
         """(GPU, flags, warning or "") of a batch whose header passed (module docstring, step 1a)."""
@@ -349,56 +401,58 @@ class MarkerIngest:
             state.client_dropped_retired += state.client_dropped.pop(oldest, 0)
 
     @staticmethod
-    def _check_marker(m: pb.Marker, now_ns: int) -> tuple[str, str] | None:
-        if m.kind not in _KINDS:
-            return "bad_kind", f"marker kind {m.kind} is unknown; upgrade the agent or the client"
-        if m.step < 0:
-            return "bad_step", f"step {m.step} is negative; step numbers start at 0"
-        if abs(m.ts_ns - now_ns) > MAX_CLOCK_SKEW_NS:
+    def _check_marker(row: MarkerRow, now_ns: int) -> tuple[str, str] | None:
+        ts, kind_value, step, name = row[:4]
+        if kind_value not in _KINDS:
+            return "bad_kind", f"marker kind {kind_value} is unknown; upgrade the agent or the client"
+        if step < 0:
+            return "bad_step", f"step {step} is negative; step numbers start at 0"
+        if abs(ts - now_ns) > MAX_CLOCK_SKEW_NS:
             return "bad_timestamp", (
-                f"timestamp {m.ts_ns} ns is more than a day from the agent's clock ({now_ns} ns); "
+                f"timestamp {ts} ns is more than a day from the agent's clock ({now_ns} ns); "
                 "timestamps are CLOCK_REALTIME nanoseconds"
             )
-        if m.kind in _STEP_KINDS:
+        if kind_value in _STEP_KINDS:
             return None  # a step marker's name names nothing: a bad one is a bad field
-        kind = _KINDS[m.kind]
-        if not m.name:
+        kind = _KINDS[kind_value]
+        if not name:
             return "bad_name", f"{kind.label} has no name; name the phase or collective, e.g. 'forward'"
-        problem = marker_name_problem(m.name)
+        problem = marker_name_problem(name)
         if problem is not None:
-            return "bad_name", f"{kind.label} of step {m.step} named {m.name[:40]!r}...: {problem}; rename it"
+            return "bad_name", f"{kind.label} of step {step} named {name[:40]!r}...: {problem}; rename it"
         return None
 
     @staticmethod
-    def _apply(state: RankState, batch: pb.MarkerBatch, m: pb.Marker, result: IngestResult,
+    def _apply(state: RankState, batch: pb.MarkerBatch, row: MarkerRow, result: IngestResult,
                flags: tuple[str, ...] = ()) -> tuple[str, str] | None:
         """Advance the rank's open-step state machine by one valid marker; ``flags`` go on the step it describes."""
-        kind = _KINDS[m.kind]
+        ts, kind_value, step, name, flops, tokens, nbytes, clock = row
+        kind = _KINDS[kind_value]
         open_step = state.open_step
         if kind is MarkerKind.STEP_BEGIN:
             if open_step is not None:
                 state.steps_abandoned += 1
-            state.open_step = _OpenStep(m.step, m.ts_ns, m.clock == pb.CLOCK_SOURCE_DEVICE)
+            state.open_step = _OpenStep(step, ts, clock == pb.CLOCK_SOURCE_DEVICE)
             state.open_phases.clear()
             state.open_collectives.clear()
             state.open_intervals = 0
             return None
         if kind is MarkerKind.STEP_END:
-            if open_step is None or open_step.step != m.step:
+            if open_step is None or open_step.step != step:
                 return "step_never_began", (
-                    f"step_end for step {m.step} that never began on this agent; wrap the step in "
-                    f"`with chopper.step({m.step})` (after an agent restart or client drops, expected once)"
+                    f"step_end for step {step} that never began on this agent; wrap the step in "
+                    f"`with chopper.step({step})` (after an agent restart or client drops, expected once)"
                 )
-            if m.ts_ns < open_step.begin_ns:
-                return "bad_timestamp", f"step {m.step} ends before it began; timestamps must not go backwards"
+            if ts < open_step.begin_ns:
+                return "bad_timestamp", f"step {step} ends before it began; timestamps must not go backwards"
             state.open_step = None
-            state.last_step = m.step
-            state.last_step_time_s = (m.ts_ns - open_step.begin_ns) / 1e9
+            state.last_step = step
+            state.last_step_time_s = (ts - open_step.begin_ns) / 1e9
             step_flags = dict.fromkeys((*state.device_flags, *open_step.flags, *flags))  # ordered, once each
             result.closed_steps.append(
                 ClosedStep(
-                    batch.job, batch.rank, state.gpu, m.step, open_step.begin_ns, m.ts_ns, m.flops, m.tokens,
-                    tuple(open_step.intervals), open_step.device_clock and m.clock == pb.CLOCK_SOURCE_DEVICE,
+                    batch.job, batch.rank, state.gpu, step, open_step.begin_ns, ts, flops, tokens,
+                    tuple(open_step.intervals), open_step.device_clock and clock == pb.CLOCK_SOURCE_DEVICE,
                     tuple(step_flags),
                 )
             )
@@ -408,60 +462,68 @@ class MarkerIngest:
         if kind in (MarkerKind.PHASE_BEGIN, MarkerKind.COLLECTIVE_BEGIN):
             if state.open_intervals >= MAX_OPEN_INTERVALS:
                 return "too_many_open", (
-                    f"{kind.label} {m.name!r} of step {m.step}: {state.open_intervals} phases and collectives are "
+                    f"{kind.label} {name!r} of step {step}: {state.open_intervals} phases and collectives are "
                     "begun and not ended; end each one (the `with chopper.phase(...)` and `chopper.collective(...)` "
                     "blocks do)"
                 )
-            table.setdefault(m.name, deque()).append((m.step, m.ts_ns))
+            table.setdefault(name, deque()).append((step, ts))
             state.open_intervals += 1
             if flags:
-                _flag_open_step(state, m.step, flags)
+                _flag_open_step(state, step, flags)
             return None
         # Pair within the step, as offline: the oldest open begin of the same step and name.
-        opened = table.get(m.name)
+        opened = table.get(name)
         if opened is None:
             match = None
-        elif opened[0][0] == m.step:  # nearly always: begun and ended in order, within the step
+        elif opened[0][0] == step:  # nearly always: begun and ended in order, within the step
             match = 0
         else:
-            match = next((i for i, (step, _) in enumerate(opened) if step == m.step), None)
+            match = next((i for i, (begun, _) in enumerate(opened) if begun == step), None)
         if opened is None or match is None:
             helper = "phase" if kind is MarkerKind.PHASE_END else "collective"
             return "end_without_begin", (
-                f"{kind.label} {m.name!r} of step {m.step} without its begin; use "
-                f"`with chopper.{helper}({m.name!r})` (after an agent restart or client drops, expected once)"
+                f"{kind.label} {name!r} of step {step} without its begin; use "
+                f"`with chopper.{helper}({name!r})` (after an agent restart or client drops, expected once)"
             )
         _, begin_ns = opened[match]
         del opened[match]
         if not opened:  # names seen once must not accumulate
-            del table[m.name]
+            del table[name]
         state.open_intervals -= 1
-        if open_step is not None and open_step.step == m.step and m.ts_ns > open_step.begin_ns:
-            open_step.intervals.append((is_collective, max(begin_ns, open_step.begin_ns), m.ts_ns, m.name, m.bytes))
+        if open_step is not None and open_step.step == step and ts > open_step.begin_ns:
+            open_step.intervals.append((is_collective, max(begin_ns, open_step.begin_ns), ts, name, nbytes))
         if flags:
-            _flag_open_step(state, m.step, flags)
+            _flag_open_step(state, step, flags)
         return None
 
 
-def batch_markers(batch: pb.MarkerBatch) -> Sequence[pb.Marker]:
-    """A batch's markers as ``Marker`` messages: ``markers``, then those of ``columns`` (checked first).
+@functools.lru_cache(maxsize=4096)
+def _record_prefix(job: str, node: str, rank: int, gpu: int) -> bytes:
+    """A ``MarkerRecord``'s fields other than its marker, encoded: the same for every marker of a rank."""
+    return pb.MarkerRecord(job=job, node=node, rank=rank, gpu=gpu).SerializeToString()
 
-    Making a message per column marker costs about 1 µs of CPU (what parsing the message form
-    costs the agent, protobuf does in C): the column form moves that cost from the training
-    process, where it competes with training for the GIL, to the agent.
+
+def batch_rows(batch: pb.MarkerBatch) -> list[MarkerRow]:
+    """A batch's markers as rows (``agent.marker_wire``): ``markers``, then those of ``columns`` (checked first).
+
+    Columns become rows in C: each column copied out of protobuf at once (a slice), then zipped;
+    an empty payload column stands for zeros, an empty clock column for the CPU's clock.
     """
+    rows = [message_row(m) for m in batch.markers]
     columns = batch.columns
-    if not columns.ts_ns:
-        return batch.markers
     count = len(columns.ts_ns)
-    names = columns.names
-    made = [pb.Marker(ts_ns=ts, kind=kind, step=step, name=names[name], flops=flops, tokens=tokens, bytes=nbytes,
-                      clock=clock)
-            for ts, kind, step, name, flops, tokens, nbytes, clock in zip(
-                columns.ts_ns, columns.kind, columns.step, columns.name, columns.flops or itertools.repeat(0, count),
-                columns.tokens or itertools.repeat(0, count), columns.bytes or itertools.repeat(0, count),
-                columns.clock or itertools.repeat(pb.CLOCK_SOURCE_CPU, count), strict=True)]
-    return [*batch.markers, *made] if batch.markers else made
+    if count:
+        names = columns.names[:]
+        rows += zip(columns.ts_ns[:], columns.kind[:], columns.step[:], map(names.__getitem__, columns.name[:]),
+                    columns.flops[:] or itertools.repeat(0.0, count), columns.tokens[:] or itertools.repeat(0, count),
+                    columns.bytes[:] or itertools.repeat(0, count),
+                    columns.clock[:] or itertools.repeat(pb.CLOCK_SOURCE_CPU, count), strict=True)
+    return rows
+
+
+def batch_markers(batch: pb.MarkerBatch) -> list[pb.Marker]:
+    """A batch's markers as ``Marker`` messages, in ``batch_rows``'s order (for readers of recorded batches)."""
+    return [marker_message(row) for row in batch_rows(batch)]
 
 
 def _columns_problem(columns: pb.MarkerColumns) -> str | None:
@@ -485,47 +547,36 @@ def _flag_open_step(state: RankState, step: int, flags: tuple[str, ...]) -> None
         open_step.flags.extend(f for f in flags if f not in open_step.flags)
 
 
-def _bad_fields(m: pb.Marker) -> tuple[str, ...]:
+def _bad_fields(row: MarkerRow) -> tuple[str, ...]:
     """The fields of a placed marker to drop (module docstring, step 2); () for nearly every marker."""
-    if 0.0 <= m.flops < math.inf and m.tokens >= 0 and m.bytes >= 0 and not (m.name and m.kind in _STEP_KINDS):
-        return ()  # one comparison chain: this runs for every marker
+    _, kind, _, name, flops, tokens, nbytes, _ = row
     bad = []
-    if not 0.0 <= m.flops < math.inf:  # NaN fails it too
+    if not 0.0 <= flops < math.inf:  # NaN fails it too
         bad.append("flops")
-    if m.tokens < 0:
+    if tokens < 0:
         bad.append("tokens")
-    if m.bytes < 0:
+    if nbytes < 0:
         bad.append("bytes")
-    if m.name and m.kind in _STEP_KINDS and marker_name_problem(m.name) is not None:
+    if name and kind in _STEP_KINDS and marker_name_problem(name) is not None:
         bad.append("name")
     return tuple(bad)
 
 
-def _varint(n: int) -> bytes:
-    """``n`` >= 0 as a protobuf varint: 7 bits a byte, low first, the high bit set on all but the last."""
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-def _without(m: pb.Marker, fields: tuple[str, ...]) -> pb.Marker:
-    clean = pb.Marker()
-    clean.CopyFrom(m)
+def _without(row: MarkerRow, fields: tuple[str, ...]) -> MarkerRow:
+    """``row`` with ``fields`` cleared to their defaults."""
+    clean = list(row)
     for name in fields:
-        clean.ClearField(name)
-    return clean
+        clean[_ROW_FIELDS[name]] = _CLEARED[name]
+    return tuple(clean)  # type: ignore[return-value]  # the same eight fields
 
 
-def _field_problem(m: pb.Marker, name: str) -> str:
-    """Why field ``name`` of ``m`` (as received) was dropped, and the fix, for ``IngestResult.field_problems``."""
-    kind = MarkerKind(m.kind)
-    where = f"{kind.label} of step {m.step}"
+def _field_problem(row: MarkerRow, name: str) -> str:
+    """Why field ``name`` of ``row`` (as received) was dropped, and the fix, for ``IngestResult.field_problems``."""
+    kind, step = row[1], row[2]
+    where = f"{MarkerKind(kind).label} of step {step}"
     if name == "name":
-        return f"{where} carried the name {m.name[:40]!r}...: a step needs none; dropped, the marker kept"
-    kept = f"the marker kept and step {m.step} flagged {FIELD_FLAGS[name]}" if m.kind in _FLAGGED_KINDS[name] else (
+        return f"{where} carried the name {row[3][:40]!r}...: a step needs none; dropped, the marker kept"
+    kept = f"the marker kept and step {step} flagged {FIELD_FLAGS[name]}" if kind in _FLAGGED_KINDS[name] else (
         "the marker kept")
     rule = "a finite number >= 0 (the step's model FLOPs on this rank)" if name == "flops" else "an integer >= 0"
-    return f"{where} carried {name}={getattr(m, name)!r}; {name} must be {rule}: dropped, {kept}"
+    return f"{where} carried {name}={row[_ROW_FIELDS[name]]!r}; {name} must be {rule}: dropped, {kept}"

@@ -53,13 +53,14 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from agent.backends.base import Backend, Marker
+from agent.backends.base import Backend
 from agent.backends.select import create_backend
 from agent.config import load_settings
 from agent.daemon import Agent
 from agent.host import HostSampler
 from agent.marker_socket import MarkerSocket
 from agent.marker_streams import MarkerStreams
+from agent.marker_wire import MarkerRow
 from agent.metrics import AgentCollector
 from agent.server import TelemetryHub, build_server
 from chopper.schema import DeviceInfo, Sample
@@ -107,7 +108,7 @@ class TimedBackend:
         finally:
             self.sample_cpu_ns += time.thread_time_ns() - t0 + self.clock_read_ns
 
-    def observe_markers(self, gpu: int, markers: Sequence[Marker]) -> None:
+    def observe_markers(self, gpu: int, markers: Sequence[MarkerRow]) -> None:
         t0 = time.thread_time_ns()
         self.inner.observe_markers(gpu, markers)  # type: ignore[attr-defined]
         spent = time.thread_time_ns() - t0 + self.clock_read_ns

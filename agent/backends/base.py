@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
+from agent.marker_wire import MarkerRow
 from chopper.schema import DeviceInfo, Sample
 
 
@@ -64,24 +65,14 @@ class Backend(Protocol):
         ...
 
 
-class Marker(Protocol):
-    """What an observer reads of a marker (``chopper.v1.Marker``): ns, the wire kind, a name, bytes."""
-
-    @property
-    def ts_ns(self) -> int: ...
-    @property
-    def kind(self) -> int: ...
-    @property
-    def name(self) -> str: ...
-    @property
-    def bytes(self) -> int: ...
-
-
 @runtime_checkable
 class MarkerObserver(Protocol):
     """Optional extra of a backend that reacts to training markers (the simulator does)."""
 
-    def observe_markers(self, gpu: int, markers: Sequence[Marker]) -> None:
-        """Called by the agent once per batch with its accepted markers, of a rank driving local GPU ``gpu``."""
+    def observe_markers(self, gpu: int, markers: Sequence[MarkerRow]) -> None:
+        """Called by the agent once per batch with its accepted markers, of a rank driving local GPU ``gpu``.
+
+        Each marker is a row (``agent.marker_wire``): ``(ts_ns, kind, step, name, flops, tokens, bytes, clock)``.
+        """
         ...
 

@@ -98,9 +98,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from agent.backends.base import BackendError, Marker
+from agent.backends.base import BackendError
 from agent.backends.sim_health import AGGREGATE_CORRECTED_MAX, HEALTH_INTERVAL_NS, ChipHealth, parse_events
 from agent.backends.specs import SPECS, partition_layout
+from agent.marker_wire import MarkerRow
 from chopper.schema import NAN, DeviceInfo, ErrorCount, LinkBytes, MarkerKind, Sample
 
 NOMINAL_FIRST_DT_S = 0.1
@@ -337,13 +338,13 @@ class SimulatedBackend:
         with self._lock:
             self._state[gpu].pending.append((int(ts_ns), MarkerKind(kind), name, int(nbytes or 0)))
 
-    def observe_markers(self, gpu: int, markers: Sequence[Marker]) -> None:
+    def observe_markers(self, gpu: int, markers: Sequence[MarkerRow]) -> None:
         """``observe_marker`` for one batch's markers, in one take of the lock (the agent's per-batch call)."""
         if not 0 <= gpu < self.gpus:
             self.ignored_markers += len(markers)
             return
         kinds = _KINDS
-        queued = [(m.ts_ns, kinds[m.kind], m.name, m.bytes) for m in markers]
+        queued = [(ts, kinds[kind], name, nbytes) for ts, kind, _, name, _, _, nbytes, _ in markers]
         with self._lock:
             self._state[gpu].pending.extend(queued)
 

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from agent.backends.base import Marker
 from agent.backends.simulated import SimulatedBackend
 from agent.config import load_settings
 from agent.daemon import Agent
+from agent.marker_wire import MarkerRow
 from chopper.proto.chopper.v1 import agent_pb2 as pb
 from chopper.schema import MarkerKind
 
@@ -21,8 +21,8 @@ class ObservedBackend(SimulatedBackend):
         super().__init__("n", gpus=4)
         self.observed: list[tuple[int, MarkerKind]] = []
 
-    def observe_markers(self, gpu: int, markers: Sequence[Marker]) -> None:
-        self.observed += [(gpu, MarkerKind(m.kind)) for m in markers]
+    def observe_markers(self, gpu: int, markers: Sequence[MarkerRow]) -> None:
+        self.observed += [(gpu, MarkerKind(row[1])) for row in markers]
         super().observe_markers(gpu, markers)
 
 

@@ -40,7 +40,7 @@ def test_full_step_is_accepted_and_closed() -> None:
     result = ingest.ingest(batch(*full_step(3, 100)), NOW)
     assert len(result.accepted) == 6 and not result.rejected
     records = result.records()
-    assert records[0].node == "n1" and records[0].job == "j" and records[0].marker == result.accepted[0]
+    assert records[0].node == "n1" and records[0].job == "j" and records[0].marker == result.markers()[0]
     # The wire form built from the batch's header is the records' own encoding.
     assert result.encoded_records() == [r.SerializeToString() for r in records]
     (closed,) = result.closed_steps
@@ -209,7 +209,7 @@ def test_a_bad_field_costs_the_field_never_the_step(hazard: HazardOutcome) -> No
         (0, 0.0, 512, ("bad_flops",)), (1, 0.0, 512, ("bad_flops",)), (2, 0.0, 512, ("bad_flops",)),
         (3, 6e9, 0, ("bad_bytes", "bad_tokens")),
     ]
-    stored = list(result.accepted)
+    stored = result.markers()
     assert all(0 <= m.flops < math.inf and m.tokens >= 0 and m.bytes >= 0 and len(m.name) <= 256 for m in stored)
     assert result.dropped_fields == {"flops": 3, "bytes": 2, "tokens": 1, "name": 1}
     assert "flops=nan; flops must be a finite number >= 0" in result.field_problems[0]
@@ -238,7 +238,7 @@ def test_encoded_records_equal_the_records_encoding_at_every_length() -> None:
     markers = [marker(pb.MARKER_KIND_STEP_BEGIN, 1, 100)]
     markers += [marker(pb.MARKER_KIND_PHASE_BEGIN, 1, 101 + i, "p" * n) for i, n in enumerate((1, 60, 120, 250))]
     result = ingest.ingest(batch(*markers), NOW)
-    assert len(result.accepted) == 5 and max(m.ByteSize() for m in result.accepted) > 127
+    assert len(result.accepted) == 5 and max(m.ByteSize() for m in result.markers()) > 127
     assert result.encoded_records() == [r.SerializeToString() for r in result.records()]
 
 
