@@ -10,9 +10,9 @@ of CPU per marker to make, and as much again to encode for the buffers.
 ``marker_bytes`` writes rows in ``Marker``'s wire form, byte for byte what protobuf's
 ``SerializeToString`` writes for the same values (fields in number order, a field at its
 default left out, ``-0.0`` kept, a negative integer as ten bytes). Algorithm: each field is a tag
-byte and a varint (a double: eight bytes); what repeats within a batch (kind, step and name
-together, the payload fields together, the high bits of a timestamp) is encoded once and looked
-up after. A
+byte and a varint (a double: eight bytes); what repeats (a step number, a kind with its name, the
+payload fields together, the high bits of a timestamp) is encoded once and looked up after, from
+one batch to the next. A
 timestamp of this century is at least 2^28 ns, so its low 28 bits are always the varint's first
 four bytes, each 7 bits with the continuation bit set: one integer expression; the rest, which
 changes every 0.27 s, comes from the lookup.
@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import struct
 from collections.abc import Iterable
+from typing import Any
 
 from chopper.proto.chopper.v1 import agent_pb2 as pb
 
@@ -33,6 +34,15 @@ _INT64_END = 1 << 63
 # The tag of MarkerRecord.marker (field 5, length-delimited) on the wire.
 _RECORD_MARKER_TAG = b"\x2a"
 _ZERO_SIGN = ("+0", "-0")  # in a payload lookup key, which 0.0 == -0.0 would otherwise merge
+# Pieces kept from one batch to the next (a step's markers span several small batches): the high
+# bits of timestamps, step numbers, (kind, name) pairs and payloads. Each starts again when it holds
+# this many; the values are pure functions of their keys, so threads sharing them at worst
+# encode a piece twice.
+CACHE_ENTRIES = 4096
+_HIGHS: dict[int, bytes] = {}
+_STEPS: dict[int, bytes] = {}
+_LABELS: dict[tuple[int, str], tuple[bytes, bytes]] = {}
+_PAYLOADS: dict[tuple[object, int, int, int], bytes] = {}
 
 
 def varint(n: int) -> bytes:
@@ -55,38 +65,48 @@ def _field(tag: int, n: int) -> bytes:
 
 def marker_bytes(rows: Iterable[MarkerRow]) -> list[bytes]:
     """Each row's ``Marker`` in wire form (module docstring)."""
-    highs: dict[int, bytes] = {}
-    labels: dict[tuple[int, int, str], bytes] = {}
-    payloads: dict[tuple[object, int, int, int], bytes] = {}
+    highs, steps, labels, payloads = _HIGHS, _STEPS, _LABELS, _PAYLOADS
     copysign = math.copysign
     out = []
     for ts, kind, step, name, flops, tokens, nbytes, clock in rows:
         if _LOW_28 < ts < _INT64_END:
             high = highs.get(ts >> 28)
             if high is None:
-                high = highs[ts >> 28] = varint(ts >> 28)
+                high = _remember(highs, ts >> 28, varint(ts >> 28))
             low = ts & _LOW_28
             stamp = b"\x08" + (0x80808080 | (low & 0x7F) | (low & 0x3F80) << 1 | (low & 0x1FC000) << 2
                                | (low & 0xFE00000) << 3).to_bytes(4, "little") + high
         else:
             stamp = _field(0x08, ts)
-        label = labels.get((kind, step, name))
+        counter = steps.get(step)
+        if counter is None:
+            counter = _remember(steps, step, _field(0x18, step))
+        label = labels.get((kind, name))
         if label is None:
             encoded = name.encode()
-            label = labels[kind, step, name] = (_field(0x10, kind) + _field(0x18, step)
-                                                + (b"\x22" + varint(len(encoded)) + encoded if encoded else b""))
+            label = _remember(labels, (kind, name),
+                              (_field(0x10, kind), b"\x22" + varint(len(encoded)) + encoded if encoded else b""))
         if flops or tokens or nbytes or clock:
             key = (flops if flops else _ZERO_SIGN[copysign(1.0, flops) < 0], tokens, nbytes, clock)
             payload = payloads.get(key)
             if payload is None:
-                payload = payloads[key] = ((b"\x29" + _DOUBLE(flops) if flops or copysign(1.0, flops) < 0 else b"")
-                                           + _field(0x30, tokens) + _field(0x38, nbytes) + _field(0x40, clock))
-            out.append(stamp + label + payload)
+                payload = _remember(payloads, key, (b"\x29" + _DOUBLE(flops) if flops or copysign(1.0, flops) < 0
+                                                    else b"")
+                                    + _field(0x30, tokens) + _field(0x38, nbytes) + _field(0x40, clock))
         elif copysign(1.0, flops) < 0:  # -0.0, which protobuf writes
-            out.append(stamp + label + b"\x29" + _DOUBLE(flops))
+            payload = b"\x29" + _DOUBLE(flops)
         else:
-            out.append(stamp + label)
+            payload = b""
+        out.append(stamp + label[0] + counter + label[1] + payload)
     return out
+
+
+def _remember(cache: dict[Any, Any], key: Any, value: Any) -> Any:
+    """Put ``value`` in ``cache`` under ``key`` and return it; a cache at ``CACHE_ENTRIES`` starts again."""
+    if len(cache) >= CACHE_ENTRIES:
+        cache.clear()
+    cache[key] = value
+    return value
 
 
 def record_bytes(prefix: bytes, rows: Iterable[MarkerRow]) -> list[bytes]:

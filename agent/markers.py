@@ -467,7 +467,10 @@ class MarkerIngest:
                     "begun and not ended; end each one (the `with chopper.phase(...)` and `chopper.collective(...)` "
                     "blocks do)"
                 )
-            table.setdefault(name, deque()).append((step, ts))
+            opened = table.get(name)
+            if opened is None:  # not setdefault: that would make a deque for every marker
+                opened = table[name] = deque()
+            opened.append((step, ts))
             state.open_intervals += 1
             if flags:
                 _flag_open_step(state, step, flags)
