@@ -103,8 +103,9 @@ BENCHES = (
                    f"{100 * r['paced_core_ratio']:.1f}% of a core"),
         f">= {bench_marker_ingest.GOAL_MARKERS_PER_CORE_S:,} markers per core-second in both batch sizes; "
         f"{bench_marker_ingest.PACED_RATE:,}/s <= {100 * bench_marker_ingest.GOAL_PACED_CORE:g}% of a core",
-        "in-process agent (real gRPC server, /metrics, default buffers, simulated backend at 10 Hz) fed over real "
-        "PushMarkers streams by a load process with batches encoded before the run; process CPU time minus the "
+        "in-process agent (real gRPC server and marker socket, /metrics, default buffers, simulated backend at "
+        "10 Hz) fed over its marker socket, a connection a rank, by a load process with batches encoded before the "
+        "run; process CPU time minus the "
         "simulated backend's, over markers accepted (`benchmarks/bench_marker_ingest.py`).",
     ),
     Bench(
