@@ -19,9 +19,11 @@ connection gives up to ``READS_PER_TURN`` datagrams a turn, each read into one r
 ``max_message_bytes`` and parsed, then taken in by ``agent.marker_streams.MarkerStreams`` exactly
 as a ``PushMarkers`` message is.
 
-Wake-ups are coalesced: after a light turn (no connection had more than ``LIGHT_TURN`` datagrams
-waiting) the thread sleeps ``COALESCE_S`` before it selects again, so that the datagrams of many
-trainers arriving one by one are read in one wake-up rather than one each. A wake-up, not a
+Wake-ups are coalesced: with ``COALESCE_CONNECTIONS`` or more trainers connected, after a light
+turn (no connection had more than ``LIGHT_TURN`` datagrams waiting) the thread sleeps
+``COALESCE_S`` before it selects again, so that the datagrams of many trainers arriving one by one
+are read in one wake-up rather than one each (with fewer, a wake-up holds about one datagram
+either way). A wake-up, not a
 datagram, is most of what a light load costs: code that runs rarely runs from cold caches, and
 on the 2-core VM of docs/PERFORMANCE.md taking in a batch of 4 markers cost 0.3 ms of CPU when
 the thread woke for it alone (20 times a second), against about 0.06 ms in a busy loop.
@@ -30,9 +32,9 @@ A busy turn goes straight on, so a flood is read at full speed; a sender whose c
 sender thread, never in the training loop. Markers reach the agent at most ``COALESCE_S`` later,
 well inside what waits on them (step summaries every 0.5 s, subscribers every 0.25 s: ``agent.daemon``,
 ``agent.server``). The bound is the simulated backend's: it lays markers on its GPUs' timelines as
-they come, so a sleep of a sample period or more (0.1 s was tried) leaves collectives out of the
-samples it already made. So a single trainer flushing every 50 ms still wakes the thread each
-time; many trainers share a wake-up.
+they come, so markers that arrive after it sampled past them are missing from its samples (0.1 s
+did that often, and 20 ms now and then on a loaded machine, to the few trainers of the tests and
+the demo, which is why they are not coalesced).
 
 Limits, as on gRPC (``chopper.daemon.access``), counted in ``chopper_agent_rpc_refused_total``
 under ``rpc="PushMarkers"``: a datagram over ``max_message_bytes`` is ``too_large``, one beyond
@@ -78,6 +80,7 @@ READS_PER_TURN = 64
 # that fills its queue in one sleep makes the next turn busy.
 LIGHT_TURN = 4
 COALESCE_S = 0.02
+COALESCE_CONNECTIONS = 8
 # Connections waiting to be accepted.
 BACKLOG = 128
 REFUSAL_LOG_INTERVAL_S = 10.0
@@ -185,7 +188,7 @@ class MarkerSocket:
                     log.warning("event=marker_socket_error error=%r", f"{type(exc).__name__}: {exc}")
                     if isinstance(conn, _Connection):
                         self._close(conn)
-            if busiest <= LIGHT_TURN and not self._stop.is_set():
+            if busiest <= LIGHT_TURN and self.slots.open >= COALESCE_CONNECTIONS and not self._stop.is_set():
                 time.sleep(COALESCE_S)  # module docstring: what arrives meanwhile is read in one wake-up
 
     def _accept(self) -> None:
