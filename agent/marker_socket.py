@@ -23,18 +23,17 @@ Wake-ups are coalesced: with ``COALESCE_CONNECTIONS`` or more trainers connected
 turn (no connection had more than ``LIGHT_TURN`` datagrams waiting) the thread sleeps
 ``COALESCE_S`` before it selects again, so that the datagrams of many trainers arriving one by one
 are read in one wake-up rather than one each (with fewer, a wake-up holds about one datagram
-either way). A wake-up, not a
-datagram, is most of what a light load costs: code that runs rarely runs from cold caches, and
-on the 2-core VM of docs/PERFORMANCE.md taking in a batch of 4 markers cost 0.3 ms of CPU when
-the thread woke for it alone (20 times a second), against about 0.06 ms in a busy loop.
-A busy turn goes straight on, so a flood is read at full speed; a sender whose connection queue
-(``net.unix.max_dgram_qlen``, 10 by default) fills meanwhile waits in the kernel, in its own
-sender thread, never in the training loop. Markers reach the agent at most ``COALESCE_S`` later,
-well inside what waits on them (step summaries every 0.5 s, subscribers every 0.25 s: ``agent.daemon``,
-``agent.server``). The bound is the simulated backend's: it lays markers on its GPUs' timelines as
-they come, so markers that arrive after it sampled past them are missing from its samples (0.1 s
-did that often, and 20 ms now and then on a loaded machine, to the few trainers of the tests and
-the demo, which is why they are not coalesced).
+either way). A wake-up, not a datagram, is most of what a light load costs: code that runs
+rarely runs from cold caches, and on the 2-core VM of docs/PERFORMANCE.md taking in a batch of 4
+markers cost 0.3 ms of CPU when the thread woke for it alone (20 times a second), against about
+0.06 ms in a busy loop. A busy turn goes straight on, so a flood is read at full speed; a sender
+whose connection queue (``net.unix.max_dgram_qlen``, 10 by default) fills meanwhile waits in the
+kernel, in its own sender thread, never in the training loop. Markers reach the agent at most
+``COALESCE_S`` later, well inside what waits on them (step summaries every 0.5 s, subscribers
+every 0.25 s: ``agent.daemon``, ``agent.server``). The bound is the simulated backend's: it lays
+markers on its GPUs' timelines as they come, so markers that arrive after it sampled past them
+are missing from its samples (0.1 s did that often, and 20 ms now and then on a loaded machine,
+to the few trainers of the tests and the demo, which is why they are not coalesced).
 
 Limits, as on gRPC (``chopper.daemon.access``), counted in ``chopper_agent_rpc_refused_total``
 under ``rpc="PushMarkers"``: a datagram over ``max_message_bytes`` is ``too_large``, one beyond
@@ -80,6 +79,7 @@ READS_PER_TURN = 64
 # that fills its queue in one sleep makes the next turn busy.
 LIGHT_TURN = 4
 COALESCE_S = 0.02
+# Trainers connected from which wake-ups are coalesced (module docstring).
 COALESCE_CONNECTIONS = 8
 # Connections waiting to be accepted.
 BACKLOG = 128
