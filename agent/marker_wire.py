@@ -7,10 +7,10 @@ bytes moved, the wire value of ``ClockSource``). A batch in column form becomes 
 calls in C (``zip`` over its columns); a ``Marker`` message each cost the agent 1.2-1.7 µs of CPU
 per marker to make, and 0.3 µs more to encode for the buffers.
 
-``marker_bytes`` writes rows in ``Marker``'s wire form, byte for byte what protobuf's
-``SerializeToString`` writes for the same values (fields in number order, a field at its
-default left out, ``-0.0`` kept, a negative integer as ten bytes). Algorithm: each field is a tag
-byte and a varint (a double: eight bytes); what repeats (a step number, a kind with its name, the
+``marker_bytes`` writes rows in ``Marker``'s wire form with ``agent.wire``'s pieces, byte for byte
+what protobuf's ``SerializeToString`` writes for the same values (fields in number order, a field
+at its default left out, ``-0.0`` kept, a negative integer as ten bytes). Algorithm: each field is
+its key and a varint (a double: eight bytes); what repeats (a step number, a kind with its name, the
 payload fields together, the high bits of a timestamp) is encoded once and looked up after, from
 one batch to the next. A timestamp of this century is at least 2^28 ns, so its low 28 bits are
 always the varint's first four bytes, each 7 bits with the continuation bit set: one integer
@@ -23,15 +23,20 @@ import struct
 from collections.abc import Iterable
 from typing import Any
 
+from agent.wire import WIRE_64BIT, WIRE_LENGTH, WIRE_VARINT, key, varint
 from chopper.proto.chopper.v1 import agent_pb2 as pb
 
 MarkerRow = tuple[int, int, int, str, float, int, int, int]
 
+_FIELDS = pb.Marker.DESCRIPTOR.fields_by_name
+_TS, _KIND, _STEP, _TOKENS, _BYTES, _CLOCK = (key(_FIELDS[name].number, WIRE_VARINT) for name in (
+    "ts_ns", "kind", "step", "tokens", "bytes", "clock"))
+_NAME = key(_FIELDS["name"].number, WIRE_LENGTH)
+_FLOPS = key(_FIELDS["flops"].number, WIRE_64BIT)
+_RECORD_MARKER = key(pb.MarkerRecord.DESCRIPTOR.fields_by_name["marker"].number, WIRE_LENGTH)
 _DOUBLE = struct.Struct("<d").pack
 _LOW_28 = (1 << 28) - 1
 _INT64_END = 1 << 63
-# The tag of MarkerRecord.marker (field 5, length-delimited) on the wire.
-_RECORD_MARKER_TAG = b"\x2a"
 _ZERO_SIGN = ("+0", "-0")  # in a payload lookup key, which 0.0 == -0.0 would otherwise merge
 # Pieces kept from one batch to the next (a step's markers span several small batches): the high
 # bits of timestamps, step numbers, (kind, name) pairs and payloads. Each starts again when it holds
@@ -44,22 +49,15 @@ _LABELS: dict[tuple[int, str], tuple[bytes, bytes]] = {}
 _PAYLOADS: dict[tuple[object, int, int, int], bytes] = {}
 
 
-def varint(n: int) -> bytes:
-    """``n`` as a protobuf varint: 7 bits a byte, low first, the high bit set on all but the last;
-    a negative ``n`` as its 64-bit two's complement (ten bytes), as protobuf writes int64 and enums."""
-    if n < 0:
-        n += 1 << 64
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-def _field(tag: int, n: int) -> bytes:
+def _field(tag: bytes, n: int) -> bytes:
     """A varint field, or nothing at its default 0."""
-    return bytes((tag,)) + varint(n) if n else b""
+    return tag + varint(n) if n else b""
+
+
+def _payload(flops: float, tokens: int, nbytes: int, clock: int) -> bytes:
+    """The fields after the name; ``flops`` written unless it is +0.0 (protobuf writes -0.0)."""
+    return ((_FLOPS + _DOUBLE(flops) if flops or math.copysign(1.0, flops) < 0 else b"")
+            + _field(_TOKENS, tokens) + _field(_BYTES, nbytes) + _field(_CLOCK, clock))
 
 
 def marker_bytes(rows: Iterable[MarkerRow]) -> list[bytes]:
@@ -73,27 +71,23 @@ def marker_bytes(rows: Iterable[MarkerRow]) -> list[bytes]:
             if high is None:
                 high = _remember(highs, ts >> 28, varint(ts >> 28))
             low = ts & _LOW_28
-            stamp = b"\x08" + (0x80808080 | (low & 0x7F) | (low & 0x3F80) << 1 | (low & 0x1FC000) << 2
+            stamp = _TS + (0x80808080 | (low & 0x7F) | (low & 0x3F80) << 1 | (low & 0x1FC000) << 2
                                | (low & 0xFE00000) << 3).to_bytes(4, "little") + high
         else:
-            stamp = _field(0x08, ts)
+            stamp = _field(_TS, ts)
         counter = steps.get(step)
         if counter is None:
-            counter = _remember(steps, step, _field(0x18, step))
+            counter = _remember(steps, step, _field(_STEP, step))
         label = labels.get((kind, name))
         if label is None:
             encoded = name.encode()
             label = _remember(labels, (kind, name),
-                              (_field(0x10, kind), b"\x22" + varint(len(encoded)) + encoded if encoded else b""))
-        if flops or tokens or nbytes or clock:
-            key = (flops if flops else _ZERO_SIGN[copysign(1.0, flops) < 0], tokens, nbytes, clock)
-            payload = payloads.get(key)
+                              (_field(_KIND, kind), _NAME + varint(len(encoded)) + encoded if encoded else b""))
+        if flops or tokens or nbytes or clock or copysign(1.0, flops) < 0:
+            wanted = (flops if flops else _ZERO_SIGN[copysign(1.0, flops) < 0], tokens, nbytes, clock)
+            payload = payloads.get(wanted)
             if payload is None:
-                payload = _remember(payloads, key, (b"\x29" + _DOUBLE(flops) if flops or copysign(1.0, flops) < 0
-                                                    else b"")
-                                    + _field(0x30, tokens) + _field(0x38, nbytes) + _field(0x40, clock))
-        elif copysign(1.0, flops) < 0:  # -0.0, which protobuf writes
-            payload = b"\x29" + _DOUBLE(flops)
+                payload = _remember(payloads, wanted, _payload(flops, tokens, nbytes, clock))
         else:
             payload = b""
         out.append(stamp + label[0] + counter + label[1] + payload)
@@ -120,7 +114,7 @@ def record_bytes(prefix: bytes, rows: Iterable[MarkerRow]) -> list[bytes]:
         n = len(body)
         head = heads.get(n)
         if head is None:
-            head = heads[n] = prefix + _RECORD_MARKER_TAG + varint(n)
+            head = heads[n] = prefix + _RECORD_MARKER + varint(n)
         out.append(head + body)
     return out
 
