@@ -25,13 +25,13 @@ def create_backend(name: str, settings: AgentSettings) -> Backend:
 
         return NvidiaBackend(settings.node)
     if name == "simulated":
-        from agent.backends.simulated import SimulatedBackend
+        from agent.backends.simulated import AGENT_LAG_S, SimulatedBackend
 
         return SimulatedBackend(
             settings.node, model=settings.sim_model, gpus=settings.sim_gpus, seed=settings.sim_seed,
             hot_gpus=settings.sim_hot_gpus, power_cap_w=settings.sim_power_cap_w or None,
             health_events=settings.sim_health_events, partition=settings.sim_partition,
-            memory_partition=settings.sim_memory_partition,
+            memory_partition=settings.sim_memory_partition, lag_s=AGENT_LAG_S,
         )
     if name == "replay":
         from agent.backends.replay import ReplayBackend

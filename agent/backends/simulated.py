@@ -32,7 +32,16 @@ not idle, as on real devices, and its time is not counted as idle and exposed at
 level would cap a long exposed collective by the idle it invents, most on the rank that waited).
 
 A sample's ratios are the time-weighted means over its interval (markers split the interval at
-their timestamps). ``a`` is the activity factor that drives dynamic power. A collective's bytes
+their timestamps). A marker reaches the agent later than it happened (a client's batch that is
+not full waits up to 50 ms by default, and a loaded machine delays delivery further), while a
+real GPU's counters see the work at once. So with ``lag_s`` the simulation runs that far behind
+the clock: ``sample(now_ns)`` covers the interval up to ``now_ns − lag`` and is stamped so, and a
+marker delivered within the lag takes effect at its own timestamp. A marker older than the
+interval being simulated takes effect at its start: without a lag (or past it), the time from
+the marker to its delivery reads as the state before it, e.g. a late collective's begin as the
+idle between steps, which would cap the exposed communication of the rank that waited.
+
+``a`` is the activity factor that drives dynamic power. A collective's bytes
 (from its begin or end marker) are added to ``link_tx_bytes`` and ``link_rx_bytes`` at
 ``LINK_BYTES_PER_S`` while it runs, and whatever is left when it ends. ``Sample.links`` splits
 them evenly over the GPU's simulated links (``links_for``): on an AMD model one XGMI link per
@@ -107,6 +116,9 @@ from chopper.schema import NAN, DeviceInfo, ErrorCount, LinkBytes, MarkerKind, S
 NOMINAL_FIRST_DT_S = 0.1
 MAX_SUBSTEP_S = 1.0
 STALE_AFTER_NS = 2_000_000_000
+# The agent's lag (module docstring): the client's 50 ms flush interval, the marker socket's
+# coalescing and a loaded machine's delivery, with room to spare; step summaries wait as long.
+AGENT_LAG_S = 0.25
 AMBIENT_C = 30.0
 T_LIMIT_C = 100.0
 TAU_S = 6.0
@@ -228,17 +240,20 @@ class SimulatedBackend:
         partition: Compute partition (AMD ``DPX``, ``QPX``, ``CPX``) or MIG profile (NVIDIA
             ``3g.40gb`` ...) of every chip; "" whole chips (``agent.backends.specs.partition_layout``).
         memory_partition: AMD memory partition (``NPS1``, ``NPS4``); "" none.
+        lag_s: How far behind ``now_ns`` the simulation runs, s (module docstring); the agent
+            uses ``AGENT_LAG_S``.
 
     Raises:
         ValueError: Unknown model, ``gpus < 1``, a hot GPU index out of range, a cap that is not
-            positive, a bad health event or an invalid partition.
+            positive, a negative lag, a bad health event or an invalid partition.
     """
 
     name = "simulated"
 
     def __init__(self, node: str, model: str = "MI300X", gpus: int = 8, seed: int = 0,
                  hot_gpus: Sequence[int] = (), power_cap_w: float | None = None,
-                 health_events: Sequence[str] = (), partition: str = "", memory_partition: str = "") -> None:
+                 health_events: Sequence[str] = (), partition: str = "", memory_partition: str = "",
+                 lag_s: float = 0.0) -> None:
         spec = SPECS.get(model) or SPECS.get(model.upper())
         if spec is None:
             raise ValueError(f"unknown simulated GPU model {model!r}; known models: {', '.join(SPECS)}")
@@ -249,6 +264,9 @@ class SimulatedBackend:
             raise ValueError(f"hot_gpus {bad} out of range 0..{gpus - 1}")
         if power_cap_w is not None and not power_cap_w > 0:
             raise ValueError(f"power_cap_w must be a positive number of watts, got {power_cap_w}")
+        if not lag_s >= 0:
+            raise ValueError(f"lag_s must be 0 or more seconds, got {lag_s}")
+        self._lag_ns = int(lag_s * 1e9)
         self.layout = partition_layout(spec, partition, memory_partition)
         self.events = parse_events(health_events, spec.vendor, gpus)
         self.power_cap_w = float(spec.tdp_w if power_cap_w is None else power_cap_w)
@@ -373,7 +391,7 @@ class SimulatedBackend:
         """Advance the simulation to ``now_ns`` and return one sample per device for the interval."""
         if not self._opened:
             raise BackendError("simulated backend: sample() called before open() or after close()")
-        now_ns = int(now_ns)
+        now_ns = int(now_ns) - self._lag_ns
         t0 = now_ns - int(NOMINAL_FIRST_DT_S * 1e9) if self._last_ns is None else min(self._last_ns, now_ns)
         self._last_ns = now_ns
         dt = (now_ns - t0) * 1e-9

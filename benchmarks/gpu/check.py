@@ -14,8 +14,10 @@ One run, a few minutes, nothing changed on the device (``provenance.NOT_CHANGED`
    up for ``--warmup`` seconds.
 4. Start recording the agent (``chopper.runs.record.record`` from now on) and following its live step
    summaries, train for ``--duration`` seconds timed by the loop's own device events, flush the
-   markers, wait a few sample periods so that samples cover the last step, stop the recording,
-   and stop following once a live summary of every trained step is in (``LIVE_WAIT_S`` at most).
+   markers, wait until a live summary of every trained step is in (``LIVE_WAIT_S`` at most: the
+   agent summarises a step once a sample at or after its end arrived, which takes as long as the
+   backend's samples lag the clock), then a few sample periods more for the recording's stream to
+   carry that sample, and stop both.
 5. Attribute the recorded run (``chopper.attribution``), compute the figures (``figures``), check
    that the rank's GPU is the one torch trained on (by UUID), write ``PROVENANCE.md`` and
    ``check.json`` into the run directory and print the figures.
@@ -57,7 +59,8 @@ JOB = "gpu-check"
 FIXTURES = provenance.ROOT / "tests" / "fixtures" / "gpu"
 SIM_MODEL = "H200"  # the dry run simulates the GPU this check is first meant for
 AGENT_START_S = 60.0
-# Sample periods waited after the last step, so that a sample after its end reaches the recording.
+# Sample periods waited after the last live summary, so that the sample after the last step's end
+# that the summary waited for reaches the recording too.
 SETTLE_PERIODS = 3
 # Longest wait for the last steps' live summaries, s: the agent summarises every 0.5 s and batches
 # Subscribe 0.25 s apart (agent/daemon.py, agent/server.py), with room for a loaded machine.
@@ -352,10 +355,10 @@ def _train_and_record(args: argparse.Namespace, backend: str, device: Any, torch
     finally:
         inst.remove()
         chopper.shutdown(timeout=10.0)
+    live.wait_for(loop.steps, LIVE_WAIT_S)
     time.sleep(SETTLE_PERIODS / info.sample_hz)
     stop.set()
     stats = recording.join(30.0)
-    live.wait_for(loop.steps, LIVE_WAIT_S)
     live_figures = live.stop()
     if agent.exit_code() is not None:
         raise CheckFailed(f"the agent exited with {agent.exit_code()} during the run; its log ends:\n"

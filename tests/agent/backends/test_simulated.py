@@ -124,6 +124,34 @@ def test_ratios_are_interval_time_weighted() -> None:
     assert s.matrix_ratio == pytest.approx(0.25 * 0.70)
 
 
+
+def test_a_marker_delivered_within_the_lag_takes_effect_at_its_own_time() -> None:
+    """A collective that begins at ``begin`` and reaches the backend 60 ms later (a client's 50 ms
+    flush, a loaded machine): without a lag those 60 ms read as the idle before the step, with a lag
+    of 0.25 s as the collective; samples are stamped with the time they cover."""
+    begin, late = T0 + 100 * MS, 60 * MS
+    between = {}
+    for lag_s in (0.0, 0.25):
+        b = SimulatedBackend("n", gpus=1, lag_s=lag_s)
+        b.open()
+        stamped = []
+        for now in range(T0, T0 + 600 * MS, TICK):
+            if now == begin + late:
+                b.observe_marker(0, K.STEP_BEGIN, "", begin, 0)
+                b.observe_marker(0, K.COLLECTIVE_BEGIN, "allreduce", begin, 10**9)
+            (s,) = b.sample(now)
+            assert s.ts_ns == now - int(lag_s * 1e9)
+            stamped.append((s.ts_ns, s.busy_ratio))
+        between[lag_s] = [busy for ts, busy in stamped if begin < ts < begin + late]
+    assert len(between[0.0]) == len(between[0.25]) == 5
+    assert all(busy < 0.05 for busy in between[0.0])
+    assert all(busy > 0.97 for busy in between[0.25])
+
+
+def test_a_negative_lag_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"lag_s must be 0 or more seconds, got -0.1"):
+        SimulatedBackend("n", lag_s=-0.1)
+
 def test_hot_gpu_throttles_thermally_and_runs_slower() -> None:
     b = SimulatedBackend("n", gpus=4, seed=1, hot_gpus=[2])
     b.open()
