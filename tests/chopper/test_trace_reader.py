@@ -103,7 +103,7 @@ def test_base_time_puts_every_frame_on_the_realtime_clock(tmp_path: Path) -> Non
                 assert (shifted["end_ns"] - shifted["ts_ns"] == original["dur_ns"]).all(), frame
 
 
-@requires_kineto
+@needs_data
 def test_real_rocm_trace_lands_on_its_recording_date() -> None:
     t = load_trace(DATA / "rocm_mi250_toy_train.json.gz")
     assert t.clock_offset_ns == t.metadata["baseTimeNanoseconds"]
