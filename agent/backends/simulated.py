@@ -33,7 +33,7 @@ level would cap a long exposed collective by the idle it invents, most on the ra
 
 A sample's ratios are the time-weighted means over its interval (markers split the interval at
 their timestamps). A marker reaches the agent later than it happened (a client's batch that is
-not full waits up to 50 ms by default, and a loaded machine delays delivery further), while a
+not full waits up to 0.25 s by default, and a loaded machine delays delivery further), while a
 real GPU's counters see the work at once. So with ``lag_s`` the simulation runs that far behind
 the clock: ``sample(now_ns)`` covers the interval up to ``now_ns − lag`` and is stamped so, and a
 marker delivered within the lag takes effect at its own timestamp. A marker older than the
@@ -116,9 +116,9 @@ from chopper.schema import NAN, DeviceInfo, ErrorCount, LinkBytes, MarkerKind, S
 NOMINAL_FIRST_DT_S = 0.1
 MAX_SUBSTEP_S = 1.0
 STALE_AFTER_NS = 2_000_000_000
-# The agent's lag (module docstring): the client's 50 ms flush interval, the marker socket's
-# coalescing and a loaded machine's delivery, with room to spare; step summaries wait as long.
-AGENT_LAG_S = 0.25
+# The agent's lag (module docstring): the client's 0.25 s flush interval, the marker socket's
+# 20 ms coalescing and a loaded machine's delivery, with room to spare; step summaries wait as long.
+AGENT_LAG_S = 0.5
 AMBIENT_C = 30.0
 T_LIMIT_C = 100.0
 TAU_S = 6.0

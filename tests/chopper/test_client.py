@@ -368,7 +368,7 @@ def test_an_idle_client_wakes_once_a_flush_interval(sock: Path) -> None:
     try:
         c = fast_client(sock, flush_interval_s=0.05, start=False, control=False)
         event = _CountingEvent()
-        c._stop_event = event
+        c._wake = event  # what the sender sleeps on (Client._wait_for)
         c.start()
         with c.step(0):
             pass
@@ -378,5 +378,21 @@ def test_an_idle_client_wakes_once_a_flush_interval(sock: Path) -> None:
         assert event.waits - before <= 25, event.waits - before  # 20 flush intervals in a second
         c.shutdown(2.0)
         assert c.stats()["sent"] == 2
+    finally:
+        server.stop(0)
+
+
+def test_a_full_batch_goes_at_once_and_a_partial_one_waits_for_its_flush(sock: Path) -> None:
+    server = start_server(sock, Recorder())
+    try:
+        c = fast_client(sock, max_batch=8, flush_interval_s=3600.0, control=False)
+        for i in range(5):  # 10 markers: one full batch, 2 left
+            with c.step(i):
+                pass
+        wait_until(lambda: c.stats()["sent"] == 8, timeout_s=10)
+        time.sleep(0.5)
+        assert c.stats()["sent"] == 8  # the other 2 wait for the flush an hour away, or the shutdown
+        c.shutdown(2.0)
+        assert c.stats()["sent"] == 10
     finally:
         server.stop(0)

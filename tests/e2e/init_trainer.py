@@ -4,7 +4,7 @@ Job, rank, GPU and agent come from the environment (``CHOPPER_JOB``, ``CHOPPER_A
 test can hand it the bytes a clumsy launcher would. It runs the steps of ``tests.support.fault_trainer``
 (10 markers each, ~41 ms) for ``--duration`` s. With ``--burst-after S`` it makes, after S s,
 ``--burst-steps`` empty steps of 4 markers each (fewer markers than a batch holds, so they wait
-for the sender's flush interval, 50 ms), then prints ``marked N`` (flushed) and goes on
+for the sender's flush interval, 0.25 s), then prints ``marked N`` (flushed) and goes on
 stepping: a test sends SIGTERM on that line, while those markers are still queued.
 
 ``python -m tests.e2e.init_trainer --duration 3`` prints one JSON line at the end: ``marked``

@@ -126,9 +126,9 @@ def test_ratios_are_interval_time_weighted() -> None:
 
 
 def test_a_marker_delivered_within_the_lag_takes_effect_at_its_own_time() -> None:
-    """A collective that begins at ``begin`` and reaches the backend 60 ms later (a client's 50 ms
-    flush, a loaded machine): without a lag those 60 ms read as the idle before the step, with a lag
-    of 0.25 s as the collective; samples are stamped with the time they cover."""
+    """A collective that begins at ``begin`` and reaches the backend 60 ms later (in a batch that
+    waited for its flush, on a loaded machine): without a lag those 60 ms read as the idle before the
+    step, with a lag of 0.25 s as the collective; samples are stamped with the time they cover."""
     begin, late = T0 + 100 * MS, 60 * MS
     between = {}
     for lag_s in (0.0, 0.25):
