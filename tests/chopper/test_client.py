@@ -382,17 +382,18 @@ def test_an_idle_client_wakes_once_a_flush_interval(sock: Path) -> None:
         server.stop(0)
 
 
-def test_a_full_batch_goes_at_once_and_a_partial_one_waits_for_its_flush(sock: Path) -> None:
+def test_full_batches_go_at_once_and_a_partial_one_waits_for_its_flush(sock: Path) -> None:
     server = start_server(sock, Recorder())
     try:
         c = fast_client(sock, max_batch=8, flush_interval_s=3600.0, control=False)
-        for i in range(5):  # 10 markers: one full batch, 2 left
+        wait_until(lambda: c.stats()["connected"], timeout_s=10)
+        for i in range(17):  # 34 markers: four full batches (a wake-up's worth), 2 left
             with c.step(i):
                 pass
-        wait_until(lambda: c.stats()["sent"] == 8, timeout_s=10)
+        wait_until(lambda: c.stats()["sent"] == 32, timeout_s=10)
         time.sleep(0.5)
-        assert c.stats()["sent"] == 8  # the other 2 wait for the flush an hour away, or the shutdown
+        assert c.stats()["sent"] == 32  # the other 2 wait for the flush an hour away, or the shutdown
         c.shutdown(2.0)
-        assert c.stats()["sent"] == 10
+        assert c.stats()["sent"] == 34
     finally:
         server.stop(0)
