@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 from collections.abc import Sequence
@@ -149,8 +150,10 @@ def _gpu_time(agent: str, gpu: int, world: int) -> tuple[GpuTime, ClockWatch]:
 
 def train(rank: int, world: int, agent: str, job: str, duration_s: float, max_steps: int, port: int,
           gpu: int | None = None, slow_s: float = 0.0, gpu_time: bool = False) -> dict:
-    """Train until ``duration_s`` or ``max_steps``; returns this rank's counts of what it marked and
-    ``step_s``, the seconds its steps took by its own clock (``time.perf_counter``, no markers)."""
+    """Train until ``duration_s`` or ``max_steps``; returns this rank's counts of what it marked,
+    ``step_s``, the seconds its steps took by its own clock (``time.perf_counter``, no markers), and
+    ``median_step_s``, the median of those steps' seconds (a truth that a few steps slowed by a busy
+    machine do not move)."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.manual_seed(rank)
@@ -160,7 +163,8 @@ def train(rank: int, world: int, agent: str, job: str, duration_s: float, max_st
     timing, watch = _gpu_time(agent, gpu, world) if gpu_time else (None, None)
     trainer = DemoTrainer(world, timing)
     trainer.slow_s = slow_s
-    counts: dict[str, Any] = {"steps": 0, "phases": 0, "collectives": 0, "step_s": 0.0}
+    counts: dict[str, Any] = {"steps": 0, "phases": 0, "collectives": 0}
+    step_seconds: list[float] = []
     deadline = time.monotonic() + duration_s
     step = 0
     while step < max_steps:
@@ -172,11 +176,13 @@ def train(rank: int, world: int, agent: str, job: str, duration_s: float, max_st
             break
         began = time.perf_counter()
         trainer.step(step)
-        counts["step_s"] += time.perf_counter() - began
+        step_seconds.append(time.perf_counter() - began)
         counts["steps"] += 1
         counts["phases"] += 3
         counts["collectives"] += 1
         step += 1
+    counts["step_s"] = sum(step_seconds)
+    counts["median_step_s"] = statistics.median(step_seconds) if step_seconds else 0.0
     if watch is not None:
         watch.stop()
     chopper.shutdown(timeout=5.0)
