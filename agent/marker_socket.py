@@ -16,8 +16,8 @@ and a slow agent paces its trainers. The socket has the file mode and group of t
 One thread (``chopper-markers``) serves every connection: a selector, with no timeout (it wakes
 only for them and for ``stop()``), over the listening socket and the connections. A readable
 connection gives up to ``READS_PER_TURN`` datagrams a turn, each read into one reused buffer of
-``max_message_bytes`` and parsed, then taken in by ``agent.marker_streams.MarkerStreams`` exactly
-as a ``PushMarkers`` message is.
+``max_message_bytes`` (resident only as far as datagrams have reached into it) and parsed, then
+taken in by ``agent.marker_streams.MarkerStreams`` exactly as a ``PushMarkers`` message is.
 
 Wake-ups are coalesced: with ``COALESCE_CONNECTIONS`` or more trainers connected, after a light
 turn (no connection had more than ``LIGHT_TURN`` datagrams waiting) the thread sleeps
@@ -49,6 +49,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
+import mmap
 import selectors
 import socket
 import struct
@@ -117,7 +118,9 @@ class MarkerSocket:
         self.path = Path(marker_socket_path(settings.socket_path))
         self.slots = StreamSlots(MAX_CONNECTIONS, max(1, int(MAX_CONNECTIONS * STREAM_SHARE)))
         self._messages = RateLimiter(settings.rate_limit_messages_per_s)
-        self._buffer = bytearray(settings.max_message_bytes)
+        # Anonymous memory the kernel maps on first touch: only as much of it is resident as the largest
+        # datagram read so far (a few KiB for batches of markers), not the 4 MiB a bytearray zero-fills.
+        self._buffer = mmap.mmap(-1, settings.max_message_bytes)
         self._view = memoryview(self._buffer)
         self._selector = selectors.DefaultSelector()
         self._stop = threading.Event()
