@@ -1,7 +1,8 @@
 """On-demand deep capture: the agent's side of ``chopper capture`` (docs/CAPTURE.md).
 
-Training processes hold one ``Control`` stream each (``attach``/``detach``). A capture request,
-in steps:
+Training processes hold one ``Control`` stream each (``attach``/``detach``), over gRPC
+(``agent.server``) or the control socket (``agent.control_socket``); either hands ``attach`` what
+takes the stream's commands (``CommandSink``). A capture request, in steps:
 
 1. Validate: 1 to ``MAX_STEPS`` steps, a timeout of at most ``MAX_SECONDS``, an absolute
    ``out_dir``; the job has a connected process (else ``CaptureNotFound``), every asked rank too;
@@ -25,14 +26,13 @@ from __future__ import annotations
 import datetime
 import itertools
 import logging
-import queue
 import threading
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from agent.sampler import FixedRateTicker
 from chopper.profiler import DEFAULT_SECONDS, MAX_SECONDS, MAX_STEPS, STOP_STEPS
@@ -67,6 +67,15 @@ class CaptureInvalid(CaptureError):
     """The request itself is malformed."""
 
 
+class CommandSink(Protocol):
+    """What takes a stream's commands: a queue its gRPC call reads, or its connection's sender.
+
+    ``put`` is called with the capture manager's lock held and must not block.
+    """
+
+    def put(self, command: pb.ControlCommand) -> None: ...
+
+
 @dataclass(eq=False)
 class Listener:
     """One training process's open ``Control`` stream."""
@@ -75,8 +84,7 @@ class Listener:
     rank: int
     pid: int
     order: int
-    # None: the stream ended (agent.server's Control).
-    commands: queue.Queue[pb.ControlCommand | None] = field(default_factory=queue.Queue)
+    commands: CommandSink
 
 
 @dataclass(eq=False)
@@ -109,9 +117,9 @@ class CaptureManager:
 
     # -- control streams ---------------------------------------------------------------------
 
-    def attach(self, job: str, rank: int, pid: int) -> Listener:
-        """Register a process's control stream; commands for it arrive on ``Listener.commands``."""
-        listener = Listener(job, rank, pid, next(self._order))
+    def attach(self, job: str, rank: int, pid: int, commands: CommandSink) -> Listener:
+        """Register a process's control stream, whose commands go to ``commands``."""
+        listener = Listener(job, rank, pid, next(self._order), commands)
         with self._cond:
             self._listeners.append(listener)
         return listener

@@ -250,13 +250,14 @@ METRICS: tuple[MetricSpec, ...] = (
     ),
     MetricSpec(
         "chopper_agent_messages_undecodable_total", "counter",
-        "gRPC messages (and marker socket datagrams, as PushMarkers) that were not valid protobuf.",
+        "gRPC messages (and marker socket datagrams, as PushMarkers; control socket datagrams that are not a "
+        "ControlHello with a job, as Control) that were not valid protobuf.",
         (*NODE, "method"),
     ),
     MetricSpec(
         "chopper_agent_rpc_refused_total", "counter",
         "RPCs refused by the access checks, by RPC and reason; the marker socket's refused connections and datagrams "
-        "count as PushMarkers (see docs/METRICS.md, docs/SECURITY.md).",
+        "count as PushMarkers, the control socket's connections as Control (see docs/METRICS.md, docs/SECURITY.md).",
         (*NODE, "rpc", "reason"),
     ),
     MetricSpec("chopper_agent_token_file_reloads_total", "counter",

@@ -18,11 +18,13 @@ from agent.backends.base import BackendUnavailable
 from agent.backends.select import select_backend
 from agent.capture import log_access
 from agent.config import AgentSettings, ConfigError, check_access, load_settings
+from agent.control_socket import ControlSocket
 from agent.daemon import Agent
 from agent.host import HostSampler
 from agent.marker_socket import MarkerSocket
 from agent.marker_streams import MarkerStreams
 from agent.metrics import AgentCollector
+from agent.seqpacket import SeqpacketServer
 from agent.server import TelemetryHub, build_server
 from agent.unix_socket import SocketInUse, SocketKeeper, remove_socket
 from chopper.daemon import sdnotify
@@ -83,24 +85,31 @@ def _serve(settings: AgentSettings, stop: StopSignals) -> int:
         httpd.shutdown()
         agent.stop()
         return 2
+    # Beside gRPC's socket, trainers' markers and Control streams on sockets that hold no thread per trainer.
+    trainer_sockets: list[SeqpacketServer] = []
     try:
-        marker_socket = MarkerSocket(markers, settings).start()
+        trainer_sockets.append(MarkerSocket(markers, settings).start())
+        trainer_sockets.append(ControlSocket(agent, settings).start())
     except (SocketInUse, ConfigError, OSError) as exc:
-        print(f"chopper-agent: cannot serve the marker socket: {exc}", file=sys.stderr)
+        print(f"chopper-agent: cannot serve the {'control' if trainer_sockets else 'marker'} socket: {exc}",
+              file=sys.stderr)
+        for served in trainer_sockets:
+            served.stop()
         server.stop(0)
         httpd.shutdown()
         agent.stop()
         remove_socket(settings.socket_path)
         return 2
+    marker_socket, control_socket = trainer_sockets
     agent.start()
     if int(settings.socket_mode, 8) & 0o006:
         log.warning("event=socket_open_to_all_users socket=%s mode=%s note='every local user can push markers for "
                     "any job and subscribe; use 0660 with socket_group for the trainers'", settings.socket_path,
                     settings.socket_mode)
     log.info(
-        "event=started node=%s backend=%s gpus=%d socket=%s markers=%s grpc=%s metrics=http://%s/metrics sample_hz=%g",
-        settings.node, backend.name, len(agent.devices), settings.socket_path, marker_socket.path, grpc_bound or "-",
-        metrics_addr, settings.sample_hz,
+        "event=started node=%s backend=%s gpus=%d socket=%s markers=%s control=%s grpc=%s metrics=http://%s/metrics "
+        "sample_hz=%g", settings.node, backend.name, len(agent.devices), settings.socket_path, marker_socket.path,
+        control_socket.path, grpc_bound or "-", metrics_addr, settings.sample_hz,
     )
     log_access(settings)
     supervision = sdnotify.Supervision(
@@ -117,7 +126,8 @@ def _serve(settings: AgentSettings, stop: StopSignals) -> int:
     log.info("event=stopping signal=%s", stop.received or "-")
     supervision.stop()
     keeper.stop()
-    marker_socket.stop()
+    for served in trainer_sockets:
+        served.stop()
     server.stop(grace=2.0).wait(5.0)
     agent.stop()
     httpd.shutdown()

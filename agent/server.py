@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
+import queue
 import threading
 import time
 from collections.abc import Iterator
@@ -147,15 +148,16 @@ class AgentServicer:
         if not request.job:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "ControlHello needs the job name")
         agent = self.agent
-        listener = agent.captures.attach(request.job, request.rank, request.pid)
+        commands: queue.Queue[pb.ControlCommand | None] = queue.Queue()
+        listener = agent.captures.attach(request.job, request.rank, request.pid, commands)
         agent.count(agent.open_streams, "Control")
         # The end of the call (the process went away, or the server stops) wakes the wait with None,
         # so a stream that gets no command costs no wake-ups: a timed wait here woke one thread per
         # training process twice a second.
-        ended = not context.add_callback(lambda: listener.commands.put(None))  # False: it ended already
+        ended = not context.add_callback(lambda: commands.put(None))  # False: it ended already
         try:
             while not ended and context.is_active():
-                command = listener.commands.get()
+                command = commands.get()
                 if command is None:
                     return
                 yield command

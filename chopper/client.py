@@ -78,6 +78,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Generator, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from chopper import local_socket
 from chopper._device_clock import DeviceClock
 from chopper._noop import NOOP, _NoOp  # noqa: F401 - re-exported, chopper.client.NOOP as before
 from chopper.identity.device import UNRESOLVED, canonical_uuid, match_uuid
@@ -96,6 +97,7 @@ from chopper.schema import (
     UNREAD_METADATA,
     ClockSource,
     MarkerKind,
+    control_socket_path,
     marker_count,
     marker_socket_path,
 )
@@ -140,9 +142,8 @@ _NEVER = 1 << 62  # a queue length the hot path never reaches: nobody waits (Cli
 # Full batches queued that wake a sender waiting for a flush: each wake-up costs the training
 # process ~0.1 ms of CPU and the agent ~0.2 ms however few markers it brings, so one sends several.
 FULL_WAKE_BATCHES = 4
-# The marker socket (agent.marker_socket): how long a connect may wait on a full backlog, how long a stopping
-# client waits for the agent's answer, and the most bytes that answer (a PushMarkersResponse) takes.
-_CONNECT_TIMEOUT_S = 1.0
+# The marker socket (agent.marker_socket): how long a stopping client waits for the agent's answer, and the
+# most bytes that answer (a PushMarkersResponse) takes.
 _ANSWER_TIMEOUT_S = 1.0
 _ANSWER_BYTES = 64 * 1024
 
@@ -196,15 +197,6 @@ def _number(value: Any) -> float | None:
 def _socket_target(target: str) -> str:
     """``target`` with each surrogate-escaped byte (a path that is not UTF-8) as ``%XX``, which gRPC decodes."""
     return "".join(f"%{ord(c) - 0xDC00:02X}" if "\udc80" <= c <= "\udcff" else c for c in target)
-
-
-def _marker_socket(target: str) -> str:
-    """The agent's marker socket for a ``unix:`` target (``chopper.schema.marker_socket_path``); "" for any other."""
-    for scheme in ("unix://", "unix:"):
-        if target.startswith(scheme):
-            path = target[len(scheme):]
-            return marker_socket_path(path) if path else ""
-    return ""
 
 
 def _said(field: str, given: object, used: _T, problem: str | None, fix: str, level: int = logging.WARNING) -> _T:
@@ -369,7 +361,8 @@ class Client:
         self.target = _said("agent", given_target, _socket_target(given_target),
                             "the socket path holds bytes that are not UTF-8",
                             "none needed: gRPC decodes %XX in a unix socket path", level=logging.INFO)
-        self._marker_path = _marker_socket(given_target)
+        unix_path = local_socket.unix_path(given_target)
+        self._marker_path = marker_socket_path(unix_path) if unix_path else ""
         given_pid = os.getpid() if pid is None else pid
         wire_pid = _integer(given_pid)
         self.pid = _said("pid", given_pid, wire_pid if wire_pid is not None and abs(wire_pid) <= _INT64_MAX
@@ -424,7 +417,8 @@ class Client:
         # On-demand capture (chopper.profiler): the steps call its hooks only while it is active.
         self._control = control
         self._captures = CaptureControl(self.target, self.job, self.rank, self.pid, self._peer_metadata,
-                                        initial_backoff_s, self._max_backoff)
+                                        initial_backoff_s, self._max_backoff,
+                                        control_path=control_socket_path(unix_path) if unix_path else "")
         self.capture_results = self._captures.results
         if start:
             self.start()
@@ -657,7 +651,7 @@ class Client:
         while not self._abort_event.is_set():
             if self._stopping and not self._q:
                 return
-            sock = self._connect_marker_socket()
+            sock = local_socket.connect(self._marker_path)  # a full queue blocks this thread only
             if sock is None and not self._await_ready(grpc, channel, backoff):
                 self._disconnected(f"agent not ready within {backoff:.3f}s")
                 backoff = min(backoff * 2, self._max_backoff)
@@ -704,20 +698,6 @@ class Client:
             details = getattr(e, "details", None)
             self._disconnected(f"{code().name}: {details()}" if callable(code) and callable(details) else repr(e))
             return False
-
-    def _connect_marker_socket(self) -> socket.socket | None:
-        """A connection to the agent's marker socket; None when there is none to reach (gRPC carries the markers)."""
-        if not self._marker_path:
-            return None
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        try:
-            sock.settimeout(_CONNECT_TIMEOUT_S)
-            sock.connect(os.fsencode(self._marker_path))
-            sock.settimeout(None)  # a full queue blocks this thread only; shutdown's cancel unblocks it
-        except OSError:  # no such socket (an agent without one, or restarting), or a full backlog
-            sock.close()
-            return None
-        return sock
 
     def _stream_socket(self, stream: _Stream, sock: socket.socket, pb2: Any) -> bool:
         """One stream over the marker socket: each batch one datagram, sent from ``_requests``' batches.

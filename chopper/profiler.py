@@ -9,7 +9,8 @@ Three parts:
   memory and step time until it ends (torch.profiler keeps every event).
 * **``ProfilerWindow``**: one capture in one process, torch.profiler between two step boundaries.
 * **``CaptureControl``**: what the marker client (``chopper.client``) hands capture work to. A
-  control thread holds one ``Control`` stream to the agent, reconnecting, and stores the capture
+  control thread holds one ``Control`` stream to the agent, reconnecting (on the agent's control
+  socket where it has one, ``agent.control_socket``, else over gRPC), and stores the capture
   command it receives; the training thread starts the window at its next step entry (the
   profiler belongs to the thread that trains), steps it, and reports how it ended with
   ``ReportCapture`` from a short-lived thread. A stop from the agent (``STOP_STEPS``) or the
@@ -21,12 +22,16 @@ torch loads when a capture starts, grpc in the control and report threads.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
+import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+from chopper import local_socket
 
 logger = logging.getLogger("chopper.client")
 
@@ -42,6 +47,8 @@ DEFAULT_SECONDS = 600.0
 # ``CaptureCommand.steps`` of this or less: stop the capture ``capture_id`` now (the agent sends it
 # when its timeout passed with the rank still profiling).
 STOP_STEPS = 0
+# The most bytes a command on the control socket (agent.control_socket) takes: a trace_dir is a path.
+COMMAND_MAX_BYTES = 16 * 1024
 
 
 class ProfilerWindow:
@@ -163,11 +170,14 @@ class CaptureControl:
         metadata: Invocation metadata of the ``Control`` stream (the client's process id).
         initial_backoff_s: First reconnect delay of the control stream, seconds; doubles per failure.
         max_backoff_s: Cap of that delay, seconds.
+        control_path: The agent's control socket, tried before gRPC at each connect; "" for none
+            (a TCP target).
     """
 
     def __init__(self, target: str, job: str, rank: int, pid: int, metadata: tuple[tuple[str, str], ...],
-                 initial_backoff_s: float, max_backoff_s: float) -> None:
+                 initial_backoff_s: float, max_backoff_s: float, *, control_path: str = "") -> None:
         self.target = target
+        self.control_path = control_path
         self._who: dict[str, Any] = {"job": job, "rank": rank, "pid": pid}  # as ControlHello and CaptureResult say it
         self._metadata = metadata
         self._backoff_s = (initial_backoff_s, max_backoff_s)
@@ -177,6 +187,7 @@ class CaptureControl:
         self._stop_event = threading.Event()
         self._thread: threading.Thread | None = None
         self._call: Any = None
+        self._sock: socket.socket | None = None  # the control socket connection, while one is open
         self._cmd: Any = None  # the command waiting for the next step entry
         self._window: ProfilerWindow | None = None
         self._lock = threading.Lock()
@@ -195,6 +206,10 @@ class CaptureControl:
         call = self._call
         if call is not None:
             call.cancel()
+        sock = self._sock
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)  # the control thread's recv returns
 
     # ------------------------------------------------------------------- training thread
 
@@ -304,17 +319,21 @@ class CaptureControl:
             return
         initial, most = self._backoff_s
         backoff = initial
-        channel = grpc.insecure_channel(self.target)
+        channel = grpc.insecure_channel(self.target)  # connects only when a stream goes over gRPC
         try:
             stub = agent_pb2_grpc.AgentStub(channel)
             hello = agent_pb2.ControlHello(**self._who)
             while not self._stop_event.is_set():
+                sock = self._connect_control_socket()
                 try:
-                    call = stub.Control(hello, wait_for_ready=False, metadata=self._metadata)
-                    self._call = call
-                    if self._stop_event.is_set():
-                        call.cancel()
-                    for command in call:
+                    if sock is not None:
+                        commands: Iterator[Any] = self._socket_commands(sock, hello, agent_pb2)
+                    else:
+                        call = stub.Control(hello, wait_for_ready=False, metadata=self._metadata)
+                        self._call = commands = call
+                        if self._stop_event.is_set():
+                            call.cancel()
+                    for command in commands:
                         backoff = initial
                         if command.HasField("capture"):
                             self._on_command(command.capture)
@@ -323,11 +342,34 @@ class CaptureControl:
                         return  # an agent older than captures: nothing to listen for
                 except Exception:
                     logger.debug("event=control_error", exc_info=True)
+                finally:
+                    if sock is not None:
+                        self._sock = None
+                        sock.close()
                 self._lost()
                 self._stop_event.wait(backoff)
                 backoff = min(backoff * 2, most)
         finally:
             channel.close()
+
+    def _connect_control_socket(self) -> socket.socket | None:
+        """A connection to the agent's control socket; None when there is none to reach (gRPC carries the stream)."""
+        sock = local_socket.connect(self.control_path)  # the control thread waits in recv; shutdown() wakes it
+        if sock is None:
+            return None
+        self._sock = sock
+        if self._stop_event.is_set():  # shutdown() ran before the socket was there to wake
+            sock.shutdown(socket.SHUT_RDWR)
+        return sock
+
+    @staticmethod
+    def _socket_commands(sock: socket.socket, hello: Any, pb2: Any) -> Iterator[Any]:
+        """The stream on the control socket: the hello, then a ``ControlCommand`` a datagram until the agent closes."""
+        sock.send(hello.SerializeToString(), socket.MSG_NOSIGNAL)
+        while data := sock.recv(COMMAND_MAX_BYTES):
+            command = pb2.ControlCommand()
+            command.ParseFromString(data)
+            yield command
 
     def _on_command(self, cmd: Any) -> None:
         if cmd.steps <= STOP_STEPS:

@@ -29,11 +29,18 @@ UNREAD_METADATA = "chopper-unread"
 
 # The marker socket beside the agent's unix socket (agent.marker_socket): its path is the socket's plus this.
 MARKER_SOCKET_SUFFIX = ".markers"
+# And the control socket (agent.control_socket).
+CONTROL_SOCKET_SUFFIX = ".control"
 
 
 def marker_socket_path(socket_path: str) -> str:
     """Where the agent serving the unix socket ``socket_path`` takes marker batches as datagrams."""
     return socket_path + MARKER_SOCKET_SUFFIX
+
+
+def control_socket_path(socket_path: str) -> str:
+    """Where the agent serving the unix socket ``socket_path`` holds trainers' ``Control`` streams as connections."""
+    return socket_path + CONTROL_SOCKET_SUFFIX
 
 
 def marker_count(batch: Any) -> int:

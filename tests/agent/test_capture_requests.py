@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import math
+import queue
 import threading
 from pathlib import Path
 
@@ -36,7 +37,7 @@ def test_out_of_range_requests_are_invalid_with_the_field_named(fields: dict[str
 @pytest.mark.parametrize("steps", [MAX_STEPS + 1, 10**9])
 def test_steps_over_the_maximum_are_refused_before_any_command(steps: int, hazard) -> None:
     manager = CaptureManager(FixedRateTicker(20.0, lambda now: None))
-    listener = manager.attach("j", 0, 1234)
+    listener = manager.attach("j", 0, 1234, queue.Queue())
     with pytest.raises(CaptureInvalid, match=f"steps must be 1 to {MAX_STEPS}, got {steps}: torch.profiler") as err:
         manager.request(pb.CaptureRequest(job="j", steps=steps, out_dir="/tmp/capture"))
     assert listener.commands.qsize() == 0
@@ -45,7 +46,7 @@ def test_steps_over_the_maximum_are_refused_before_any_command(steps: int, hazar
 
 def test_a_timed_out_capture_tells_the_ranks_still_profiling_to_stop(caplog: pytest.LogCaptureFixture) -> None:
     manager = CaptureManager(FixedRateTicker(20.0, lambda now: None))
-    slow, quick = manager.attach("j", 0, 1), manager.attach("j", 1, 2)
+    slow, quick = manager.attach("j", 0, 1, queue.Queue()), manager.attach("j", 1, 2, queue.Queue())
     done = threading.Timer(0.05, lambda: manager.report(pb.CaptureResult(
         capture_id=quick.commands.queue[0].capture.capture_id, job="j", rank=1, steps=2)))
     done.start()

@@ -13,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from agent.backends.simulated import SimulatedBackend
 from agent.config import load_settings
+from agent.control_socket import ControlSocket
 from agent.daemon import Agent
 from agent.marker_socket import MarkerSocket
 from agent.marker_streams import MarkerStreams
@@ -45,12 +46,13 @@ def _samples(registry: CollectorRegistry) -> Samples:
 class RunningAgent:
     """An agent of node "n1" with 2 simulated GPUs at 50 Hz, serving ``tmp/a.sock`` with a 64 KiB message limit.
 
-    With ``marker_socket`` it serves ``tmp/a.sock.markers`` as well (``agent.marker_socket``).
+    With ``marker_socket`` it serves ``tmp/a.sock.markers`` as well (``agent.marker_socket``), with
+    ``control_socket`` ``tmp/a.sock.control`` (``agent.control_socket``).
     ``overrides`` are more command-line flags, by their names with ``_`` for ``-``
     (``token_file="/path"`` is ``--token-file /path``).
     """
 
-    def __init__(self, tmp: Path, marker_socket: bool = False, **overrides: str) -> None:
+    def __init__(self, tmp: Path, marker_socket: bool = False, control_socket: bool = False, **overrides: str) -> None:
         argv = ["--node", "n1", "--backend", "simulated", "--sim-gpus", "2", "--sample-hz", "50",
                 "--socket-path", str(tmp / "a.sock"), "--max-message-bytes", "65536"]
         for key, value in overrides.items():
@@ -63,6 +65,7 @@ class RunningAgent:
         self.server, _ = build_agent_server(self.agent, self.hub, self.settings, self.markers)
         # agent.main serves it too; a test that asks for it gets it.
         self.marker_socket = MarkerSocket(self.markers, self.settings).start() if marker_socket else None
+        self.control_socket = ControlSocket(self.agent, self.settings).start() if control_socket else None
         self.agent.start()
         self.target = f"unix://{self.settings.socket_path}"
         self.channel = grpc.insecure_channel(self.target)
@@ -76,8 +79,9 @@ class RunningAgent:
 
     def stop(self) -> None:
         self.channel.close()
-        if self.marker_socket is not None:
-            self.marker_socket.stop()
+        for served in (self.marker_socket, self.control_socket):
+            if served is not None:
+                served.stop()
         self.server.stop(0)
         self.agent.stop()
 
