@@ -11,8 +11,6 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from prometheus_client import CollectorRegistry
-
 from agent import fields
 from agent.backends.base import BackendUnavailable
 from agent.backends.select import select_backend
@@ -33,6 +31,7 @@ from chopper.daemon.entrypoint import run_daemon
 from chopper.daemon.metrics_http import serve_metrics
 from chopper.daemon.serving import SecureServer
 from chopper.daemon.stopsignals import StopSignals
+from chopper.daemon.text_format import Registry
 
 log = logging.getLogger("agent")
 # The sampler counts as hung (systemd's watchdog then restarts the agent) after this long without a
@@ -67,7 +66,7 @@ def _serve(settings: AgentSettings, stop: StopSignals) -> int:
         print(f"chopper-agent: backend {settings.backend!r} cannot run here: {exc}", file=sys.stderr)
         return 2
     # /metrics first: an agent that cannot bind it exits before any trainer or consumer reached its socket.
-    registry = CollectorRegistry(auto_describe=False)
+    registry = Registry()
     collector = AgentCollector(agent.view, job_label=settings.job_label,
                                exported=fields.selected(settings.metrics_profile, settings.metrics_exclude))
     registry.register(collector)

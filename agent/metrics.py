@@ -16,15 +16,13 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client.core import Metric
-from prometheus_client.registry import Collector
-
 from agent.catalog import BY_NAME
 from agent.positions import NameLabels
 from chopper import __version__
 from chopper.daemon.auth import Reloaded
 from chopper.daemon.exposition import Families, Sections
 from chopper.daemon.labels import JOB_LABEL
+from chopper.daemon.text_format import Family
 from chopper.positions import where
 from chopper.proto.chopper.v1 import agent_pb2 as pb
 from chopper.schema import THROTTLE_CAUSES, ErrorCount, MarkerKind
@@ -68,7 +66,7 @@ AGENT_METHODS = tuple(m.name for m in pb.DESCRIPTOR.services_by_name["Agent"].me
 logger = logging.getLogger("agent.metrics")
 
 
-class AgentCollector(Collector):
+class AgentCollector:
     """Exports GPU, host, rank and self metrics of one agent, read through its view only.
 
     Args:
@@ -99,7 +97,7 @@ class AgentCollector(Collector):
         self.sections = Sections(self.fills, logger, clock)
         self._position_names = NameLabels()
 
-    def collect(self) -> Iterator[Metric]:
+    def collect(self) -> Iterator[Family]:
         """Every section on its own (one that raises is counted and left out), then the failure counts."""
         fam = Families(BY_NAME, self.job_label, self.exported)
         for name, fill in self.fills.items():

@@ -24,8 +24,6 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from prometheus_client import CollectorRegistry
-
 from aggregator.config import AggregatorSettings, check_access, load_settings
 from aggregator.jobs import JobTable
 from aggregator.metrics import AggregatorCollector
@@ -38,6 +36,7 @@ from chopper.daemon.auth import Reloaded, recheck
 from chopper.daemon.entrypoint import run_daemon
 from chopper.daemon.metrics_http import serve_metrics
 from chopper.daemon.stopsignals import StopSignals
+from chopper.daemon.text_format import Registry
 
 log = logging.getLogger("aggregator")
 TICK_S = 1.0
@@ -88,7 +87,7 @@ def _serve(settings: AggregatorSettings, stop: StopSignals) -> int:
     except OSError as exc:
         print(f"chopper-aggregator: {exc}", file=sys.stderr)
         return 2
-    registry = CollectorRegistry(auto_describe=False)
+    registry = Registry()
     tls = server.tls
     files: dict[str, Reloaded] = {"tls": tls.files} if tls is not None else {}
     registry.register(AggregatorCollector(core, settings.rank_series_top_k, tls=files.get("tls"),

@@ -19,9 +19,6 @@ import time
 from collections.abc import Callable, Iterator
 from functools import partial
 
-from prometheus_client.core import Metric
-from prometheus_client.registry import Collector
-
 from aggregator.catalog import BY_NAME, SECTIONS, SLOWEST_CAUSES
 from aggregator.jobs import CAUSES, WINDOWS_S, JobState, RankState
 from aggregator.service import Aggregator
@@ -29,6 +26,7 @@ from chopper import __version__
 from chopper.daemon.auth import Reloaded
 from chopper.daemon.exposition import Families, Sections
 from chopper.daemon.labels import JOB_LABEL
+from chopper.daemon.text_format import Family
 
 WINDOW_NAMES = {60: "1m", 300: "5m"}
 
@@ -50,7 +48,7 @@ def _slowest_rank(job: JobState) -> int | None:
     return None if job.last_slowest is None else job.last_slowest[0]
 
 
-class AggregatorCollector(Collector):
+class AggregatorCollector:
     """Exports job, rank and self metrics of one ``Aggregator``.
 
     Args:
@@ -69,7 +67,7 @@ class AggregatorCollector(Collector):
         self.tls = tls
         self.sections = Sections(SECTIONS, logger, clock)
 
-    def collect(self) -> Iterator[Metric]:
+    def collect(self) -> Iterator[Family]:
         """The sections of ``catalog.SECTIONS``, each on its own (one that raises is counted and left out)."""
         fam = Families(BY_NAME, self.job_label)
         run = self.sections.run

@@ -78,7 +78,7 @@ BENCHES = (
         f"filter <= {bench_metric_cost.GOAL_FILTER_RATIO:g}x a scrape without one",
         "in-process agent over the simulated backend with 8 ranks' steps summarised and a health reading per "
         "GPU; per family its series and bytes in one full scrape (the section's table), per profile the CPU "
-        "time of `generate_latest`, minimum of interleaved rounds (`benchmarks/bench_metric_cost.py`, "
+        "time of `Registry.render`, minimum of interleaved rounds (`benchmarks/bench_metric_cost.py`, "
         "`agent/fields.py`).",
     ),
     Bench(

@@ -56,6 +56,7 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 from agent.backends.base import Backend
 from agent.backends.select import create_backend
 from agent.config import load_settings
+from agent.control_socket import ControlSocket
 from agent.daemon import Agent
 from agent.host import HostSampler
 from agent.marker_socket import MarkerSocket
@@ -63,6 +64,8 @@ from agent.marker_streams import MarkerStreams
 from agent.marker_wire import MarkerRow
 from agent.metrics import AgentCollector
 from agent.server import TelemetryHub, build_server
+from chopper.daemon.metrics_http import serve_metrics
+from chopper.daemon.text_format import Registry
 from chopper.schema import DeviceInfo, Sample
 
 GPUS = 8
@@ -144,8 +147,6 @@ def in_process_agent(argv: Sequence[str]) -> Iterator[RunningAgent]:
     socket and quiet logs; the real gRPC server and ``/metrics`` endpoint serving; its backend
     wrapped in ``TimedBackend``. The caller starts its threads (``agent.start()``) once it has
     instrumented what it measures; all is stopped on exit."""
-    from prometheus_client import CollectorRegistry, start_http_server
-
     with tempfile.TemporaryDirectory(prefix="chopper-bench-agent") as tmp:
         sock = os.path.join(tmp, "agent.sock")
         settings = load_settings(["--node", "bench", "--backend", "simulated", "--socket-path", sock,
@@ -157,14 +158,15 @@ def in_process_agent(argv: Sequence[str]) -> Iterator[RunningAgent]:
         markers = MarkerStreams(agent)
         server, _ = build_server(agent, hub, settings, markers)
         marker_socket = MarkerSocket(markers, settings).start()
-        registry = CollectorRegistry(auto_describe=False)
+        control_socket = ControlSocket(agent, settings).start()
+        registry = Registry()
         registry.register(AgentCollector(agent.view))
-        httpd, _ = start_http_server(0, addr="127.0.0.1", registry=registry)
+        httpd, _, metrics_addr = serve_metrics("127.0.0.1:0", registry)
         try:
-            yield RunningAgent(agent, backend, f"unix://{sock}", f"http://127.0.0.1:{httpd.server_address[1]}/metrics",
-                               registry)
+            yield RunningAgent(agent, backend, f"unix://{sock}", f"http://{metrics_addr}/metrics", registry)
         finally:
             agent.ticker.stop()
+            control_socket.stop()
             marker_socket.stop()
             server.stop(0)
             agent.stop()
@@ -263,12 +265,10 @@ def measure(sample_hz: float, goal: float, measure_s: float = MEASURE_S, warmup_
 
 def _scrape_cpu_ns(registry: Any) -> float:
     """CPU time of building and rendering ``/metrics`` once, ns (median of ``SCRAPES_TIMED``)."""
-    from prometheus_client import generate_latest
-
     times = []
     for _ in range(SCRAPES_TIMED):
         t0 = time.thread_time_ns()
-        generate_latest(registry)
+        registry.render()
         times.append(time.thread_time_ns() - t0)
     return sorted(times)[len(times) // 2]
 

@@ -9,7 +9,7 @@ the price of each field. Measured in one process and one run:
   and their states, PCIe replays, NVLink CRC/replay/recovery);
 * per family: its series and its bytes in the text exposition of one full scrape;
 * per profile (``agent.fields.PROFILES``): series, bytes and the CPU time of a scrape
-  (``prometheus_client.generate_latest`` of a registry holding one ``AgentCollector``), the
+  (``chopper.daemon.text_format.Registry.render`` of a registry holding one ``AgentCollector``), the
   minimum over ``repeat`` rounds of ``number`` scrapes each, the variants interleaved and every
   other round in reverse order (ABBA), as a ratio to the full profile.
 
@@ -32,13 +32,12 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from prometheus_client import CollectorRegistry, generate_latest
-
 from agent import fields
 from agent.backends.simulated import SimulatedBackend
 from agent.config import load_settings
 from agent.daemon import Agent
 from agent.metrics import AgentCollector
+from chopper.daemon.text_format import Registry
 from chopper.proto.chopper.v1 import agent_pb2 as pb
 from chopper.schema import ErrorCount
 
@@ -88,8 +87,8 @@ def busy_node() -> Agent:
     return agent
 
 
-def _registry(agent: Agent, exported: frozenset[str] | None) -> CollectorRegistry:
-    registry = CollectorRegistry(auto_describe=False)
+def _registry(agent: Agent, exported: frozenset[str] | None) -> Registry:
+    registry = Registry()
     registry.register(AgentCollector(agent.view, exported=exported))
     return registry
 
@@ -105,10 +104,10 @@ def _families(text: str) -> dict[str, tuple[int, int]]:
     return out
 
 
-def _scrape_cpu_s(registry: CollectorRegistry, number: int) -> float:
+def _scrape_cpu_s(registry: Registry, number: int) -> float:
     start = time.process_time()
     for _ in range(number):
-        generate_latest(registry)
+        registry.render()
     return (time.process_time() - start) / number
 
 
@@ -118,7 +117,7 @@ def run(number: int = 40, repeat: int = 10) -> dict[str, Any]:
     selections: dict[str, frozenset[str] | None] = {
         "none": None, **{name: fields.selected(name) for name in fields.PROFILES}}
     registries = {name: _registry(agent, exported) for name, exported in selections.items()}
-    texts = {name: generate_latest(registry).decode() for name, registry in registries.items()}
+    texts = {name: registry.render().decode() for name, registry in registries.items()}
     best = {name: float("inf") for name in registries}
     order = list(registries)
     for round_ in range(repeat):  # interleaved, every other round reversed (ABBA): drift moves every variant alike

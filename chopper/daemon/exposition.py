@@ -5,8 +5,8 @@ Each daemon keeps its own catalog (``agent/catalog.py``, ``aggregator/catalog.py
 share:
 
 - ``MetricSpec``, the catalog's row;
-- ``Families``, the metric families of one scrape, built from a catalog on first use (a custom
-  collector's ``collect()`` fills a fresh one per scrape, as prometheus/client_python does);
+- ``Families``, the metric families of one scrape (``chopper.daemon.text_format.Family``), built
+  from a catalog on first use (a collector's ``collect()`` fills a fresh one per scrape);
 - ``Sections``, which runs each section of a ``collect()`` on its own, so that a section that
   raises costs its own series, is counted and is logged at a bounded rate, while the scrape
   returns every other family (STYLE rule 2: a failure never fails the scrape);
@@ -24,9 +24,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-
 from chopper.daemon.labels import JOB_LABEL
+from chopper.daemon.text_format import Family
 
 T = TypeVar("T")
 
@@ -71,7 +70,7 @@ class Families:
         self._catalog = catalog
         self._job_label = job_label
         self._exported = exported
-        self._families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {}
+        self._families: dict[str, Family] = {}
 
     def add(self, name: str, labels: tuple[str, ...], value: float | None) -> None:
         """Add one series; a value that is None or NaN (unknown, or unreadable on this backend) is left out."""
@@ -84,10 +83,10 @@ class Families:
         family = self._families.get(name)
         if family is None:
             spec = self._catalog[name]
-            kind = CounterMetricFamily if spec.kind == "counter" else GaugeMetricFamily
             labels_of = spec.labels if self._job_label == JOB_LABEL else tuple(
                 self._job_label if label == JOB_LABEL else label for label in spec.labels)
-            family = self._families[name] = kind(name, spec.help, labels=labels_of)
+            family = self._families[name] = Family(name, "counter" if spec.kind == "counter" else "gauge",
+                                                   spec.help, labels_of)
         family.add_metric(list(labels), value)
 
     def part(self) -> Families:
@@ -103,7 +102,7 @@ class Families:
             else:
                 mine.samples.extend(family.samples)
 
-    def __iter__(self) -> Iterator[Metric]:
+    def __iter__(self) -> Iterator[Family]:
         return iter(self._families.values())
 
 

@@ -7,18 +7,18 @@ from __future__ import annotations
 from typing import Any
 
 import pynvml
-from prometheus_client import CollectorRegistry, generate_latest
 
 from agent.config import load_settings
 from agent.daemon import Agent
 from agent.metrics import AgentCollector
+from chopper.daemon.text_format import Registry
 from tests.support.nvml_fake import FakeNode, backend_for, load_fixture
 
 
 def scrape(agent: Agent) -> str:
-    registry = CollectorRegistry(auto_describe=False)
+    registry = Registry()
     registry.register(AgentCollector(agent.view))
-    return generate_latest(registry).decode()
+    return registry.render().decode()
 
 
 def test_device_lost_then_recovered() -> None:

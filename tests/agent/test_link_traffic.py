@@ -6,13 +6,13 @@ import os
 import time
 
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.backends.simulated import SimulatedBackend
 from agent.config import load_settings
 from agent.daemon import Agent
 from agent.metrics import AgentCollector
+from chopper.daemon.text_format import Registry
 from chopper.proto.chopper.v1 import agent_pb2 as pb
 
 MS = 1_000_000
@@ -20,9 +20,9 @@ MOVED = 5e8  # bytes the all-reduce declares; the simulator moves them at 100 GB
 
 
 def _scrape(agent: Agent) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    registry = CollectorRegistry(auto_describe=False)
+    registry = Registry()
     registry.register(AgentCollector(agent.view))
-    text = generate_latest(registry).decode()
+    text = registry.render().decode()
     return {(s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k in ("gpu", "link", "direction", "rank")))):
             s.value for f in text_string_to_metric_families(text) for s in f.samples}
 

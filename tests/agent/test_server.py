@@ -10,7 +10,6 @@ from pathlib import Path
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from prometheus_client import generate_latest
 
 from chopper.proto.chopper.v1 import agent_pb2 as pb
 from chopper.proto.chopper.v1 import agent_pb2_grpc
@@ -100,7 +99,7 @@ def test_metrics_exposition(running: RunningAgent) -> None:
     deadline = time.monotonic() + 5
     while running.agent.summaries_total < 3 and time.monotonic() < deadline:
         time.sleep(0.02)
-    text = generate_latest(running.registry).decode()
+    text = running.registry.render().decode()
     assert ('chopper_rank_markers_received_total{gpu="1",kind="phase_end",node="n1",rank="1",training_job="j"} 3.0'
             in text)
     assert 'chopper_rank_steps_total{gpu="1",node="n1",rank="1",training_job="j"} 3.0' in text

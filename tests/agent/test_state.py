@@ -6,7 +6,6 @@ import time
 from pathlib import Path
 
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent import catalog
@@ -16,14 +15,15 @@ from agent.daemon import Agent
 from agent.host import HostSampler
 from agent.metrics import AgentCollector
 from agent.state import AgentView, BufferFill
+from chopper.daemon.text_format import Registry
 from chopper.proto.chopper.v1 import agent_pb2 as pb
 from tests.support import scrape as support
 
 
 def scrape(agent: Agent) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    registry = CollectorRegistry(auto_describe=False)
+    registry = Registry()
     registry.register(AgentCollector(agent.view))
-    text = generate_latest(registry).decode()
+    text = registry.render().decode()
     return {(s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k != "node"))): s.value
             for f in text_string_to_metric_families(text) for s in f.samples}
 

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import grpc
 import pytest
-from prometheus_client import generate_latest
 
 from agent.unix_socket import SocketInUse, SocketKeeper, remove_socket
 from chopper.proto.chopper.v1 import agent_pb2 as pb
@@ -48,7 +47,7 @@ def test_removed_socket_is_served_again_with_its_mode(tmp_path: Path) -> None:
         assert r.stub.GetInfo(pb.GetInfoRequest(), timeout=5).node == "n1"  # the old connection still works
         (sub / "a.sock").unlink()  # removed again: the new spare replaces the first, not beside it
         assert keeper.check() is True and len(r.server.spares) == 1
-        assert "chopper_agent_socket_recreated_total{node=\"n1\"} 2.0" in generate_latest(r.registry).decode()
+        assert "chopper_agent_socket_recreated_total{node=\"n1\"} 2.0" in r.registry.render().decode()
     finally:
         r.stop()
 

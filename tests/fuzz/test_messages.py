@@ -20,7 +20,6 @@ from pathlib import Path
 import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
-from prometheus_client import CollectorRegistry, generate_latest
 
 from agent import markers
 from agent.markers import REJECTION_REASONS, MarkerIngest
@@ -33,6 +32,7 @@ from aggregator.service import Aggregator
 from aggregator.store import Store
 from chopper.attribution.store_reader import read_step_store
 from chopper.daemon.grpc_decode import Garbled, decoder
+from chopper.daemon.text_format import Registry
 from chopper.proto.chopper.v1 import agent_pb2 as pb
 from chopper.proto.chopper.v1 import aggregator_pb2 as apb
 from chopper.schema import marker_count
@@ -189,7 +189,7 @@ def test_aggregator_ingest_stores_what_it_accepts(batches: list[apb.SummaryBatch
         now = [NOW]
         store = Store(Path(tmp) / "steps", flush_rows=1)
         core = Aggregator(Ledger(), JobTable(30.0, join_s=0.0), store, clock=lambda: now[0])
-        registry = CollectorRegistry(auto_describe=False)
+        registry = Registry()
         registry.register(AggregatorCollector(core, 2))
         for item in batches:
             batch = decoder(apb.SummaryBatch.FromString)(item) if isinstance(item, bytes) else item
@@ -198,7 +198,7 @@ def test_aggregator_ingest_stores_what_it_accepts(batches: list[apb.SummaryBatch
             core.deliver(batch)
             now[0] += 40 * NS
             core.tick()
-            generate_latest(registry)
+            registry.render()
         core.close()
         assert set(core.jobs.rejected) == set(jobs.REJECTION_REASONS)
         assert store.flush_errors_total == 0, "a summary the aggregator took must not block the store"

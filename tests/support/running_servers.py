@@ -8,7 +8,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import grpc
-from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.backends.simulated import SimulatedBackend
@@ -27,6 +26,7 @@ from aggregator.metrics import AggregatorCollector
 from aggregator.server import build_server as build_aggregator_server
 from aggregator.service import Aggregator
 from aggregator.store import Store
+from chopper.daemon.text_format import Registry
 from chopper.daemon.tls import ClientTLS
 from chopper.proto.chopper.v1 import agent_pb2_grpc, aggregator_pb2_grpc
 from chopper.proto.chopper.v1 import aggregator_pb2 as apb
@@ -37,8 +37,8 @@ from tests.support.summaries import NS
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
-def _samples(registry: CollectorRegistry) -> Samples:
-    text = generate_latest(registry).decode()
+def _samples(registry: Registry) -> Samples:
+    text = registry.render().decode()
     return {(s.name, tuple(sorted(s.labels.items()))): s.value
             for f in text_string_to_metric_families(text) for s in f.samples}
 
@@ -70,7 +70,7 @@ class RunningAgent:
         self.target = f"unix://{self.settings.socket_path}"
         self.channel = grpc.insecure_channel(self.target)
         self.stub = agent_pb2_grpc.AgentStub(self.channel)
-        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry = Registry()
         self.registry.register(AgentCollector(self.agent.view))
 
     def scrape(self) -> Samples:
@@ -102,7 +102,7 @@ class RunningAggregator:
         self.address = f"127.0.0.1:{port}"
         self.channel = grpc.insecure_channel(self.address)
         self.stub = aggregator_pb2_grpc.AggregatorStub(self.channel)
-        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry = Registry()
         self.registry.register(AggregatorCollector(self.core, top_k))
 
     def scrape(self) -> Samples:
@@ -143,9 +143,9 @@ class ServedAggregator:
 
     def scrape(self) -> str:
         """The aggregator's ``/metrics`` text now."""
-        registry = CollectorRegistry(auto_describe=False)
+        registry = Registry()
         registry.register(AggregatorCollector(self.core))
-        return generate_latest(registry).decode()
+        return registry.render().decode()
 
     def stop(self) -> None:
         self.server.stop(0).wait(5)

@@ -6,11 +6,9 @@ import math
 from collections.abc import Iterator
 
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import Metric
-from prometheus_client.registry import Collector
 
 from chopper.daemon.exposition import Families, MetricSpec, Sections, catalog_doc, reason_table
+from chopper.daemon.text_format import Family, Registry
 
 CATALOG = {m.name: m for m in (
     MetricSpec("x_up", "gauge", "Up.", ("node",)),
@@ -21,13 +19,13 @@ LOG = logging.getLogger("tests.exposition")
 
 
 def text(fam: Families) -> str:
-    class Once(Collector):
-        def collect(self) -> Iterator[Metric]:
+    class Once:
+        def collect(self) -> Iterator[Family]:
             return iter(fam)
 
-    registry = CollectorRegistry(auto_describe=False)
+    registry = Registry()
     registry.register(Once())
-    return generate_latest(registry).decode()
+    return registry.render().decode()
 
 
 def test_unknown_values_are_left_out_and_the_kind_comes_from_the_catalog() -> None:
