@@ -100,14 +100,13 @@ def _read_head(sock: socket.socket) -> bytes | None:
         OSError: The connection failed or closed first.
     """
     data = b""
-    while b"\r\n\r\n" not in data:
-        if len(data) > MAX_HEAD_BYTES:
-            return None
+    while b"\r\n\r\n" not in data and len(data) <= MAX_HEAD_BYTES:
         chunk = sock.recv(4096)
         if not chunk:
             raise ConnectionResetError("closed before the request head ended")
         data += chunk
-    return data.split(b"\r\n\r\n", 1)[0]
+    head = data.split(b"\r\n\r\n", 1)[0]
+    return head if len(head) <= MAX_HEAD_BYTES else None
 
 
 def _accepts_gzip(header_lines: list[str]) -> bool:
