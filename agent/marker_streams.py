@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from agent.daemon import Agent
+from chopper.daemon.logs import LogGate
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +68,7 @@ class MarkerStreams:
 
     def __init__(self, agent: Agent) -> None:
         self.agent = agent
-        self._last_rejection_log = 0.0
-        self._last_field_log = 0.0
+        self._log_gate = LogGate(REJECTION_LOG_INTERVAL_S)
         self._device_log = LogBudget(DEVICE_WARNINGS_PER_PERIOD, DEVICE_WARNING_PERIOD_S)
 
     @contextlib.contextmanager
@@ -99,13 +99,9 @@ class MarkerStreams:
             self._log_field_problems(result.field_problems)
 
     def _log_rejections(self, errors: list[str]) -> None:
-        now = time.monotonic()
-        if errors and now - self._last_rejection_log >= REJECTION_LOG_INTERVAL_S:
-            self._last_rejection_log = now
+        if errors and self._log_gate.due("rejections"):
             log.warning("event=markers_rejected first=%r", errors[0])
 
     def _log_field_problems(self, problems: list[str]) -> None:
-        now = time.monotonic()
-        if now - self._last_field_log >= REJECTION_LOG_INTERVAL_S:
-            self._last_field_log = now
+        if self._log_gate.due("fields"):
             log.warning("event=marker_fields_dropped first=%r note='the markers were kept'", problems[0])

@@ -32,6 +32,7 @@ from typing import Any
 
 from agent.config import AgentSettings
 from agent.unix_socket import UNIX_PATH_MAX_BYTES, owner_only, prepare_socket_path, remove_socket, share_socket
+from chopper.daemon.logs import LogGate
 from chopper.daemon.ratelimit import StreamSlots
 from chopper.daemon.serving import STREAM_SHARE
 
@@ -77,7 +78,7 @@ class SeqpacketServer:
         self.slots = StreamSlots(MAX_CONNECTIONS, max(1, int(MAX_CONNECTIONS * STREAM_SHARE)))
         self._selector = selectors.DefaultSelector()
         self._stop = threading.Event()
-        self._last_log: dict[str, float] = {}
+        self._log_gate = LogGate(REFUSAL_LOG_INTERVAL_S)
         prepare_socket_path(self.path, socket.SOCK_SEQPACKET, UNIX_PATH_MAX_BYTES)
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
@@ -206,9 +207,7 @@ class SeqpacketServer:
 
     def _log_once(self, key: str, message: str, *args: Any) -> None:
         """Log ``message`` at most once per ``REFUSAL_LOG_INTERVAL_S`` for ``key``."""
-        now = time.monotonic()
-        if now - self._last_log.get(key, -REFUSAL_LOG_INTERVAL_S) >= REFUSAL_LOG_INTERVAL_S:
-            self._last_log[key] = now
+        if self._log_gate.due(key):
             log.warning(message, *args)
 
 

@@ -41,6 +41,7 @@ from typing import Any
 import grpc
 
 from chopper.daemon.auth import TokenFile, presented
+from chopper.daemon.logs import LogGate
 from chopper.daemon.ratelimit import RateLimiter, StreamSlots
 from chopper.schema import PID_METADATA, UNREAD_METADATA
 
@@ -166,7 +167,7 @@ class AccessControl(grpc.ServerInterceptor):
         self.token_rpcs = token_rpcs if tokens is not None else frozenset()
         self.streams = streams
         self.clock = clock
-        self._last_log: dict[tuple[str, str], float] = {}
+        self._log_gate = LogGate(LOG_INTERVAL_S, clock)
 
     def intercept_service(self, continuation: Callable[[Any], Any], details: Any) -> Any:
         handler = continuation(details)
@@ -274,9 +275,7 @@ class AccessControl(grpc.ServerInterceptor):
         metadata ``UNREAD_METADATA`` tells the client (what it wrote was not taken in).
         """
         self.refusals.rpc(rpc, reason)
-        now = self.clock()
-        if now - self._last_log.get((rpc, reason), -LOG_INTERVAL_S) >= LOG_INTERVAL_S:
-            self._last_log[(rpc, reason)] = now
+        if self._log_gate.due((rpc, reason)):
             log.warning("event=rpc_refused rpc=%s reason=%s client=%s", rpc, reason, client)
         if unread:
             context.set_trailing_metadata(((UNREAD_METADATA, "1"),))

@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
+import time
+from collections.abc import Callable, Hashable
 
 
 def configure(level: str = "info") -> None:
@@ -14,3 +17,26 @@ def configure(level: str = "info") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+
+
+class LogGate:
+    """At most one log line per ``interval_s`` for each key (a refusal reason, a kind of problem).
+
+    The counters on ``/metrics`` keep the totals; the log only says that it happens, so a flood of
+    one problem writes one line every ``interval_s``, not one per occurrence. Safe from any thread.
+    """
+
+    def __init__(self, interval_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.interval_s = interval_s
+        self._clock = clock
+        self._last: dict[Hashable, float] = {}
+        self._lock = threading.Lock()
+
+    def due(self, key: Hashable) -> bool:
+        """Whether a line for ``key`` may be written now (and, if so, the interval starts again)."""
+        now = self._clock()
+        with self._lock:
+            if now - self._last.get(key, -self.interval_s) < self.interval_s:
+                return False
+            self._last[key] = now
+            return True
