@@ -16,6 +16,7 @@ import logging
 import socket
 import socketserver
 import threading
+from http import HTTPStatus  # the package alone: not http.server or http.client
 
 from chopper.daemon.listen_check import check_listen, log_bound
 from chopper.daemon.text_format import CONTENT_TYPE, Registry
@@ -29,10 +30,6 @@ MAX_HEAD_BYTES = 16 * 1024
 BACKLOG = 64
 # Compression level of gzipped scrapes: 1 takes most of the bytes out for a fraction of level 9's CPU.
 GZIP_LEVEL = 1
-
-_REASONS = {200: "OK", 404: "Not Found", 405: "Method Not Allowed", 408: "Request Timeout",
-            431: "Request Header Fields Too Large", 500: "Internal Server Error"}
-
 
 class MetricsServer(socketserver.ThreadingTCPServer):
     """The ``/metrics`` server of one registry; ``shutdown()`` stops ``serve_forever``."""
@@ -86,7 +83,7 @@ class _Handler(socketserver.BaseRequestHandler):
 
     def _send(self, status: int, body: bytes, content_type: str = "text/plain; charset=utf-8", extra: str = "",
               head_only: bool = False) -> None:
-        head = (f"HTTP/1.1 {status} {_REASONS[status]}\r\nContent-Type: {content_type}\r\n"
+        head = (f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\nContent-Type: {content_type}\r\n"
                 f"Content-Length: {len(body)}\r\n{extra}Connection: close\r\n\r\n").encode()
         with contextlib.suppress(OSError):  # the client went away: nothing to tell it
             self.request.sendall(head if head_only else head + body)
