@@ -90,7 +90,16 @@ def test_every_dashboard_query_answers_from_victoria_metrics(tmp_path: Path) -> 
         assert fetch(vm.address, "query", {"query": unlabelled}) == [], "series without the cluster label"
         assert fetch(vm.address, "query", {"query": '{exported_job!=""}'}) == []
         # A past instant that both hold: samples reach VictoriaMetrics within a batch deadline or two.
-        at = math.floor(time.time()) - 5
+        # A series may first have been scraped within those 5 s (the aggregator finalizes a job's
+        # steps once its ranks joined), so the instant is the first one at which Prometheus has all.
+        instants: list[int] = []
+
+        def prometheus_holds_an_instant() -> bool:
+            instants.append(math.floor(time.time()) - 5)
+            return all(values_at(prom_server.address, expr, instants[-1]) for expr in SAME_VALUES)
+
+        wait_until(prometheus_holds_an_instant, timeout_s=30, interval_s=1)
+        at = instants[-1]
         for expr in SAME_VALUES:
             in_prometheus = values_at(prom_server.address, expr, at)
             assert in_prometheus, f"{expr}: no data in Prometheus"
