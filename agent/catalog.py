@@ -373,7 +373,9 @@ METRICS: tuple[MetricSpec, ...] = (
         "Step summaries overwritten in the buffer before their replica acknowledged them.", (*NODE, "replica"),
     ),
     MetricSpec(
-        "chopper_agent_delivery_connected", "gauge", "1 while the stream to an aggregator replica is acknowledging.",
+        "chopper_agent_delivery_connected", "gauge",
+        "1 while the stream to an aggregator replica is acknowledging; 0 also while no stream is open because "
+        "the replica is owed nothing (a stream opens when it owns one of this node's jobs, agent/delivery.py).",
         (*NODE, "replica"),
     ),
     MetricSpec(

@@ -30,6 +30,14 @@ The router itself reads the buffer at least every ``delivery_interval_s``; if it
 buffer behind (100,000 summaries), the missed summaries were never routed and are counted under
 ``replica=""``.
 
+Streams on demand. A sender opens its replica's stream only when it has something for it:
+numbers routed there and not yet acknowledged, a loss count the replica has not been told, or
+positions of ranks whose jobs the replica owns. A stream with none of these for ``IDLE_CLOSE_S``
+is closed, its replica holding every number sent on it. So a node holds streams only to the
+replicas that own its jobs, not to every replica (a stream holds one of a replica's worker slots,
+``aggregator.server.MAX_WORKERS``), and ``chopper_agent_delivery_connected`` is 0 for a replica
+with nothing of this node's to take.
+
 Positions. With ``positions`` (the agent's ``rank_positions``), each stream also sends where the
 agent's ranks are (``SummaryBatch.positions``, docs/HANGS.md) every ``POSITIONS_INTERVAL_S`` (or
 ``delivery_interval_s`` if longer): those of the jobs the replica owns, in the next batch of
@@ -76,6 +84,8 @@ READ_CHUNK = 8192
 BACKOFF_S = (0.2, 5.0)
 # How often each stream sends its replica where the ranks are, s (at least delivery_interval_s).
 POSITIONS_INTERVAL_S = 1.0
+# A stream with nothing to send or to be acknowledged for this long is closed (module docstring), s.
+IDLE_CLOSE_S = 30.0
 UNROUTED = ""
 
 
@@ -146,10 +156,17 @@ class ReplicaState:
     sent_total: int = 0
     acked_total: int = 0
     lost_total: int = 0
+    lost_reported: int = 0  # the loss count the latest batch sent carried
     connected: bool = False
     retiring: bool = False
     stream_id: int = 0
     acked_this_stream: bool = False
+    idle_closed: bool = False  # the latest stream ended for want of anything to send
+
+    @property
+    def owed(self) -> bool:
+        """Whether this replica is owed numbers or a loss count (caller holds the lock)."""
+        return self.pending > 0 or self.lost_total != self.lost_reported
 
     @property
     def pending(self) -> int:
@@ -172,6 +189,8 @@ class Forwarder:
         tls: TLS (and client certificate) for the replicas; None: plaintext.
         positions: Where the agent's ranks are now (``Agent.rank_positions``), read from the
             sender threads; None: no positions are sent.
+        idle_close_s: A stream with nothing to send or to be acknowledged for this long is
+            closed, seconds (``IDLE_CLOSE_S``).
     """
 
     def __init__(
@@ -186,8 +205,10 @@ class Forwarder:
         getaddrinfo: Callable[..., list] = socket.getaddrinfo,
         tls: ClientTLS | None = None,
         positions: Callable[[], list[pb.RankPosition]] | None = None,
+        idle_close_s: float = IDLE_CLOSE_S,
     ) -> None:
         self.buffer = buffer
+        self.idle_close_s = idle_close_s
         self._positions = positions
         self.positions_interval_s = max(interval_s, POSITIONS_INTERVAL_S)
         self.agent = agent
@@ -344,18 +365,39 @@ class Forwarder:
                     del self.replicas[address]
                     log.info("event=delivery_replica_drained replica=%s", address)
                     return
+            if not self._await_work(r):
+                continue  # stopped, or retiring with nothing left: decided at the top
             started = time.monotonic()
+            r.idle_closed = False
             try:
                 self._stream(address)
             except Exception as exc:  # a bug or odd reply must not end delivery to this replica for good
                 log.warning("event=delivery_stream_failed replica=%s error=%r", address, str(exc))
             if self._stop.is_set():
                 return
+            if r.idle_closed:  # closed on purpose, not cut: no backoff
+                backoff = BACKOFF_S[0]
+                continue
             # A stream that lived a while was healthy: start the backoff over.
             if time.monotonic() - started > 10 * BACKOFF_S[1]:
                 backoff = BACKOFF_S[0]
             self._stop.wait(backoff)
             backoff = min(backoff * 2, BACKOFF_S[1])
+
+    def _await_work(self, r: ReplicaState) -> bool:
+        """Wait until ``r`` is owed something or positions of its jobs are due; False when the wait
+        should end without a stream (the forwarder stops, or ``r`` retires with nothing owed)."""
+        while True:
+            with self._cond:
+                if self._stop.is_set() or (r.retiring and r.pending == 0):
+                    return False
+                if r.owed:
+                    return True
+            if self._positions_for(r.address):  # read outside the lock: it takes the agent's marker lock
+                return True
+            with self._cond:
+                if not (self._stop.is_set() or r.owed or r.retiring):
+                    self._cond.wait(self.positions_interval_s)
 
     def _stream(self, address: str) -> None:
         """One ``Deliver`` stream to ``address`` until it fails or the forwarder stops."""
@@ -410,29 +452,42 @@ class Forwarder:
         """
         with self._lock:
             r = self.replicas[address]
-            reported = r.lost_total
-        yield apb.SummaryBatch(agent=self.agent, incarnation=self.incarnation, lost_total=reported)
+            r.lost_reported = r.lost_total
+        yield apb.SummaryBatch(agent=self.agent, incarnation=self.incarnation, lost_total=r.lost_reported)
         window = INFLIGHT_BATCHES * self.batch
         positions_due_at = 0.0 if self._positions is not None else float("inf")
+        busy_at = time.monotonic()  # when the stream last had something to send or to be acknowledged
+        closing = False  # idle for idle_close_s: closed unless the positions read now has some
         while True:
             with self._cond:
                 while True:
                     if self._stop.is_set() or r.stream_id != stream_id or (r.retiring and r.pending == 0):
                         return
                     sendable = bool(r.queued) and len(r.inflight) < window
-                    wait_s = positions_due_at - time.monotonic()
-                    if sendable or r.lost_total != reported or wait_s <= 0:
+                    now = time.monotonic()
+                    if r.owed:
+                        busy_at, closing = now, False
+                    elif now - busy_at >= self.idle_close_s:
+                        if closing:
+                            r.idle_closed = True
+                            return
+                        closing, positions_due_at = True, now
+                    wait_s = positions_due_at - now
+                    if sendable or r.lost_total != r.lost_reported or wait_s <= 0:
                         break
                     self._cond.wait(min(1.0, wait_s))
                 batch = self._take(r) if sendable else None
-                lost_changed = r.lost_total != reported
+                lost_changed = r.lost_total != r.lost_reported
                 if batch is None:
                     batch = apb.SummaryBatch(agent=self.agent, incarnation=self.incarnation, lost_total=r.lost_total)
             if time.monotonic() >= positions_due_at:  # read outside the lock: it takes the agent's marker lock
                 positions_due_at = time.monotonic() + self.positions_interval_s
                 batch.positions.extend(self._positions_for(address))
             if batch.seq or batch.positions or lost_changed:
-                reported = batch.lost_total
+                if batch.positions:
+                    busy_at, closing = time.monotonic(), False
+                with self._lock:
+                    r.lost_reported = batch.lost_total
                 yield batch
 
     def _positions_for(self, address: str) -> list[pb.RankPosition]:

@@ -171,7 +171,7 @@ BENCHES = (
         lambda r: "; ".join(
             f"{name}: {s['aggregator_cores']:g} cores, replicas {s['replicas']}, "
             f"busiest {s['busiest_replica_mib']:,} MiB, "
-            f"{s['streams_per_replica']:,} streams per replica ({s['stream_slots_per_replica']:,} slots), "
+            f"at most {s['streams_per_replica_max']:,} streams a replica ({s['stream_slots_per_replica']:,} slots), "
             f"{s['series_per_node']:,} series/node, {s['series_per_job']:,}/job, {s['series_total']:,} in all"
             for name, s in r["scenarios"].items()),
         f"each scenario served: busiest replica <= {bench_fleet.TARGET_CORES_PER_REPLICA:g} core (derived) and its "

@@ -50,11 +50,12 @@ Python runs under one lock (the GIL), so about one core at most; ``TARGET_CORES_
 slow scrapes. Jobs are sharded by ``agent.delivery.route`` (crc32 of the job name % K) over the
 scenario's job names: replicas = the smallest K whose busiest replica stays under the target
 (``replicas_if_even``: what a perfectly even spread would need, for comparison); a
-job cannot be split, so a job that alone exceeds the target does not fit at any K. Every agent
-holds a stream to every replica (one sender per replica in ``agent/delivery.py``), and each
-stream holds one of a replica's ``aggregator.server.MAX_WORKERS`` slots: replicas do not divide
-streams, so nodes > slots does not fit at any K. Memory of the busiest replica = start-up RSS +
-nodes × per stream + its ranks × per rank. Series: per node from the agent (its ``replica``
+job cannot be split, so a job that alone exceeds the target does not fit at any K. An agent
+holds a stream only to the replicas that own its jobs (``agent/delivery.py`` opens a replica's
+stream while it is owed something), and each stream holds one of a replica's
+``aggregator.server.MAX_WORKERS`` slots: a replica's streams = the nodes of the jobs routed to
+it, and a job of more nodes than slots does not fit at any K. Memory of the busiest replica =
+start-up RSS + its streams × per stream + its ranks × per rank. Series: per node from the agent (its ``replica``
 series × K), per job = job series + ranks × rank series (and with ``rank_series_top_k`` 20:
 21 ranks), per cluster = all agents + all jobs + K × the replica's own.
 
@@ -421,23 +422,24 @@ def _derive(sc: Scenario, m: dict[str, Any], agent: dict[str, int]) -> dict[str,
     def job_cores(k: int) -> float:
         return sizes[k] / GPUS_PER_NODE * m["cores_per_node"] + job_series[k] * scrape_cores_per_series
 
-    def busiest(replicas: int) -> tuple[float, int]:
-        """(cores, ranks) of the replica that crc32 routing gives the most work."""
+    def load(replicas: int) -> list[list[float]]:
+        """Per replica under crc32 routing: [cores, ranks, streams (nodes of the jobs it owns)]."""
         members = tuple(f"replica-{i}" for i in range(replicas))
-        load: dict[str, list[float]] = {r: [m["idle_cores"] + m["series_per_replica"] * scrape_cores_per_series, 0]
-                                        for r in members}
+        out = {r: [m["idle_cores"] + m["series_per_replica"] * scrape_cores_per_series, 0.0, 0.0] for r in members}
         for k, name in enumerate(names):
-            owner = load[route(name, members)]
+            owner = out[route(name, members)]
             owner[0] += job_cores(k)
             owner[1] += sizes[k]
-        cores, ranks = max(load.values())
-        return cores, int(ranks)
+            owner[2] += math.ceil(sizes[k] / GPUS_PER_NODE)
+        return list(out.values())
 
-    replicas = next((k for k in range(1, MAX_REPLICAS + 1) if busiest(k)[0] <= TARGET_CORES_PER_REPLICA), 0)
-    cores, ranks_on = busiest(replicas or 1)
+    replicas = next((k for k in range(1, MAX_REPLICAS + 1) if max(load(k))[0] <= TARGET_CORES_PER_REPLICA), 0)
+    per_replica = load(replicas or 1)
+    cores, ranks_on, streams_on = max(per_replica)
+    most_streams = int(max(streams for _, _, streams in per_replica))
     largest = max(job_cores(k) for k in range(len(sizes)))
     fits_cpu = replicas > 0
-    fits_streams = sc.nodes <= MAX_WORKERS
+    fits_streams = most_streams <= MAX_WORKERS
     k = replicas or 1
     agent_series = agent["series_per_node"] + (k - 1) * agent["replica_series"]
     total = sc.nodes * agent_series + sum(job_series) + k * m["series_per_replica"]
@@ -453,9 +455,9 @@ def _derive(sc: Scenario, m: dict[str, Any], agent: dict[str, int]) -> dict[str,
         "replicas_if_even": math.ceil(total_cores / TARGET_CORES_PER_REPLICA),
         "busiest_replica_cores": round(cores, 3),
         "headroom_ratio": round(TARGET_CORES_PER_REPLICA / cores, 2),
-        "busiest_replica_mib": round(m["rss_start_mib"] + sc.nodes * m["rss_per_stream_kib"] / 1024
+        "busiest_replica_mib": round(m["rss_start_mib"] + streams_on * m["rss_per_stream_kib"] / 1024
                                      + ranks_on * per_rank_mib),
-        "streams_per_replica": sc.nodes, "stream_slots_per_replica": MAX_WORKERS,
+        "streams_per_replica_max": most_streams, "stream_slots_per_replica": MAX_WORKERS,
         "fits_cpu": fits_cpu, "fits_streams": fits_streams,
         "series_per_node": agent_series,
         "series_per_job": round(job_series[0]),

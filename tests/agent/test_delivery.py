@@ -35,14 +35,25 @@ class Replica(apb_grpc.AggregatorServicer):
         self.lock = threading.Lock()
         self.mute = False  # take summaries in but send no acks (acks lost in a cut)
         self.server: grpc.Server | None = None
+        self.streams_opened = 0
+        self.streams_open = 0
+        self.positions_batches = 0
 
     def Deliver(self, request_iterator: Iterator[apb.SummaryBatch], context: Any) -> Iterator[apb.DeliveryAck]:
-        for batch in request_iterator:
-            new, acked = self.ledger.accept(batch.agent, batch.incarnation, list(batch.seq), batch.lost_total)
+        with self.lock:
+            self.streams_opened += 1
+            self.streams_open += 1
+        try:
+            for batch in request_iterator:
+                new, acked = self.ledger.accept(batch.agent, batch.incarnation, list(batch.seq), batch.lost_total)
+                with self.lock:
+                    self.taken += [(batch.seq[i], batch.summaries[i].job, batch.summaries[i].step) for i in new]
+                    self.positions_batches += bool(batch.positions)
+                if not self.mute:
+                    yield apb.DeliveryAck(incarnation=batch.incarnation, acked_seq=acked)
+        finally:
             with self.lock:
-                self.taken += [(batch.seq[i], batch.summaries[i].job, batch.summaries[i].step) for i in new]
-            if not self.mute:
-                yield apb.DeliveryAck(incarnation=batch.incarnation, acked_seq=acked)
+                self.streams_open -= 1
 
     def start(self) -> Replica:
         self.server = grpc.server(futures.ThreadPoolExecutor(8))
@@ -128,6 +139,47 @@ def test_each_job_lands_on_exactly_one_replica(replicas: list[Replica]) -> None:
         assert sorted(seqs) == list(range(1, n + 1))
         assert total(fwd, "lost") == 0 and total(fwd, "pending") == 0
         assert all(d["connected"] == 1.0 for d in fwd.snapshot().values())
+    finally:
+        fwd.stop()
+
+
+def test_streams_open_only_where_owed_and_close_when_idle(replicas: list[Replica]) -> None:
+    owner, other = replicas
+    members = tuple(sorted(r.address for r in replicas))
+    jobs = [j for j in (f"job-{i}" for i in range(40)) if route(j, members) == owner.address][:3]
+    want_positions = threading.Event()
+
+    def positions() -> list[pb.RankPosition]:
+        return [pb.RankPosition(job=jobs[0], rank=0, step=1)] if want_positions.is_set() else []
+
+    buffer: RingBuffer[pb.StepSummary] = RingBuffer(10_000)
+    fwd = Forwarder(buffer, "n1", ",".join(members), batch=16, interval_s=0.02, idle_close_s=0.5,
+                    positions=positions)
+    fwd.start()
+    try:
+        n = produce(buffer, jobs, range(20))
+        wait_until(lambda: total(fwd, "acked") == n)
+        # The replica that owns none of this node's jobs is never connected to.
+        assert other.streams_opened == 0 and fwd.snapshot()[other.address]["connected"] == 0
+        assert owner.streams_opened == 1
+        # Nothing more to send: the stream closes, with everything acknowledged.
+        wait_until(lambda: owner.streams_open == 0 and fwd.snapshot()[owner.address]["connected"] == 0)
+        assert total(fwd, "pending") == 0
+        # New summaries open it again and go exactly once.
+        n += produce(buffer, jobs, range(20, 30))
+        wait_until(lambda: total(fwd, "acked") == n)
+        assert owner.streams_opened == 2
+        assert sorted(owner.seqs()) == list(range(1, n + 1))
+        assert owner.ledger.stats()["duplicate_total"] == 0 and total(fwd, "lost") == 0
+        wait_until(lambda: owner.streams_open == 0)
+        # Positions of a job the replica owns open a stream and keep it open while they last.
+        want_positions.set()
+        wait_until(lambda: owner.streams_open == 1 and owner.positions_batches > 0)
+        time.sleep(1.5)  # three idle-close periods
+        assert owner.streams_open == 1 and owner.streams_opened == 3
+        want_positions.clear()
+        wait_until(lambda: owner.streams_open == 0)
+        assert other.streams_opened == 0
     finally:
         fwd.stop()
 
