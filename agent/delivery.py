@@ -39,10 +39,13 @@ replicas that own its jobs, not to every replica (a stream holds one of a replic
 with nothing of this node's to take.
 
 Positions. With ``positions`` (the agent's ``rank_positions``), each stream also sends where the
-agent's ranks are (``SummaryBatch.positions``, docs/HANGS.md) every ``POSITIONS_INTERVAL_S`` (or
-``delivery_interval_s`` if longer): those of the jobs the replica owns, in the next batch of
-summaries or in a batch of their own, since a hung job makes no summaries. They are not
-sequenced: the replica keeps the newest, and one lost in a cut is replaced a second later.
+agent's ranks are (``SummaryBatch.positions``, docs/HANGS.md) about every ``POSITIONS_INTERVAL_S``
+(or ``delivery_interval_s`` if longer): those of the jobs the replica owns. A batch of summaries
+carries them once the last ones sent are half that interval old; a batch of their own goes when
+they are ``POSITIONS_OWN_BATCH`` intervals old (a hung job makes no summaries). So a job that
+steps about once a second sends one batch a second, not a batch of summaries and one of
+positions, and the positions a replica holds are 0.5 to 1.5 intervals old. They are not sequenced:
+the replica keeps the newest, and one lost in a cut is replaced within 1.5 intervals.
 
 Transport. Plaintext by default; with ``aggregator_tls_ca`` (and ``aggregator_tls_cert``/``key``
 for mutual TLS) every stream is TLS, the replica's certificate checked against the configured
@@ -84,6 +87,9 @@ READ_CHUNK = 8192
 BACKOFF_S = (0.2, 5.0)
 # How often each stream sends its replica where the ranks are, s (at least delivery_interval_s).
 POSITIONS_INTERVAL_S = 1.0
+# Positions this many intervals old go in a batch of their own (module docstring); a batch of summaries
+# carries them from half an interval.
+POSITIONS_OWN_BATCH = 1.5
 # A stream with nothing to send or to be acknowledged for this long is closed (module docstring), s.
 IDLE_CLOSE_S = 30.0
 UNROUTED = ""
@@ -455,7 +461,8 @@ class Forwarder:
             r.lost_reported = r.lost_total
         yield apb.SummaryBatch(agent=self.agent, incarnation=self.incarnation, lost_total=r.lost_reported)
         window = INFLIGHT_BATCHES * self.batch
-        positions_due_at = 0.0 if self._positions is not None else float("inf")
+        positions_due_at = 0.0 if self._positions is not None else float("inf")  # in a batch of their own
+        positions_at = -float("inf")  # when positions last went on this stream
         busy_at = time.monotonic()  # when the stream last had something to send or to be acknowledged
         closing = False  # idle for idle_close_s: closed unless the positions read now has some
         while True:
@@ -480,8 +487,12 @@ class Forwarder:
                 lost_changed = r.lost_total != r.lost_reported
                 if batch is None:
                     batch = apb.SummaryBatch(agent=self.agent, incarnation=self.incarnation, lost_total=r.lost_total)
-            if time.monotonic() >= positions_due_at:  # read outside the lock: it takes the agent's marker lock
-                positions_due_at = time.monotonic() + self.positions_interval_s
+            now = time.monotonic()
+            carried = bool(batch.seq) and now - positions_at >= self.positions_interval_s / 2
+            if now >= positions_due_at or (carried and self._positions is not None):
+                positions_at = now
+                positions_due_at = now + POSITIONS_OWN_BATCH * self.positions_interval_s
+                # Read outside the lock: it takes the agent's marker lock.
                 batch.positions.extend(self._positions_for(address))
             if batch.seq or batch.positions or lost_changed:
                 if batch.positions:

@@ -13,8 +13,10 @@ acknowledgement waits for the write-ahead log's fsync, as in production):
    (``benchmarks.bench_aggregator.deliver_on``, pre-serialized ``SummaryBatch``es of real
    ``StepSummary``s), in the scenario's layout: the cluster's 1,000-rank jobs (125 nodes each, so
    4 jobs), or one job of all the slice's ranks (4,000; the real job has 10,000). Each agent sends
-   what ``agent/delivery.py`` sends: a batch every ``POSITIONS_INTERVAL_S`` (1 s) carrying its 8
-   ranks' positions, and at each step end its 8 ranks' summaries in that batch. The agents of a
+   a batch every ``POSITIONS_INTERVAL_S`` (1 s) carrying its 8 ranks' positions, and at each step
+   end its 8 ranks' summaries in that batch: what ``agent/delivery.py`` sends for a job stepping
+   once a second (summaries carry the positions), and a little more than it sends between the
+   steps of a slower job (positions alone every 1.5 s, ``POSITIONS_OWN_BATCH``). The agents of a
    job deliver within ``DELIVERY_SPREAD_S`` (the agent's 100 ms delivery interval) of the job's
    step end; jobs are spread over the step period. The aggregator's calls-per-client rate limit
    is off (``--rate-limit-calls-per-s 0``): all simulated agents connect from 127.0.0.1, where real

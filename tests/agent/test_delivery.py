@@ -38,6 +38,7 @@ class Replica(apb_grpc.AggregatorServicer):
         self.streams_opened = 0
         self.streams_open = 0
         self.positions_batches = 0
+        self.batches: list[tuple[int, int]] = []  # (summaries, positions) of each batch after a handshake
 
     def Deliver(self, request_iterator: Iterator[apb.SummaryBatch], context: Any) -> Iterator[apb.DeliveryAck]:
         with self.lock:
@@ -49,6 +50,8 @@ class Replica(apb_grpc.AggregatorServicer):
                 with self.lock:
                     self.taken += [(batch.seq[i], batch.summaries[i].job, batch.summaries[i].step) for i in new]
                     self.positions_batches += bool(batch.positions)
+                    if batch.seq or batch.positions:
+                        self.batches.append((len(batch.seq), len(batch.positions)))
                 if not self.mute:
                     yield apb.DeliveryAck(incarnation=batch.incarnation, acked_seq=acked)
         finally:
@@ -180,6 +183,28 @@ def test_streams_open_only_where_owed_and_close_when_idle(replicas: list[Replica
         want_positions.clear()
         wait_until(lambda: owner.streams_open == 0)
         assert other.streams_opened == 0
+    finally:
+        fwd.stop()
+
+
+def test_positions_ride_on_the_summaries_of_a_job_stepping_once_a_second(replicas: list[Replica]) -> None:
+    rep = replicas[0]
+    buffer: RingBuffer[pb.StepSummary] = RingBuffer(1000)
+    fwd = Forwarder(buffer, "n1", rep.address, interval_s=0.02,
+                    positions=lambda: [pb.RankPosition(job="a", rank=r, step=1) for r in (0, 1)])
+    fwd.start()
+    try:
+        n = 0
+        for step in range(4):
+            n += produce(buffer, ["a"], range(step, step + 1))
+            time.sleep(1.0)
+        wait_until(lambda: total(fwd, "acked") == n)
+        with rep.lock:
+            batches = list(rep.batches)
+        # One batch a step, carrying both; a batch of positions alone at most before the first summaries.
+        assert sum(1 for summaries, _ in batches if summaries) == 4, batches
+        assert sum(1 for summaries, _ in batches if not summaries) <= 1, batches
+        assert all(positions == 2 for summaries, positions in batches[-3:]), batches
     finally:
         fwd.stop()
 
