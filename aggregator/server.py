@@ -38,8 +38,10 @@ AGGREGATOR_SERVICE = apb.DESCRIPTOR.services_by_name["Aggregator"]
 SERVICE = AGGREGATOR_SERVICE.full_name
 # What a refusal of a garbled message tells the client to do, by method.
 GARBLED_FIXES = {"Deliver": "deliver with a chopper-agent of a matching version"}
-# Every agent (and replica) holds one Deliver stream, and each stream holds a worker thread.
-MAX_WORKERS = 1024
+# Every agent holds one Deliver stream to each replica that owns one of its jobs (agent/delivery.py), and
+# each stream holds a worker thread, about 56 KiB resident (benchmarks/bench_fleet.py): 2,048 serve one
+# 10,000-GPU job's 1,250 nodes with room for more.
+MAX_WORKERS = 2048
 
 
 class AggregatorServicer:

@@ -169,7 +169,9 @@ BENCHES = (
         + " and ".join(f"{sc.gpus:,} GPUs in jobs of {sc.job_ranks:,} at one step per {sc.step_period_s:g} s"
                        for sc in bench_fleet.SCENARIOS) + ", scaled from a measured slice",
         lambda r: "; ".join(
-            f"{name}: {s['aggregator_cores']:g} cores, replicas {s['replicas']}, "
+            f"{name}: {s['aggregator_cores']:g} cores, replicas {s['replicas']} "
+            f"(largest job {s['largest_job_cores']:g} cores, "
+            f"{s['largest_job_transport_floor_cores']:g} of them gRPC's), "
             f"busiest {s['busiest_replica_mib']:,} MiB, "
             f"at most {s['streams_per_replica_max']:,} streams a replica ({s['stream_slots_per_replica']:,} slots), "
             f"{s['series_per_node']:,} series/node, {s['series_per_job']:,}/job, {s['series_total']:,} in all"
@@ -180,7 +182,8 @@ BENCHES = (
         "their own in the scenario's job layout, a batch of 8 ranks' positions per agent per second and the 8 "
         f"summaries at each step end, {bench_fleet.PACED_S:g} s paced after a {bench_fleet.WARM_STEPS}-step warm-up; "
         "aggregator CPU (psutil) and RSS growth per stream and rank, /metrics series per job and rank, scrape CPU per "
-        "series; a real agent with 8 simulated GPUs and 8 ranks for series per node; scenarios derived by scaling "
+        "series; a real agent with 8 simulated GPUs and 8 ranks for series per node; the job slice again against a "
+        "ledger-only gRPC server for the transport floor; scenarios derived by scaling "
         "nodes, crc32 job routing over K replicas (`benchmarks/bench_fleet.py` states every assumption).",
     ),
     Bench(

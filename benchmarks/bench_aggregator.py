@@ -200,9 +200,11 @@ def _start_aggregator(workdir: str, *extra: str) -> tuple[subprocess.Popen[bytes
     return proc, address, maddr
 
 
-def _start_transport_floor() -> tuple[subprocess.Popen[bytes], str]:
+def _start_transport_floor(streams: int = STREAMS) -> tuple[subprocess.Popen[bytes], str]:
+    """The ledger-only server (``ledger_only_server``) in a process of its own, for ``streams`` streams at once."""
     port = free_port()
-    proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--ledger-only", str(port)], cwd=ROOT)
+    proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--ledger-only", str(port), str(streams)],
+                            cwd=ROOT)
     address = f"127.0.0.1:{port}"
 
     def probe() -> None:
@@ -216,7 +218,7 @@ def _start_transport_floor() -> tuple[subprocess.Popen[bytes], str]:
     return proc, address
 
 
-def ledger_only_server(port: int) -> None:
+def ledger_only_server(port: int, streams: int = STREAMS) -> None:
     """Decode, dedupe through the ``Ledger`` and acknowledge; nothing else (the baseline)."""
     from aggregator.ledger import Ledger
 
@@ -232,7 +234,7 @@ def ledger_only_server(port: int) -> None:
             deliver, request_deserializer=apb.SummaryBatch.FromString,
             response_serializer=apb.DeliveryAck.SerializeToString),
     })
-    server = grpc.server(futures.ThreadPoolExecutor(STREAMS + 8),
+    server = grpc.server(futures.ThreadPoolExecutor(streams + 8),
                          options=[("grpc.max_receive_message_length", 64 << 20)])
     server.add_generic_rpc_handlers((handler,))
     server.add_insecure_port(f"127.0.0.1:{port}")
@@ -327,7 +329,7 @@ def run() -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--ledger-only":
-        ledger_only_server(int(sys.argv[2]))
+    if len(sys.argv) == 4 and sys.argv[1] == "--ledger-only":
+        ledger_only_server(int(sys.argv[2]), int(sys.argv[3]))
     else:
         print(json.dumps(run(), indent=1))

@@ -43,6 +43,10 @@ acknowledgement waits for the write-ahead log's fsync, as in production):
    with 8 ranks of ``chopper.client.Client`` marking steps (phases and a collective), and one
    aggregator configured: the series of its ``/metrics`` per node, and those labelled ``replica``
    (each further replica adds them again).
+7. **Transport floor.** The paced part of the job slice again, against a server that only
+   decodes, dedupes and acknowledges (``benchmarks.bench_aggregator.ledger_only_server``, the
+   same gRPC server kind): the least window's cores / node. Scaled to the largest job, it is
+   what that job costs the one replica it lives on whatever the aggregator's own work costs.
 
 Derived, per scenario (``_derive``): nodes = GPUs / 8; summaries/s = ranks / step period;
 batches/s = nodes / 1 s. Cores = nodes × cores per node (from the slice of that layout) +
@@ -51,8 +55,9 @@ Python runs under one lock (the GIL), so about one core at most; ``TARGET_CORES_
 (0.5) leaves the other half for step-end bursts, write-ahead-log replay after a restart and
 slow scrapes. Jobs are sharded by ``agent.delivery.route`` (crc32 of the job name % K) over the
 scenario's job names: replicas = the smallest K whose busiest replica stays under the target
-(``replicas_if_even``: what a perfectly even spread would need, for comparison); a
-job cannot be split, so a job that alone exceeds the target does not fit at any K. An agent
+(``replicas_if_even``: what a perfectly even spread would need, for comparison) and whose
+replicas all hold their streams (below); a job cannot be split, so a job that alone exceeds the
+target does not fit at any K. An agent
 holds a stream only to the replicas that own its jobs (``agent/delivery.py`` opens a replica's
 stream while it is owed something), and each stream holds one of a replica's
 ``aggregator.server.MAX_WORKERS`` slots: a replica's streams = the nodes of the jobs routed to
@@ -100,7 +105,7 @@ import psutil
 
 from agent.delivery import POSITIONS_INTERVAL_S, route
 from aggregator.server import MAX_WORKERS
-from benchmarks.bench_aggregator import _scrape, _start_aggregator, _summary, deliver_on
+from benchmarks.bench_aggregator import _scrape, _start_aggregator, _start_transport_floor, _summary, deliver_on
 from chopper.demo.run import free_port, metric_sum
 from chopper.proto.chopper.v1 import agent_pb2 as pb
 from chopper.proto.chopper.v1 import aggregator_pb2 as apb
@@ -298,6 +303,59 @@ def until_quiet(proc: psutil.Process, idle_cores: float, timeout_s: float = 120.
     raise RuntimeError(f"the aggregator was still busy {timeout_s:g} s after the warm-up was sent")
 
 
+def paced_windows(proc: psutil.Process, pacer: Pacer) -> list[float]:
+    """Release the paced batches; ``proc``'s cores in each ``PACED_WINDOW_S`` of them (each holds one step end
+    of every job)."""
+    t0 = pacer.start_paced()
+    time.sleep(max(0.0, t0 - time.monotonic()))
+    cpu = _cpu_s(proc)
+    windows = []
+    for w in range(1, int(PACED_S / PACED_WINDOW_S) + 1):
+        time.sleep(max(0.0, t0 + w * PACED_WINDOW_S - time.monotonic()))
+        windows.append((_cpu_s(proc) - cpu) / PACED_WINDOW_S)
+        cpu = _cpu_s(proc)
+    return windows
+
+
+def measure_floor(sc: Scenario) -> dict[str, Any]:
+    """Method step 7: the paced part of ``sc``'s slice against the ledger-only server (decode, dedupe,
+    acknowledge: ``benchmarks.bench_aggregator.ledger_only_server``): what the gRPC transport alone costs."""
+    sl = build_slice(sc)
+    pacer = Pacer(sl)
+    proc, address = _start_transport_floor(streams=len(sl.load))
+    ps = psutil.Process(proc.pid)
+    channels = [grpc.insecure_channel(address) for _ in sl.load]
+    errors: list[BaseException] = []
+
+    def deliver() -> None:
+        try:
+            deliver_on(channels, sl.load, pacer)
+        except BaseException as exc:  # reported by the main thread
+            errors.append(exc)
+
+    sender = threading.Thread(target=deliver, name="fleet-floor")
+    try:
+        sender.start()
+        time.sleep(IDLE_S)  # the streams open and settle
+        pacer.warm.set()
+        until_quiet(ps, 0.0)
+        windows = paced_windows(ps, pacer)
+        sender.join(120)
+        if errors:
+            raise RuntimeError(f"delivery to the ledger-only server failed: {errors[0]}") from errors[0]
+    finally:
+        pacer.warm.set()
+        pacer.paced.set()
+        for c in channels:
+            c.close()
+        proc.kill()
+        proc.wait()
+    return {"nodes": len(sl.load), "paced_cores": round(min(windows), 4),
+            "paced_cores_windows": [round(c, 4) for c in windows],
+            "cores_per_node": min(windows) / len(sl.load),
+            "cpu_us_per_batch_paced": round(1e6 * min(windows) / len(sl.load) * POSITIONS_INTERVAL_S, 1)}
+
+
 def measure_slice(sc: Scenario, workdir: str) -> dict[str, Any]:
     """Method steps 1-5 for ``sc`` on a fresh durable aggregator; the measured figures."""
     sl = build_slice(sc)
@@ -332,14 +390,7 @@ def measure_slice(sc: Scenario, workdir: str) -> dict[str, Any]:
         pacer.warm.set()
         warm_s = until_quiet(proc, idle_cores)
         warm_cpu_s = _cpu_s(proc) - cpu_warm - idle_cores * warm_s
-        t0 = pacer.start_paced()
-        time.sleep(max(0.0, t0 - time.monotonic()))
-        cpu_paced = _cpu_s(proc)
-        windows = []  # cores in each PACED_WINDOW_S: each holds one step end of every job
-        for w in range(1, int(PACED_S / PACED_WINDOW_S) + 1):
-            time.sleep(max(0.0, t0 + w * PACED_WINDOW_S - time.monotonic()))
-            windows.append((_cpu_s(proc) - cpu_paced) / PACED_WINDOW_S)
-            cpu_paced = _cpu_s(proc)
+        windows = paced_windows(proc, pacer)
         paced_cores = min(windows)
         sender.join(120)
         if errors:
@@ -414,7 +465,7 @@ def measure_agent(workdir: Path) -> dict[str, int]:
             "replica_series": series["replica"], "ranks": GPUS_PER_NODE, "gpus": GPUS_PER_NODE}
 
 
-def _derive(sc: Scenario, m: dict[str, Any], agent: dict[str, int]) -> dict[str, Any]:
+def _derive(sc: Scenario, m: dict[str, Any], agent: dict[str, int], floor: dict[str, Any]) -> dict[str, Any]:
     """A scenario's cores, replicas, memory and series from its slice ``m`` and the agent (module docstring)."""
     sizes = sc.job_sizes
     names = [f"{sc.name}-job{k:04d}" for k in range(len(sizes))]
@@ -435,14 +486,27 @@ def _derive(sc: Scenario, m: dict[str, Any], agent: dict[str, int]) -> dict[str,
             owner[2] += math.ceil(sizes[k] / GPUS_PER_NODE)
         return list(out.values())
 
-    replicas = next((k for k in range(1, MAX_REPLICAS + 1) if max(load(k))[0] <= TARGET_CORES_PER_REPLICA), 0)
-    per_replica = load(replicas or 1)
+    def fits(per_replica: list[list[float]]) -> tuple[bool, bool]:
+        """(every replica within the CPU target, every replica's streams within its slots)."""
+        return (max(c for c, _, _ in per_replica) <= TARGET_CORES_PER_REPLICA,
+                max(st for _, _, st in per_replica) <= MAX_WORKERS)
+
+    counts = range(1, MAX_REPLICAS + 1)
+    fitting = {k: fits(load(k)) for k in counts}
+    replicas = next((k for k in counts if all(fitting[k])), 0)
+    fits_cpu = any(cpu for cpu, _ in fitting.values())
+    fits_streams = any(streams for _, streams in fitting.values())
+    largest = max(job_cores(k) for k in range(len(sizes)))
+    k = replicas or next((k for k in counts if fitting[k][0]), 1)
+    per_replica = load(k)
     cores, ranks_on, streams_on = max(per_replica)
     most_streams = int(max(streams for _, _, streams in per_replica))
-    largest = max(job_cores(k) for k in range(len(sizes)))
-    fits_cpu = replicas > 0
-    fits_streams = most_streams <= MAX_WORKERS
-    k = replicas or 1
+    if replicas:
+        replicas_said: int | str = replicas
+    elif not fits_cpu:
+        replicas_said = f"none: one job needs {largest:.2f} cores"
+    else:
+        replicas_said = f"none: one job's {math.ceil(max(sizes) / GPUS_PER_NODE):,} nodes exceed a replica's slots"
     agent_series = agent["series_per_node"] + (k - 1) * agent["replica_series"]
     total = sc.nodes * agent_series + sum(job_series) + k * m["series_per_replica"]
     per_rank_mib = m["rss_per_rank_kib"] / 1024
@@ -453,7 +517,8 @@ def _derive(sc: Scenario, m: dict[str, Any], agent: dict[str, int]) -> dict[str,
         "batches_per_s": round(sc.nodes / POSITIONS_INTERVAL_S),
         "aggregator_cores": round(total_cores, 3),
         "largest_job_cores": round(largest, 3),
-        "replicas": replicas if fits_cpu else f"none: one job needs {largest:.2f} cores",
+        "largest_job_transport_floor_cores": round(max(sizes) / GPUS_PER_NODE * floor["cores_per_node"], 3),
+        "replicas": replicas_said,
         "replicas_if_even": math.ceil(total_cores / TARGET_CORES_PER_REPLICA),
         "busiest_replica_cores": round(cores, 3),
         "headroom_ratio": round(TARGET_CORES_PER_REPLICA / cores, 2),
@@ -489,7 +554,8 @@ def run() -> dict[str, Any]:
         agent_dir = Path(workdir) / "agent"
         agent_dir.mkdir()
         measured["agent"] = measure_agent(agent_dir)
-    scenarios = {sc.name: _derive(sc, measured[sc.name], measured["agent"]) for sc in SCENARIOS}
+    measured["floor"] = measure_floor(SCENARIOS[-1])
+    scenarios = {sc.name: _derive(sc, measured[sc.name], measured["agent"], measured["floor"]) for sc in SCENARIOS}
     for m in measured.values():
         if "cores_per_node" in m:
             m["cores_per_node"] = round(m["cores_per_node"], 6)

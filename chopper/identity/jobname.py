@@ -16,6 +16,7 @@ it sends instead of losing every marker.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import urllib.parse
 
@@ -28,6 +29,8 @@ MAX_MARKER_NAME_CHARS = 256
 _DIGEST_CHARS = 12
 
 
+# Cached: the aggregator asks for every summary and position it takes in, of a few job names.
+@functools.lru_cache(maxsize=4096)
 def job_name_problem(job: str) -> str | None:
     """Why ``job`` cannot name a job (a phrase for an error message), or None when it can."""
     if not job:
