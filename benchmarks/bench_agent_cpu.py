@@ -27,7 +27,8 @@ wrapped so that the CPU time spent *inside* ``sample()`` and ``observe_markers()
 ``time.thread_time_ns`` (the calling thread's CPU time, so other threads and time spent waiting
 do not count). Agent CPU = process CPU − backend CPU, reported as a fraction of one core
 (agent CPU s / wall s) and as µs per GPU-sample (agent CPU / (ticks × GPUs)). The sampler
-thread's own share is also measured with ``thread_time_ns`` around each tick, minus the backend.
+thread's own share is its CPU time as the kernel counts it (``/proc/self/task/<tid>/schedstat``,
+read at the window's ends, so no clock is read on its ticks), minus the backend's.
 
 CPU time, unlike wall time, is barely affected by other load on a shared machine; what other
 load does change is how late ticks start, which shows as ``missed_ticks``.
@@ -119,6 +120,12 @@ class TimedBackend:
             self.marker_cpu_ns += spent
 
 
+def thread_cpu_ns(tid: int) -> int:
+    """CPU time thread ``tid`` of this process has run, ns (the kernel's ``sum_exec_runtime``)."""
+    with open(f"/proc/self/task/{tid}/schedstat") as f:
+        return int(f.read().split()[0])
+
+
 def clock_read_cost_ns(reads: int = 20_000, rounds: int = 5) -> int:
     """CPU time of one ``time.thread_time_ns()`` read in this process, ns (median of ``rounds``)."""
     costs = []
@@ -195,20 +202,10 @@ def measure(sample_hz: float, goal: float, measure_s: float = MEASURE_S, warmup_
     """
     with in_process_agent(["--sim-gpus", str(GPUS), "--sample-hz", str(sample_hz)]) as running:
         agent, backend, sock, metrics_url = running.agent, running.backend, running.socket, running.metrics_url
-        # The sampler thread's CPU per tick, measured where the tick runs.
         ticker = agent.ticker
-        tick = ticker._on_tick
-        tick_cpu = [0]
-
-        def timed_tick(now_ns: int) -> None:
-            t0 = time.thread_time_ns()
-            try:
-                tick(now_ns)
-            finally:
-                tick_cpu[0] += time.thread_time_ns() - t0
-
-        ticker._on_tick = timed_tick
         agent.start()
+        sampler = ticker._thread
+        assert sampler is not None and sampler.native_id is not None
         load = subprocess.Popen(
             [sys.executable, "-m", "benchmarks.bench_agent_cpu", "--load", sock, metrics_url,
              str(warmup_s + measure_s + 1.0)],
@@ -220,7 +217,7 @@ def measure(sample_hz: float, goal: float, measure_s: float = MEASURE_S, warmup_
 
             def snapshot() -> tuple[float, float, int, int, int, int, int]:
                 return (time.monotonic(), time.process_time(), backend.sample_cpu_ns, backend.marker_cpu_ns,
-                        tick_cpu[0], ticker.ticks_total, ticker.missed_ticks_total)
+                        thread_cpu_ns(sampler.native_id), ticker.ticks_total, ticker.missed_ticks_total)
 
             w0, p0, bs0, bm0, tc0, t0, m0 = snapshot()
             time.sleep(measure_s)
