@@ -83,7 +83,7 @@ SUMMARY_INTERVAL_NS = 500_000_000
 # many ns of ticks. At 8 GPUs and 100 Hz, filing on every tick cost the agent 1 % of a core more
 # than filing every tenth (benchmarks/bench_agent_cpu.py): the same work done on each of 100
 # wake-ups a second runs several times slower than in a batch. Nothing reads samples sooner than
-# this: subscribers get a batch every 0.25 s at most (agent.server), summaries come every 0.5 s.
+# this: subscribers get a batch every second at most (agent.server), summaries come every 0.5 s.
 FILE_INTERVAL_NS = 100_000_000
 # Ranks without an open step looked at for one with no summary pending, to make room for a new rank
 # (module docstring): the oldest almost never wait, and the bound keeps the search O(1) when all do

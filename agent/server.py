@@ -47,12 +47,14 @@ READ_LIMIT = 4096
 # TelemetryBatch's repeated fields by name, their field numbers (Subscribe frames them itself).
 _BATCH_FIELDS = {f.name: f.number for f in pb.TelemetryBatch.DESCRIPTOR.fields}
 IDLE_WAIT_S = 0.5
-# Each streamed message costs gRPC far more than its items do: coalesce ticks into batches this
-# far apart (adds at most this much latency). At 8 GPUs and 10 Hz with one subscriber, 0.25 s
-# rather than 0.05 s took the agent from 3.3-3.5 % to 2.8-2.9 % of a core (benchmarks/bench_agent_cpu.py);
-# samples are filed every 0.1 s and summaries made every 0.5 s (agent.daemon), so a subscriber
-# sees them at most this much later.
-BATCH_INTERVAL_S = 0.25
+# Each streamed message costs gRPC far more than its items do (it wakes the stream's worker, the
+# server's poller and the C core's threads): coalesce ticks into batches this far apart (adds at most
+# this much latency). At 8 GPUs and 10 Hz with one subscriber, 0.25 s rather than 0.05 s took the
+# agent from 3.3-3.5 % to 2.8-2.9 % of a core, and 1 s rather than 0.25 s from 1.12 % to 0.99 %
+# (benchmarks/bench_agent_cpu.py: the stream's threads 3.1 -> 1.7 ms of CPU a second); samples are
+# filed every 0.1 s and summaries made every 0.5 s (agent.daemon), so a subscriber sees them at most
+# this much later, as a dashboard refreshing each second would anyway.
+BATCH_INTERVAL_S = 1.0
 # How often subscribers of step summaries are sent where the ranks are (docs/HANGS.md), s.
 POSITIONS_INTERVAL_S = 1.0
 
