@@ -112,12 +112,13 @@ BENCHES = (
         "client_cpu", bench_client_cpu.run,
         f"training-process CPU per marker, sender and gRPC threads included, "
         f"{bench_client_cpu.STEPS_PER_S * bench_client_cpu.MARKERS_PER_STEP:,} markers/s",
-        lambda r: f"{r['us_per_marker']:g} µs/marker ({100 * r['core_ratio']:.1f}% of a core), "
+        lambda r: f"{r['us_per_marker']:g} µs/marker (median of {len(r['us_per_marker_rounds'])} rounds, "
+                  f"{r['us_per_marker_least']:g}-{r['us_per_marker_most']:g}; {100 * r['core_ratio']:.1f}% of a core), "
                   f"{'all' if r['all_delivered'] else 'NOT all'} delivered",
         f"<= {bench_client_cpu.GOAL_US_PER_MARKER:g} µs/marker",
         "a DDP-shaped loop marking with `chopper.Client` against a real agent process vs the same loop with "
-        "`nullcontext()`s, interleaved windows, `time.process_time` of the whole process "
-        "(`benchmarks/bench_client_cpu.py`).",
+        f"`nullcontext()`s, interleaved windows, `time.process_time` of the whole process, the median of "
+        f"{bench_client_cpu.ROUNDS} rounds (`benchmarks/bench_client_cpu.py`).",
     ),
     Bench(
         "agent_kill", bench_agent_kill.run, "step time with the agent killed vs alive",

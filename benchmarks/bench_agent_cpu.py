@@ -204,8 +204,8 @@ def measure(sample_hz: float, goal: float, measure_s: float = MEASURE_S, warmup_
         agent, backend, sock, metrics_url = running.agent, running.backend, running.socket, running.metrics_url
         ticker = agent.ticker
         agent.start()
-        sampler = ticker._thread
-        assert sampler is not None and sampler.native_id is not None
+        sampler = ticker._thread.native_id if ticker._thread is not None else None
+        assert sampler is not None
         load = subprocess.Popen(
             [sys.executable, "-m", "benchmarks.bench_agent_cpu", "--load", sock, metrics_url,
              str(warmup_s + measure_s + 1.0)],
@@ -217,7 +217,7 @@ def measure(sample_hz: float, goal: float, measure_s: float = MEASURE_S, warmup_
 
             def snapshot() -> tuple[float, float, int, int, int, int, int]:
                 return (time.monotonic(), time.process_time(), backend.sample_cpu_ns, backend.marker_cpu_ns,
-                        thread_cpu_ns(sampler.native_id), ticker.ticks_total, ticker.missed_ticks_total)
+                        thread_cpu_ns(sampler), ticker.ticks_total, ticker.missed_ticks_total)
 
             w0, p0, bs0, bm0, tc0, t0, m0 = snapshot()
             time.sleep(measure_s)
