@@ -19,7 +19,7 @@ whatever a client sends. A batch of a new ``(job, rank)`` when that many are tra
 2. else the rank silent longest that has no step open goes, its summaries pending or not: those
    are still made, counted and sent to subscribers, but no longer feed its (forgotten) series.
    Summaries are made every ``SUMMARY_INTERVAL_NS``, so waiting for them would refuse a rank that
-   comes within half a second of another's last step;
+   comes within a second of another's last step;
 3. else the rank silent longest, step open or not, goes if it has been silent ``rank_idle_s``
    (a trainer that died inside a step);
 4. else the batch is refused before it is read: its markers are rejected as ``too_many_ranks``
@@ -74,16 +74,19 @@ STEP_HISTORY_S = 120.0
 HOST_INTERVAL_NS = 10**9
 # Silent ranks are looked for at most this often.
 RETIRE_INTERVAL_NS = 10**9
-# Closed steps are summarised together at most this often (ns). A summary call costs about 0.5 ms
-# of numpy overhead whatever its size and 25-50 us per step on top (agent.steps), so one call per
+# Closed steps are summarised together at most this often (ns). A summary call costs about 0.4 ms
+# of numpy overhead whatever its size and 20-50 us per step on top (agent.steps), so one call per
 # tick for each step would cost most of a core at 100 Hz and a few hundred steps/s; coalesced, a
-# summary is at most this much later than its covering sample.
-SUMMARY_INTERVAL_NS = 500_000_000
+# summary is at most this much later than its covering sample. 1 s rather than 0.5 s took 0.07 %
+# of a core off the agent at 10 Hz with a rank stepping 10 times a second (benchmarks/bench_agent_cpu.py,
+# three interleaved pairs), a call per GPU fewer each second; nothing reads summaries more often
+# (subscribers get a batch a second, agent.server; Prometheus scrapes every 15 s).
+SUMMARY_INTERVAL_NS = 1_000_000_000
 # Samples are read on every tick but filed (history, latest, health, sample buffer) once per this
 # many ns of ticks. At 8 GPUs and 100 Hz, filing on every tick cost the agent 1 % of a core more
 # than filing every tenth (benchmarks/bench_agent_cpu.py): the same work done on each of 100
 # wake-ups a second runs several times slower than in a batch. Nothing reads samples sooner than
-# this: subscribers get a batch every second at most (agent.server), summaries come every 0.5 s.
+# this: subscribers get a batch every second at most (agent.server), summaries come every second.
 FILE_INTERVAL_NS = 100_000_000
 # Ranks without an open step looked at for one with no summary pending, to make room for a new rank
 # (module docstring): the oldest almost never wait, and the bound keeps the search O(1) when all do

@@ -29,7 +29,7 @@ markers cost 0.3 ms of CPU when the thread woke for it alone (20 times a second)
 0.06 ms in a busy loop. A busy turn goes straight on, so a flood is read at full speed; a sender
 whose connection queue (``net.unix.max_dgram_qlen``, 10 by default) fills meanwhile waits in the
 kernel, in its own sender thread, never in the training loop. Markers reach the agent at most
-``COALESCE_S`` later, well inside what waits on them (step summaries every 0.5 s, subscribers
+``COALESCE_S`` later, well inside what waits on them (step summaries and subscribers' batches
 every second: ``agent.daemon``, ``agent.server``). The bound was the simulated backend's, which
 laid markers on its GPUs' timelines as they came, so markers that arrived after it sampled past
 them were missing from its samples (0.1 s did that often, and 20 ms now and then on a loaded

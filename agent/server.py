@@ -52,7 +52,7 @@ IDLE_WAIT_S = 0.5
 # this much latency). At 8 GPUs and 10 Hz with one subscriber, 0.25 s rather than 0.05 s took the
 # agent from 3.3-3.5 % to 2.8-2.9 % of a core, and 1 s rather than 0.25 s from 1.12 % to 0.99 %
 # (benchmarks/bench_agent_cpu.py: the stream's threads 3.1 -> 1.7 ms of CPU a second); samples are
-# filed every 0.1 s and summaries made every 0.5 s (agent.daemon), so a subscriber sees them at most
+# filed every 0.1 s and summaries made every second (agent.daemon), so a subscriber sees them at most
 # this much later, as a dashboard refreshing each second would anyway.
 BATCH_INTERVAL_S = 1.0
 # How often subscribers of step summaries are sent where the ranks are (docs/HANGS.md), s.

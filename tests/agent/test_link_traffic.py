@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from agent.backends.simulated import SimulatedBackend
 from agent.config import load_settings
-from agent.daemon import Agent
+from agent.daemon import SUMMARY_INTERVAL_NS, Agent
 from agent.metrics import AgentCollector
 from chopper.daemon.text_format import Registry
 from chopper.proto.chopper.v1 import agent_pb2 as pb
@@ -44,7 +44,7 @@ def _agent_after_one_step(model: str) -> tuple[Agent, pb.StepSummary]:
     result = agent.push_markers(pb.MarkerBatch(job="j", rank=0, gpu=1, seq=1, pid=os.getpid(), markers=markers))
     assert not result.rejected, result
     # Ticks at 10 Hz until the summaries' next turn (agent.daemon.SUMMARY_INTERVAL_NS after the first tick).
-    for i in range(1, 7):
+    for i in range(1, SUMMARY_INTERVAL_NS // (100 * MS) + 2):
         agent.tick(t0 + i * 100 * MS)
     [summary], _, _ = agent.summaries.read(0, 10)
     return agent, summary

@@ -1,6 +1,7 @@
 """Room for a new (job, rank) at max_ranks: finished ranks go, live ranks inside a step stay, the rest is refused."""
 from __future__ import annotations
 
+from agent.daemon import SUMMARY_INTERVAL_NS
 from tests.support.markers import BEGIN, END
 from tests.support.simulated_node import SimulatedNode
 
@@ -43,7 +44,7 @@ def test_a_rank_waiting_for_its_summary_makes_room_after_those_that_are_not_and_
     node.send("waiting", 0, (BEGIN, 1), (END, 1), stamped_s=3)
     node.at(1.1)
     node.send("summarised", 0, (BEGIN, 1), (END, 1))
-    node.at(1.6)
+    node.at(1.1 + SUMMARY_INTERVAL_NS / 1e9)  # the summaries' next turn
     node.agent.tick(node.now)
     assert node.agent.summaries_total == 3
     node.send("new", 0, (BEGIN, 0))

@@ -1,6 +1,7 @@
 """Retirement of silent ranks keeps what is still in flight: open steps, pending summaries, live siblings."""
 from __future__ import annotations
 
+from agent.daemon import SUMMARY_INTERVAL_NS
 from tests.support.markers import BEGIN, END
 from tests.support.simulated_node import SimulatedNode
 
@@ -12,7 +13,7 @@ def test_an_open_step_outlives_the_silence_and_still_closes() -> None:
     node.agent.tick(node.now)
     assert node.tracked() == {("j", 0)} and node.agent.ranks_retired["idle"] == 0
     node.send("j", 0, (END, 0))
-    node.at(60.6)  # the summaries' next turn comes 0.5 s after the last (agent.daemon.SUMMARY_INTERVAL_NS)
+    node.at(60.1 + SUMMARY_INTERVAL_NS / 1e9)  # the summaries' next turn after the last
     node.agent.tick(node.now)
     assert node.agent.rejected.total() == 0
     assert [s.step_time_s for s in node.agent.summaries.read(0, 100)[0]] == [60.0]
