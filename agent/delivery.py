@@ -31,12 +31,13 @@ buffer behind (100,000 summaries), the missed summaries were never routed and ar
 ``replica=""``.
 
 Streams on demand. A sender opens its replica's stream only when it has something for it:
-numbers routed there and not yet acknowledged, a loss count the replica has not been told, or
-positions of ranks whose jobs the replica owns. A stream with none of these for ``IDLE_CLOSE_S``
-is closed, its replica holding every number sent on it. So a node holds streams only to the
-replicas that own its jobs, not to every replica (a stream holds one of a replica's worker slots,
-``aggregator.server.MAX_WORKERS``), and ``chopper_agent_delivery_connected`` is 0 for a replica
-with nothing of this node's to take.
+numbers routed there and not yet acknowledged, a loss count the replica has not been told (one
+sent on a stream cut before every batch was answered counts as not told), or positions of ranks
+whose jobs the replica owns. A stream with none of these for ``IDLE_CLOSE_S``, every batch
+answered, is closed, its replica holding every number and the loss count sent on it. So a node
+holds streams only to the replicas that own its jobs, not to every replica (a stream holds one of
+a replica's worker slots, ``aggregator.server.MAX_WORKERS``), and
+``chopper_agent_delivery_connected`` is 0 for a replica with nothing of this node's to take.
 
 Positions. With ``positions`` (the agent's ``rank_positions``), each stream also sends where the
 agent's ranks are (``SummaryBatch.positions``, docs/HANGS.md) about every ``POSITIONS_INTERVAL_S``
@@ -162,7 +163,8 @@ class ReplicaState:
     sent_total: int = 0
     acked_total: int = 0
     lost_total: int = 0
-    lost_reported: int = 0  # the loss count the latest batch sent carried
+    lost_reported: int = 0  # the loss count the latest batch sent carried; -1: unknown to the replica
+    unacked_batches: int = 0  # batches of the current stream not yet answered (every batch gets an ack)
     connected: bool = False
     retiring: bool = False
     stream_id: int = 0
@@ -171,8 +173,8 @@ class ReplicaState:
 
     @property
     def owed(self) -> bool:
-        """Whether this replica is owed numbers or a loss count (caller holds the lock)."""
-        return self.pending > 0 or self.lost_total != self.lost_reported
+        """Whether this replica is owed numbers, a loss count or the answer to a batch (caller holds the lock)."""
+        return self.pending > 0 or self.lost_total != self.lost_reported or self.unacked_batches > 0
 
     @property
     def pending(self) -> int:
@@ -434,6 +436,9 @@ class Forwarder:
             with self._cond:
                 r.connected = False
                 r.stream_id += 1  # ends the request generator of this stream
+                if r.unacked_batches:  # a loss count sent may not have arrived: the next stream says it again
+                    r.lost_reported = -1
+                r.unacked_batches = 0
                 self._cond.notify_all()
             if call is not None:
                 call.cancel()
@@ -459,6 +464,7 @@ class Forwarder:
         with self._lock:
             r = self.replicas[address]
             r.lost_reported = r.lost_total
+            r.unacked_batches += 1
         yield apb.SummaryBatch(agent=self.agent, incarnation=self.incarnation, lost_total=r.lost_reported)
         window = INFLIGHT_BATCHES * self.batch
         positions_due_at = 0.0 if self._positions is not None else float("inf")  # in a batch of their own
@@ -499,6 +505,7 @@ class Forwarder:
                     busy_at, closing = time.monotonic(), False
                 with self._lock:
                     r.lost_reported = batch.lost_total
+                    r.unacked_batches += 1
                 yield batch
 
     def _positions_for(self, address: str) -> list[pb.RankPosition]:
@@ -539,6 +546,7 @@ class Forwarder:
         acked = ack.acked_seq
         with self._cond:
             r = self.replicas[address]
+            r.unacked_batches = max(0, r.unacked_batches - 1)
             if not r.connected:
                 r.connected = True
                 log.info("event=delivery_connected replica=%s acked_seq=%d", address, acked)
