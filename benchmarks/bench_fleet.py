@@ -57,14 +57,15 @@ slow scrapes. Jobs are sharded by ``agent.delivery.route`` (crc32 of the job nam
 scenario's job names: replicas = the smallest K whose busiest replica stays under the target
 (``replicas_if_even``: what a perfectly even spread would need, for comparison) and whose
 replicas all hold their streams (below); a job cannot be split, so a job that alone exceeds the
-target does not fit at any K. An agent
-holds a stream only to the replicas that own its jobs (``agent/delivery.py`` opens a replica's
-stream while it is owed something), and each stream holds one of a replica's
-``aggregator.server.MAX_WORKERS`` slots: a replica's streams = the nodes of the jobs routed to
-it, and a job of more nodes than slots does not fit at any K. Memory of the busiest replica =
-start-up RSS + its streams × per stream + its ranks × per rank. Series: per node from the agent (its ``replica``
-series × K), per job = job series + ranks × rank series (and with ``rank_series_top_k`` 20:
-21 ranks), per cluster = all agents + all jobs + K × the replica's own.
+target does not fit at any K. An agent holds a stream only to the replicas that own its jobs
+(``agent/delivery.py`` opens a replica's stream while it is owed something), and each stream
+holds one of a replica's ``aggregator.server.MAX_WORKERS`` slots: a replica's streams = the
+nodes of the jobs routed to it, and a job of more nodes than slots does not fit at any K. Memory
+of the busiest replica = start-up RSS + its streams × per stream + its ranks × per rank. The
+largest job's transport floor = its nodes × the floor's cores / node (step 7). Series: per node
+from the agent (its ``replica`` series × K), per job = job series + ranks × rank series (and
+with ``rank_series_top_k`` 20: 21 ranks), per cluster = all agents + all jobs + K × the
+replica's own.
 
 Where the simulation is weaker than reality: the slice's client shares the 2 cores with the
 aggregator (its CPU is measured by process, not by wall rate, so contention costs time, not
@@ -466,7 +467,8 @@ def measure_agent(workdir: Path) -> dict[str, int]:
 
 
 def _derive(sc: Scenario, m: dict[str, Any], agent: dict[str, int], floor: dict[str, Any]) -> dict[str, Any]:
-    """A scenario's cores, replicas, memory and series from its slice ``m`` and the agent (module docstring)."""
+    """A scenario's cores, replicas, memory and series from its slice ``m``, the agent and the transport
+    ``floor`` (module docstring)."""
     sizes = sc.job_sizes
     names = [f"{sc.name}-job{k:04d}" for k in range(len(sizes))]
     job_series = [m["series_per_job"] + n * m["series_per_rank"] for n in sizes]
