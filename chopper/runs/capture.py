@@ -40,9 +40,10 @@ if TYPE_CHECKING:
     from chopper.runs.connect import ClientSecurity
     from chopper.runs.record import RecordStats
 
-# After the reply: samples of the last profiled step reach the recorder within a batch interval
-# and a tick, so this pause keeps the window's tail in the run.
-TAIL_S = 0.5
+# After the reply: samples and markers of the last profiled step reach the recorder within a
+# subscriber's batch interval (a second, agent.server.BATCH_INTERVAL_S) and a tick, so this pause
+# keeps the window's tail in the run, with a second to spare on a loaded machine.
+TAIL_S = 2.0
 
 
 @dataclass

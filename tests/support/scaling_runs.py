@@ -70,8 +70,9 @@ MASTER_PORT = 29500
 RANK_NICE = -10  # the ranks run ahead of other load on the machine (they are root's, as the namespaces are)
 GOAL_REL_ERROR = 0.15  # predicted step time within 15 % of the measured one, on every held-back configuration
 # After every rank reported (its markers were delivered before), the recording goes on this long, so
-# the agent's samples after the last step reach it too.
-RECORD_TAIL_S = 1.0
+# the agent's samples after the last step reach it too (a subscriber gets a batch a second,
+# agent.server.BATCH_INTERVAL_S).
+RECORD_TAIL_S = 2.0
 # The environment a scheduler would give a fresh job: nothing of the machine's launcher, scheduler or
 # Chopper settings leaks in.
 _KEPT_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "VIRTUAL_ENV")
