@@ -318,6 +318,29 @@ def paced_windows(proc: psutil.Process, pacer: Pacer) -> list[float]:
     return windows
 
 
+class Delivery(threading.Thread):
+    """``deliver_on(channels, load, pacer)`` on a thread of its own; a failure is kept for ``check`` and
+    releases the pacer, so that a main thread waiting on its phases goes on to report it."""
+
+    def __init__(self, channels: list[grpc.Channel], load: list[list[bytes]], pacer: Pacer, name: str) -> None:
+        super().__init__(name=name)
+        self.channels, self.load, self.pacer = channels, load, pacer
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            deliver_on(self.channels, self.load, self.pacer)
+        except BaseException as exc:  # reported by the main thread (check)
+            self.error = exc
+            self.pacer.warm.set()
+            self.pacer.paced.set()
+
+    def check(self, what: str) -> None:
+        """Raise RuntimeError naming ``what`` if the delivery failed."""
+        if self.error is not None:
+            raise RuntimeError(f"{what} failed: {self.error}") from self.error
+
+
 def measure_floor(sc: Scenario) -> dict[str, Any]:
     """Method step 7: the paced part of ``sc``'s slice against the ledger-only server (decode, dedupe,
     acknowledge: ``benchmarks.bench_aggregator.ledger_only_server``): what the gRPC transport alone costs."""
@@ -326,15 +349,7 @@ def measure_floor(sc: Scenario) -> dict[str, Any]:
     proc, address = _start_transport_floor(streams=len(sl.load))
     ps = psutil.Process(proc.pid)
     channels = [grpc.insecure_channel(address) for _ in sl.load]
-    errors: list[BaseException] = []
-
-    def deliver() -> None:
-        try:
-            deliver_on(channels, sl.load, pacer)
-        except BaseException as exc:  # reported by the main thread
-            errors.append(exc)
-
-    sender = threading.Thread(target=deliver, name="fleet-floor")
+    sender = Delivery(channels, sl.load, pacer, "fleet-floor")
     try:
         sender.start()
         time.sleep(IDLE_S)  # the streams open and settle
@@ -342,8 +357,7 @@ def measure_floor(sc: Scenario) -> dict[str, Any]:
         until_quiet(ps, 0.0)
         windows = paced_windows(ps, pacer)
         sender.join(120)
-        if errors:
-            raise RuntimeError(f"delivery to the ledger-only server failed: {errors[0]}") from errors[0]
+        sender.check("delivery to the ledger-only server")
     finally:
         pacer.warm.set()
         pacer.paced.set()
@@ -366,21 +380,12 @@ def measure_slice(sc: Scenario, workdir: str) -> dict[str, Any]:
         "--rate-limit-calls-per-s", "0")
     proc = psutil.Process(agg.pid)
     channels = [grpc.insecure_channel(address) for _ in sl.load]
-    errors: list[BaseException] = []
-
-    def deliver() -> None:
-        try:
-            deliver_on(channels, sl.load, pacer)
-        except BaseException as exc:  # reported by the main thread
-            errors.append(exc)
-            pacer.warm.set()
-            pacer.paced.set()
-
-    sender = threading.Thread(target=deliver, name="fleet-deliver")
+    sender = Delivery(channels, sl.load, pacer, "fleet-deliver")
     try:
         rss_start = _rss(proc)
         sender.start()
-        if not wait_until(lambda: _streams(maddr) >= len(sl.load) or bool(errors), timeout_s=60, interval_s=0.5):
+        if not wait_until(lambda: _streams(maddr) >= len(sl.load) or sender.error is not None, timeout_s=60,
+                          interval_s=0.5):
             raise RuntimeError(f"{len(sl.load)} delivery streams did not open")
         time.sleep(0.5)  # the streams' first acks settle
         cpu0, w0 = _cpu_s(proc), time.monotonic()
@@ -394,8 +399,7 @@ def measure_slice(sc: Scenario, workdir: str) -> dict[str, Any]:
         windows = paced_windows(proc, pacer)
         paced_cores = min(windows)
         sender.join(120)
-        if errors:
-            raise RuntimeError(f"delivery failed: {errors[0]}") from errors[0]
+        sender.check("delivery")
         rss_end = _rss(proc)
         scrape_cpu = []
         text = ""
